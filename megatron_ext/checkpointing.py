@@ -1,0 +1,210 @@
+"""Sharded, layout-independent checkpoints with ``megatron.core.dist_checkpointing``.
+
+Layout on disk (Megatron-LM's)::
+
+    SAVE/latest_checkpointed_iteration.txt   # the last *complete* save
+    SAVE/iter_0000100/                       # torch_dist shards + common state
+
+Every tensor is saved under its global (layout-free) key with Megatron-Core's
+sharding metadata, and the optimizer in the ``fully_sharded_model_space``
+format, so a checkpoint written under one TP/PP/VP/DP loads under another.
+The tracker file is written last, atomically, by rank 0 after every rank has
+finished: a directory without a tracker entry is never taken as the latest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from megatron_ext.arguments import TrainingConfig
+
+log = logging.getLogger(__name__)
+
+TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
+_OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_sharded_model_space"}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used, with what is wrong and where."""
+
+
+@dataclass(frozen=True)
+class LoadedState:
+    iteration: int
+    consumed_samples: int
+    path: Path | None
+
+
+def checkpoint_dir(root: str | Path, iteration: int) -> Path:
+    return Path(root) / f"iter_{iteration:07d}"
+
+
+def read_tracker(root: str | Path) -> int | None:
+    """The iteration of the latest complete checkpoint under ``root``, or None."""
+    tracker = Path(root) / TRACKER_FILENAME
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"{tracker}: expected an iteration number, found {text!r}")
+    return int(text)
+
+
+def _write_tracker(root: Path, iteration: int) -> None:
+    tmp = root / f".{TRACKER_FILENAME}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{iteration}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / TRACKER_FILENAME)
+    dir_fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _model_key(index: int, count: int) -> str:
+    return "model" if count == 1 else f"model{index}"
+
+
+def _model_sharded_state_dict(chunks: list[torch.nn.Module]) -> dict[str, Any]:
+    return {_model_key(i, len(chunks)): c.sharded_state_dict() for i, c in enumerate(chunks)}
+
+
+def _rng_sharded_object(cfg: TrainingConfig) -> Any:
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    state = {
+        "random_rng_state": random.getstate(),
+        "np_rng_state": np.random.get_state(),
+        "torch_rng_state": torch.get_rng_state(),
+        "cuda_rng_state": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states(),
+    }
+    return ShardedObject(
+        "rng_state",
+        state,
+        (cfg.layout.pp, cfg.layout.tp),
+        (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()),
+        replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True),
+    )
+
+
+def _restore_rng(state: dict[str, Any]) -> None:
+    from megatron.core import tensor_parallel
+
+    random.setstate(state["random_rng_state"])
+    np.random.set_state(state["np_rng_state"])
+    torch.set_rng_state(state["torch_rng_state"])
+    if state.get("cuda_rng_state") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda_rng_state"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
+
+
+def _layout_record(cfg: TrainingConfig) -> dict[str, int]:
+    layout = cfg.layout
+    return {"tp": layout.tp, "pp": layout.pp, "vp": layout.vp, "dp": layout.dp}
+
+
+def save_checkpoint(
+    *,
+    root: str | Path,
+    iteration: int,
+    consumed_samples: int,
+    chunks: list[torch.nn.Module],
+    optimizer: Any,
+    scheduler: Any,
+    cfg: TrainingConfig,
+) -> Path:
+    """Save everything needed to resume exactly; returns the checkpoint directory."""
+    from megatron.core import dist_checkpointing
+
+    root = Path(root)
+    target = checkpoint_dir(root, iteration)
+    if dist.get_rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            # A leftover of an interrupted save of this iteration (the tracker never named it).
+            shutil.rmtree(target)
+        target.mkdir()
+    dist.barrier()
+
+    model_sd = _model_sharded_state_dict(chunks)
+    state: dict[str, Any] = dict(model_sd)
+    state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False, metadata=_OPTIM_METADATA)
+    state["opt_param_scheduler"] = scheduler.state_dict()
+    state["rng_state"] = _rng_sharded_object(cfg)
+    state["iteration"] = iteration
+    state["consumed_samples"] = consumed_samples
+    state["layout"] = _layout_record(cfg)
+    state["checkpoint_version"] = 3.0
+    dist_checkpointing.save(state, str(target), content_metadata=dict(_OPTIM_METADATA))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        _write_tracker(root, iteration)
+    dist.barrier()
+    return target
+
+
+def load_checkpoint(
+    *,
+    root: str | Path,
+    chunks: list[torch.nn.Module],
+    optimizer: Any,
+    scheduler: Any,
+    cfg: TrainingConfig,
+) -> LoadedState:
+    """Load the latest complete checkpoint under ``root`` into the model (and,
+    unless told not to, optimizer, scheduler and RNG). Missing → fresh start."""
+    from megatron.core import dist_checkpointing
+
+    run = cfg.run
+    iteration = read_tracker(root)
+    if iteration is None:
+        log.warning("no checkpoint found under --load %s: starting from scratch", root)
+        return LoadedState(iteration=0, consumed_samples=0, path=None)
+    path = checkpoint_dir(root, iteration)
+    if not path.is_dir():
+        raise CheckpointError(f"{root}/{TRACKER_FILENAME} names iteration {iteration} but {path} does not exist")
+
+    common = dist_checkpointing.load_common_state_dict(str(path))
+    saved_layout = common.get("layout", {})
+    model_sd = _model_sharded_state_dict(chunks)
+    request: dict[str, Any] = dict(model_sd)
+    load_optim = not (run.no_load_optim or run.finetune)
+    if load_optim:
+        request["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=_OPTIM_METADATA)
+    same_grid = saved_layout.get("tp") == cfg.layout.tp and saved_layout.get("pp") == cfg.layout.pp
+    load_rng = not (run.no_load_rng or run.finetune) and same_grid
+    if not load_rng and not (run.no_load_rng or run.finetune):
+        log.warning(
+            "checkpoint layout %s differs from this run's TP/PP: RNG states are not restored", saved_layout
+        )
+    if load_rng:
+        request["rng_state"] = _rng_sharded_object(cfg)
+
+    loaded = dist_checkpointing.load(request, str(path))
+    for i, chunk in enumerate(chunks):
+        chunk.load_state_dict(loaded[_model_key(i, len(chunks))])
+    if load_optim:
+        optimizer.load_state_dict(loaded["optimizer"])
+        scheduler.load_state_dict(common["opt_param_scheduler"])
+    if load_rng:
+        _restore_rng(loaded["rng_state"])
+    if run.finetune:
+        return LoadedState(iteration=0, consumed_samples=0, path=path)
+    return LoadedState(
+        iteration=int(common["iteration"]), consumed_samples=int(common["consumed_samples"]), path=path
+    )

@@ -1,0 +1,178 @@
+"""Run Megatron-Core's real CUDA code paths on CPU tensors over gloo.
+
+Megatron-Core 0.16 assumes CUDA in a handful of places. This module bridges
+exactly those places, and only while the training device is the CPU, so that
+the real schedules (interleaved 1F1B included), p2p communication, DDP and the
+distributed optimizer run unmodified in CPU processes:
+
+1. **Device arguments.** Megatron-Core allocates with ``device="cuda"``,
+   ``device=torch.cuda.current_device()`` and ``tensor.cuda()``. A
+   ``TorchFunctionMode`` rewrites every CUDA device argument (and ``.cuda()``,
+   ``.pin_memory()``) to the CPU before the op runs.
+2. **Tensor type names.** The optimizer checks ``param.type()`` against
+   ``'torch.cuda.FloatTensor'`` and friends; the mode answers ``type()`` with
+   the CUDA name of the same dtype.
+3. **RNG.** ``CudaRNGStatesTracker`` saves/restores the CUDA generator around
+   tensor-parallel regions (dropout). The CPU default generator stands in for
+   the CUDA one, which keeps the tracker's semantics: a forked region draws
+   from its own stream and the default stream is restored afterwards. The
+   tracker warns when the CPU state changes inside a fork, which is exactly
+   what standing in means, so that one warning is filtered.
+4. **Device queries.** ``torch.cuda.current_device`` answers 0,
+   ``torch.cuda.synchronize`` does nothing, memory queries answer 0.
+
+Nothing here is imported or active on a GPU run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_CPU = torch.device("cpu")
+
+# CUDA type names by dtype, as `torch.Tensor.type()` reports them on a GPU.
+_CUDA_TYPE_NAMES = {
+    torch.float32: "torch.cuda.FloatTensor",
+    torch.float16: "torch.cuda.HalfTensor",
+    torch.bfloat16: "torch.cuda.BFloat16Tensor",
+    torch.float64: "torch.cuda.DoubleTensor",
+    torch.int64: "torch.cuda.LongTensor",
+    torch.int32: "torch.cuda.IntTensor",
+    torch.uint8: "torch.cuda.ByteTensor",
+    torch.bool: "torch.cuda.BoolTensor",
+}
+
+
+def _is_cuda_device(value: Any) -> bool:
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    if isinstance(value, str):
+        return value.startswith("cuda")
+    # A bare int device means "cuda:<int>" to torch.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _CudaToCpuMode(TorchFunctionMode):
+    """Maps CUDA device arguments of every torch call to the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda or func is torch.Tensor.pin_memory:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            tensor = args[0]
+            name = _CUDA_TYPE_NAMES.get(tensor.dtype)
+            if name is not None:
+                return name
+        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs = dict(kwargs, device=_CPU)
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda_device(args[1]):
+            args = (args[0], _CPU, *args[2:])
+        if kwargs.get("pin_memory"):
+            kwargs = dict(kwargs, pin_memory=False)
+        return func(*args, **kwargs)
+
+
+class _ForkWarningFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "CPU RNG state changed within GPU RNG context" not in record.getMessage()
+
+
+# Each replacement is a distinct function object: torch.compile's rule table
+# (built lazily from torch.cuda's attributes) rejects one object under two names.
+def _returning(value: Any) -> Callable[..., Any]:
+    def stand_in(*_args: Any, **_kwargs: Any) -> Any:
+        return value
+
+    return stand_in
+
+
+def _cpu_get_rng_state() -> Callable[..., torch.Tensor]:
+    def get_rng_state(*_args: Any, **_kwargs: Any) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    return get_rng_state
+
+
+def _cpu_set_rng_state() -> Callable[..., None]:
+    def set_rng_state(new_state: torch.Tensor, *_args: Any, **_kwargs: Any) -> None:
+        torch.set_rng_state(new_state)
+
+    return set_rng_state
+
+
+def _cpu_manual_seed(seed: int) -> None:
+    torch.default_generator.manual_seed(int(seed))
+
+
+def _patches() -> list[tuple[Any, str, Callable[..., Any]]]:
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    return [
+        (torch.cuda, "current_device", _returning(0)),
+        (torch.cuda, "synchronize", _returning(None)),
+        (torch.cuda, "get_rng_state", _cpu_get_rng_state()),
+        (torch.cuda, "set_rng_state", _cpu_set_rng_state()),
+        (torch.cuda, "manual_seed", _cpu_manual_seed),
+        # torch.manual_seed calls this after seeding the CPU generator.
+        (torch.cuda, "manual_seed_all", _returning(None)),
+        (torch.cuda, "memory_allocated", _returning(0)),
+        (torch.cuda, "max_memory_allocated", _returning(0)),
+        (torch.cuda, "reset_peak_memory_stats", _returning(None)),
+        (torch.cuda, "empty_cache", _returning(None)),
+        (mcore_random, "_get_cuda_rng_state", _cpu_get_rng_state()),
+        (mcore_random, "_set_cuda_rng_state", _cpu_set_rng_state()),
+    ]
+
+
+_active: list[tuple[Any, str, Any]] | None = None
+_mode: _CudaToCpuMode | None = None
+_filter = _ForkWarningFilter()
+
+
+def enable() -> None:
+    """Activate the CPU backend for this process (idempotent)."""
+    global _active, _mode
+    if _active is not None:
+        return
+    _active = []
+    for owner, name, replacement in _patches():
+        _active.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, replacement)
+    logging.getLogger("megatron.core.tensor_parallel.random").addFilter(_filter)
+    _mode = _CudaToCpuMode()
+    _mode.__enter__()
+
+
+def disable() -> None:
+    """Undo :func:`enable` (used by tests)."""
+    global _active, _mode
+    if _active is None:
+        return
+    assert _mode is not None
+    _mode.__exit__(None, None, None)
+    for owner, name, original in reversed(_active):
+        setattr(owner, name, original)
+    logging.getLogger("megatron.core.tensor_parallel.random").removeFilter(_filter)
+    _active = None
+    _mode = None
+
+
+def is_enabled() -> bool:
+    return _active is not None
+
+
+@contextmanager
+def cpu_backend() -> Iterator[None]:
+    """Context manager form of :func:`enable` / :func:`disable`."""
+    enable()
+    try:
+        yield
+    finally:
+        disable()

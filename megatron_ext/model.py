@@ -1,0 +1,139 @@
+"""Megatron-Core GPT: transformer config, layer spec, model chunks and DDP wrapping."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from megatron_ext.arguments import TrainingConfig
+
+
+def params_dtype(cfg: TrainingConfig) -> torch.dtype:
+    if cfg.optim.bf16:
+        return torch.bfloat16
+    if cfg.optim.fp16:
+        return torch.float16
+    return torch.float32
+
+
+def use_transformer_engine(cfg: TrainingConfig, device: torch.device) -> bool:
+    """TE when asked for, or (auto) on GPU when it is importable; never on CPU."""
+    impl = cfg.model.transformer_impl
+    available = importlib.util.find_spec("transformer_engine") is not None
+    if impl == "transformer_engine":
+        if device.type != "cuda":
+            raise RuntimeError("--transformer-impl transformer_engine needs a GPU; use local on CPU")
+        if not available:
+            raise RuntimeError(
+                "--transformer-impl transformer_engine: transformer_engine is not importable; "
+                "install it or use --transformer-impl local"
+            )
+        return True
+    return impl == "auto" and device.type == "cuda" and available
+
+
+def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> TransformerConfig
+    """Megatron-Core's TransformerConfig for this run."""
+    from megatron.core.transformer import TransformerConfig
+
+    m, layout, o = cfg.model, cfg.layout, cfg.optim
+    on_gpu = device.type == "cuda"
+    dtype = params_dtype(cfg)
+    return TransformerConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.effective_ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.effective_num_query_groups,
+        kv_channels=m.effective_kv_channels,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        init_method_std=m.init_method_std,
+        normalization=m.normalization,
+        layernorm_epsilon=m.norm_epsilon,
+        add_bias_linear=not m.disable_bias_linear,
+        gated_linear_unit=m.swiglu,
+        activation_func=F.silu if m.swiglu else F.gelu,
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vp if layout.interleaved else None,
+        sequence_parallel=layout.sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=o.bf16,
+        fp16=o.fp16,
+        recompute_granularity=o.recompute_granularity,
+        recompute_method=o.recompute_method,
+        recompute_num_layers=o.recompute_num_layers,
+        calculate_per_token_loss=o.calculate_per_token_loss,
+        # Initialise on the CPU there: the weights are then identical for any TP.
+        use_cpu_initialization=not on_gpu,
+        # Fused kernels need CUDA (and some need apex/TE); plain torch ops on CPU.
+        bias_activation_fusion=on_gpu and not m.swiglu,
+        bias_dropout_fusion=on_gpu,
+        masked_softmax_fusion=on_gpu,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        deallocate_pipeline_outputs=True,
+        cross_entropy_loss_fusion=False,
+    )
+
+
+def layer_spec(cfg: TrainingConfig, device: torch.device):  # -> ModuleSpec
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+
+    if use_transformer_engine(cfg, device):
+        return get_gpt_layer_with_transformer_engine_spec()
+    return get_gpt_layer_local_spec(normalization=cfg.model.normalization)
+
+
+ModelProvider = Callable[..., torch.nn.Module]
+
+
+def build_model_chunks(
+    provider: ModelProvider, *, cfg: TrainingConfig, device: torch.device
+) -> list[torch.nn.Module]:
+    """One model chunk per virtual stage of this pipeline rank, wrapped in Megatron DDP."""
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    layout = cfg.layout
+    chunks = []
+    for vp_stage in range(layout.vp):
+        vp_arg = vp_stage if layout.interleaved else None
+        chunk = provider(
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_arg),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_arg),
+            vp_stage=vp_arg,
+        )
+        chunk.to(device)
+        chunks.append(chunk)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=cfg.optim.bf16 or cfg.optim.fp16,
+        overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
+        overlap_param_gather=cfg.parallel.overlap_param_gather,
+        use_distributed_optimizer=layout.use_distributed_optimizer,
+        check_for_nan_in_grad=False,
+    )
+    return [
+        DistributedDataParallel(
+            config=chunk.config,
+            ddp_config=ddp_config,
+            module=chunk,
+            # Megatron-LM: only the first chunk's buffers are bucketed for overlap.
+            disable_bucketing=index > 0,
+        )
+        for index, chunk in enumerate(chunks)
+    ]
+
+
+def count_parameters(chunks: list[torch.nn.Module]) -> int:
+    """Parameters held by this rank (all of its chunks)."""
+    return sum(p.numel() for chunk in chunks for p in chunk.parameters())

@@ -1,0 +1,394 @@
+"""The training loop, built from Megatron-Core's own pieces.
+
+``pretrain`` parses and validates the configuration, then (unless
+``--dry-run``) initialises the process groups, builds the model chunks with
+the caller's provider, wraps them in Megatron-Core DDP, creates Megatron-Core's
+optimizer and LR scheduler, and runs Megatron-Core's forward-backward schedule
+(interleaved 1F1B when VP > 1) for every step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from megatron_ext import checkpointing, distributed, plan
+from megatron_ext.arguments import ConfigError, TrainingConfig, parse_args
+from megatron_ext.data import Datasets, chunk_iterators
+from megatron_ext.flops import flops_per_step, peak_flops_for
+from megatron_ext.layout import LayoutError
+from megatron_ext.metrics import MetricsWriter
+from megatron_ext.model import build_model_chunks, count_parameters
+
+log = logging.getLogger("megatron_ext")
+
+ModelProvider = Callable[..., torch.nn.Module]
+ForwardStep = Callable[[Iterator[Any] | None, torch.nn.Module], tuple[torch.Tensor, Callable[..., Any]]]
+DatasetsProvider = Callable[[TrainingConfig], Datasets]
+
+
+def _configure_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"[%(asctime)s rank {rank}] %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stdout,
+        force=True,
+    )
+    # Megatron-Core is chatty at INFO; keep its warnings.
+    logging.getLogger("megatron.core").setLevel(logging.WARNING)
+
+
+def pretrain(
+    *,
+    model_provider: ModelProvider,
+    forward_step: ForwardStep,
+    datasets_provider: DatasetsProvider,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Entry point of ``pretrain_gpt.py``; returns the process exit code."""
+    rank = int(__import__("os").environ.get("RANK", "0"))
+    _configure_logging(rank)
+    try:
+        cfg = parse_args(argv)
+    except (ConfigError, LayoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if cfg.run.dry_run:
+        print("configuration is valid")
+        for line in plan.describe(cfg):
+            print(f"  {line}")
+        return 0
+
+    ctx = distributed.initialize(
+        layout=cfg.layout,
+        device_choice=cfg.run.device,
+        seed=cfg.optim.seed,
+        timeout_minutes=cfg.run.distributed_timeout_minutes,
+    )
+    try:
+        Trainer(cfg=cfg, ctx=ctx, model_provider=model_provider, forward_step=forward_step,
+                datasets_provider=datasets_provider).train()
+    finally:
+        distributed.destroy()
+    return 0
+
+
+@dataclass
+class StepResult:
+    loss: float
+    """Token-mean loss over the global batch (NaN when not finite)."""
+    grad_norm: float | None
+    skipped: bool
+
+
+class Trainer:
+    """State of one run, passed explicitly (no global arguments)."""
+
+    def __init__(
+        self,
+        *,
+        cfg: TrainingConfig,
+        ctx: distributed.DistributedContext,
+        model_provider: ModelProvider,
+        forward_step: ForwardStep,
+        datasets_provider: DatasetsProvider,
+    ) -> None:
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        from megatron.core.utils import get_model_config
+
+        self.cfg = cfg
+        self.ctx = ctx
+        self.forward_step = forward_step
+        layout = cfg.layout
+        provider = functools.partial(model_provider, cfg, device=ctx.device)
+        self.chunks = build_model_chunks(provider, cfg=cfg, device=ctx.device)
+
+        o = cfg.optim
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer=o.optimizer,
+                lr=o.lr,
+                min_lr=o.min_lr,
+                weight_decay=o.weight_decay,
+                adam_beta1=o.adam_beta1,
+                adam_beta2=o.adam_beta2,
+                adam_eps=o.adam_eps,
+                sgd_momentum=o.sgd_momentum,
+                clip_grad=o.clip_grad,
+                bf16=o.bf16,
+                fp16=o.fp16,
+                params_dtype=self.chunks[0].config.params_dtype,
+                loss_scale=o.loss_scale,
+                initial_loss_scale=o.initial_loss_scale,
+                use_distributed_optimizer=layout.use_distributed_optimizer,
+                overlap_param_gather_with_optimizer_step=False,
+            ),
+            self.chunks,
+        )
+        gbs = layout.global_batch_size
+        # Scheduler steps count samples, as in Megatron-LM, so checkpoints interoperate.
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer,
+            init_lr=0.0 if o.lr_warmup_iters > 0 else o.lr,
+            max_lr=o.lr,
+            min_lr=o.min_lr,
+            lr_warmup_steps=o.lr_warmup_iters * gbs,
+            lr_decay_steps=max(o.lr_decay_iters or 0, 1) * gbs,
+            lr_decay_style=o.lr_decay_style,
+            start_wd=o.weight_decay,
+            end_wd=o.weight_decay,
+            wd_incr_steps=max(cfg.run.train_iters, 1) * gbs,
+            wd_incr_style="constant",
+            use_checkpoint_opt_param_scheduler=True,
+        )
+
+        config = get_model_config(self.chunks[0])
+        config.finalize_model_grads_func = finalize_model_grads
+        config.grad_scale_func = self.optimizer.scale_loss
+        no_sync = [c.no_sync for c in self.chunks]
+        config.no_sync_func = no_sync if layout.interleaved else no_sync[0]
+        if cfg.parallel.overlap_grad_reduce:
+            sync = [c.start_grad_sync for c in self.chunks]
+            config.grad_sync_func = sync if layout.interleaved else sync[0]
+        if cfg.parallel.overlap_param_gather:
+            psync = [c.start_param_sync for c in self.chunks]
+            config.param_sync_func = psync if layout.interleaved else psync[0]
+        self.model_config = config
+
+        self.iteration = 0
+        self.consumed_samples = 0
+        self.skipped_iterations = 0
+        if cfg.run.load:
+            state = checkpointing.load_checkpoint(
+                root=cfg.run.load, chunks=self.chunks, optimizer=self.optimizer,
+                scheduler=self.scheduler, cfg=cfg,
+            )
+            self.iteration, self.consumed_samples = state.iteration, state.consumed_samples
+            if state.path is not None:
+                log.info("loaded checkpoint %s (iteration %d)", state.path, state.iteration)
+
+        self.datasets = datasets_provider(cfg)
+        self.needs_data = [self._unwrapped(c).pre_process or self._unwrapped(c).post_process for c in self.chunks]
+        self.metrics = MetricsWriter(
+            enabled=ctx.is_logging_rank,
+            metrics_file=cfg.run.metrics_file,
+            tensorboard_dir=cfg.run.tensorboard_dir,
+        )
+        self.flops_per_step = flops_per_step(
+            batch_size=gbs,
+            seq_length=cfg.model.seq_length,
+            num_layers=cfg.model.num_layers,
+            hidden_size=cfg.model.hidden_size,
+            ffn_hidden_size=cfg.model.effective_ffn_hidden_size,
+            num_attention_heads=cfg.model.num_attention_heads,
+            num_query_groups=cfg.model.effective_num_query_groups,
+            kv_channels=cfg.model.effective_kv_channels,
+            padded_vocab_size=cfg.padded_vocab_size,
+            swiglu=cfg.model.swiglu,
+        )
+        self.peak_flops = (
+            peak_flops_for(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
+        )
+        self._log_start()
+
+    # ------------------------------------------------------------------ utils
+    @staticmethod
+    def _unwrapped(chunk: torch.nn.Module) -> Any:
+        return getattr(chunk, "module", chunk)
+
+    def _log_start(self) -> None:
+        if self.ctx.rank == 0:
+            log.info("device: %s, backend: %s", self.ctx.device, dist.get_backend())
+            for line in plan.describe(self.cfg):
+                log.info(line)
+        params = torch.tensor([count_parameters(self.chunks)], dtype=torch.long, device=self.ctx.device)
+        counts = [torch.zeros_like(params) for _ in range(self.ctx.world_size)]
+        dist.all_gather(counts, params)
+        if self.ctx.rank == 0:
+            per_rank = [int(c.item()) for c in counts]
+            log.info("parameters per rank: min %s, max %s", f"{min(per_rank):,}", f"{max(per_rank):,}")
+
+    def _iterators(self, dataset: Any, consumed: int) -> Any:
+        iters = chunk_iterators(
+            dataset, cfg=self.cfg, consumed_samples=consumed, dp_rank=self.ctx.dp_rank, needs_data=self.needs_data
+        )
+        return iters if self.cfg.layout.interleaved else iters[0]
+
+    def _forward_backward(self, data_iterator: Any, *, forward_only: bool) -> list[dict[str, torch.Tensor]]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        layout = self.cfg.layout
+        return get_forward_backward_func()(
+            forward_step_func=self.forward_step,
+            data_iterator=data_iterator,
+            model=self.chunks if layout.interleaved else self.chunks[0],
+            num_microbatches=layout.num_microbatches,
+            seq_length=self.cfg.model.seq_length,
+            micro_batch_size=layout.micro_batch_size,
+            forward_only=forward_only,
+        )
+
+    def _reduce_loss(self, losses: list[dict[str, torch.Tensor]]) -> float:
+        """Token-mean loss over the global batch, known on every rank."""
+        from megatron.core import parallel_state
+
+        total = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
+        for item in losses:
+            total += item["lm loss"].to(total)
+        if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+            dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
+        else:
+            total.zero_()
+        # The last stage's value (replicated over its TP ranks) goes to every rank:
+        # summing over the pipeline group picks it up from the only non-zero stage.
+        dist.all_reduce(total, group=parallel_state.get_pipeline_model_parallel_group())
+        return float(total[0] / total[1]) if total[1] > 0 else math.nan
+
+    # ------------------------------------------------------------------ steps
+    def train_step(self, data_iterator: Any) -> StepResult:
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        losses = self._forward_backward(data_iterator, forward_only=False)
+        loss = self._reduce_loss(losses)
+        if not math.isfinite(loss):
+            # Every rank sees the same value, so all skip together.
+            return StepResult(loss=loss, grad_norm=None, skipped=True)
+        update_successful, grad_norm, _ = self.optimizer.step()
+        if update_successful:
+            self.scheduler.step(increment=self.cfg.layout.global_batch_size)
+        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful)
+
+    def evaluate(self, split: str = "valid") -> float | None:
+        dataset = getattr(self.datasets, split)
+        if dataset is None or self.cfg.run.eval_iters <= 0:
+            return None
+        self._param_sync_for_use()
+        for chunk in self.chunks:
+            chunk.eval()
+        data_iterator = self._iterators(dataset, 0)
+        sums = []
+        with torch.no_grad():
+            for _ in range(self.cfg.run.eval_iters):
+                sums.append(self._reduce_loss(self._forward_backward(data_iterator, forward_only=True)))
+        for chunk in self.chunks:
+            chunk.train()
+        self._restore_param_hooks()
+        return sum(sums) / len(sums)
+
+    def _param_sync_for_use(self) -> None:
+        # With overlapped param gather the newest weights arrive lazily in the next
+        # forward; evaluation and checkpoints need them now.
+        if self.cfg.parallel.overlap_param_gather:
+            for chunk in self.chunks:
+                chunk.disable_forward_pre_hook()
+
+    def _restore_param_hooks(self) -> None:
+        if self.cfg.parallel.overlap_param_gather:
+            for chunk in self.chunks:
+                chunk.enable_forward_pre_hook()
+
+    def save(self) -> None:
+        if not self.cfg.run.save:
+            return
+        self._param_sync_for_use()
+        path = checkpointing.save_checkpoint(
+            root=self.cfg.run.save, iteration=self.iteration, consumed_samples=self.consumed_samples,
+            chunks=self.chunks, optimizer=self.optimizer, scheduler=self.scheduler, cfg=self.cfg,
+        )
+        self._restore_param_hooks()
+        if self.ctx.rank == 0:
+            log.info("saved checkpoint %s", path)
+
+    # ------------------------------------------------------------------- loop
+    def train(self) -> None:
+        cfg, run = self.cfg, self.cfg.run
+        gbs = cfg.layout.global_batch_size
+        tokens_per_step = gbs * cfg.model.seq_length
+        data_iterator = self._iterators(self.datasets.train, self.consumed_samples)
+        last_saved = self.iteration if run.load else None
+        window_start = time.perf_counter()
+        window_iters = 0
+        if self.ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        while self.iteration < run.train_iters:
+            result = self.train_step(data_iterator)
+            self.iteration += 1
+            self.consumed_samples += gbs
+            window_iters += 1
+            if result.skipped:
+                self.skipped_iterations += 1
+            if self.iteration % run.log_interval == 0 or self.iteration == run.train_iters:
+                elapsed = (time.perf_counter() - window_start) / window_iters
+                self._log_iteration(result, elapsed, tokens_per_step)
+                window_start, window_iters = time.perf_counter(), 0
+            if run.eval_iters > 0 and run.eval_interval > 0 and self.iteration % run.eval_interval == 0:
+                self._log_eval(self.evaluate("valid"))
+            if run.save and run.save_interval > 0 and self.iteration % run.save_interval == 0:
+                self.save()
+                last_saved = self.iteration
+        if run.eval_iters > 0 and (run.eval_interval <= 0 or self.iteration % run.eval_interval):
+            self._log_eval(self.evaluate("valid"))
+        if run.save and last_saved != self.iteration:
+            self.save()
+        if self.ctx.is_logging_rank:
+            log.info("done: %d iterations, %d skipped", self.iteration, self.skipped_iterations)
+        self.metrics.close()
+
+    def _log_iteration(self, result: StepResult, seconds: float, tokens_per_step: int) -> None:
+        lr = self.optimizer.param_groups[0]["lr"]
+        tflops = self.flops_per_step / seconds / self.ctx.world_size / 1e12
+        record: dict[str, Any] = {
+            "iteration": self.iteration,
+            "consumed_samples": self.consumed_samples,
+            "lm_loss": result.loss,
+            "lr": lr,
+            "grad_norm": result.grad_norm,
+            "tokens_per_sec": tokens_per_step / seconds,
+            "tflops_per_gpu": tflops,
+            "elapsed_ms": seconds * 1000.0,
+            "skipped": result.skipped,
+            "skipped_total": self.skipped_iterations,
+        }
+        if self.ctx.device.type == "cuda":
+            record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            if self.peak_flops:
+                record["mfu"] = tflops * 1e12 / self.peak_flops
+        if self.ctx.is_logging_rank:
+            parts = [
+                f"iteration {self.iteration:>6}/{self.cfg.run.train_iters}",
+                f"lm loss {result.loss:.6e}",
+                f"lr {lr:.3e}",
+                f"grad norm {result.grad_norm:.3f}" if result.grad_norm is not None else "grad norm -",
+                f"{record['tokens_per_sec']:,.0f} tokens/s",
+                f"{tflops:.2f} TFLOP/s/GPU",
+                f"{seconds * 1000:.1f} ms/it",
+            ]
+            if "mfu" in record:
+                parts.append(f"MFU {record['mfu']:.1%}")
+            if "peak_memory_gb" in record:
+                parts.append(f"peak mem {record['peak_memory_gb']:.1f} GiB")
+            if result.skipped:
+                parts.append(f"SKIPPED (non-finite loss or overflow; {self.skipped_iterations} so far)")
+            log.info(" | ".join(parts))
+        self.metrics.write(record)
+
+    def _log_eval(self, loss: float | None) -> None:
+        if loss is None:
+            return
+        ppl = math.exp(min(loss, 20.0))
+        if self.ctx.is_logging_rank:
+            log.info("validation at iteration %d | lm loss %.6e | ppl %.3f", self.iteration, loss, ppl)
+        self.metrics.write({"iteration": self.iteration, "valid_loss": loss, "valid_ppl": ppl})

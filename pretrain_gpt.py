@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Pretrain a GPT with Megatron-Core: TP × interleaved-1F1B PP × DP.
+
+The providers below say *what* is trained; ``megatron_ext.training.pretrain``
+does the rest. The same script rehearses a layout on CPU processes (gloo) and
+trains on GPUs (NCCL):
+
+    torchrun --nproc-per-node 4 pretrain_gpt.py --mock-data --device cpu \
+        --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 ...
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from typing import Any
+
+import torch
+
+from megatron_ext.arguments import TrainingConfig
+from megatron_ext.data import Datasets, build_datasets, build_tokenizer
+from megatron_ext.model import layer_spec, transformer_config
+from megatron_ext.training import pretrain
+
+
+def model_provider(
+    cfg: TrainingConfig,
+    *,
+    pre_process: bool,
+    post_process: bool,
+    vp_stage: int | None,
+    device: torch.device,
+) -> torch.nn.Module:
+    """One GPT model chunk (the layers of one virtual pipeline stage)."""
+    from megatron.core.models.gpt import GPTModel
+
+    m = cfg.model
+    return GPTModel(
+        config=transformer_config(cfg, device),
+        transformer_layer_spec=layer_spec(cfg, device),
+        vocab_size=cfg.padded_vocab_size,
+        max_sequence_length=m.max_position_embeddings or m.seq_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
+        position_embedding_type=m.position_embedding_type,
+        rotary_percent=m.rotary_percent,
+        rotary_base=m.rotary_base,
+        vp_stage=vp_stage,
+    )
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[Any, ...]:
+    """Sum of per-token losses and the token count; the schedule averages.
+
+    Returns (loss sum, tokens, {"lm loss": [sum, tokens]}) so that reported
+    losses are exact token means over the global batch.
+    """
+    losses = output_tensor.float().view(-1)  # (b·s,)
+    mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * mask)
+    num_tokens = mask.sum().to(torch.int)
+    report = torch.stack([loss.detach(), num_tokens.detach().float()])
+    return loss, num_tokens, {"lm loss": report}
+
+
+def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Any]:
+    """Run one micro-batch through one model chunk."""
+    chunk = getattr(model, "module", model)
+    batch = None
+    if chunk.pre_process or chunk.post_process:
+        batch = next(data_iterator)
+    device = next(model.parameters()).device
+    tokens = batch["tokens"].to(device, non_blocking=True) if chunk.pre_process else None
+    position_ids = batch["position_ids"].to(device, non_blocking=True) if chunk.pre_process else None
+    labels = batch["labels"].to(device, non_blocking=True) if chunk.post_process else None
+    # (b, s) token ids in; on the last stage (b, s) per-token losses out.
+    output = model(tokens, position_ids, None, labels=labels)
+    loss_mask = batch["loss_mask"].to(device, non_blocking=True) if chunk.post_process else None
+    return output, partial(loss_func, loss_mask)
+
+
+def datasets_provider(cfg: TrainingConfig) -> Datasets:
+    """Train / valid / test datasets (Megatron-Core's builders)."""
+    return build_datasets(cfg, build_tokenizer(cfg))
+
+
+if __name__ == "__main__":
+    sys.exit(
+        pretrain(model_provider=model_provider, forward_step=forward_step, datasets_provider=datasets_provider)
+    )
