@@ -79,7 +79,11 @@ def _model_key(index: int, count: int) -> str:
 
 
 def _model_sharded_state_dict(chunks: list[torch.nn.Module]) -> dict[str, Any]:
-    return {_model_key(i, len(chunks)): c.sharded_state_dict() for i, c in enumerate(chunks)}
+    # From the unwrapped modules: keys without the DDP wrapper's "module." prefix,
+    # as Megatron-LM writes them.
+    return {
+        _model_key(i, len(chunks)): getattr(c, "module", c).sharded_state_dict() for i, c in enumerate(chunks)
+    }
 
 
 def _rng_sharded_object(cfg: TrainingConfig) -> Any:
@@ -143,7 +147,11 @@ def save_checkpoint(
 
     model_sd = _model_sharded_state_dict(chunks)
     state: dict[str, Any] = dict(model_sd)
-    state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False, metadata=_OPTIM_METADATA)
+    # Before the first step the optimizer has no state yet (a seed checkpoint).
+    has_optimizer = iteration > 0
+    if has_optimizer:
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False, metadata=_OPTIM_METADATA)
+    state["has_optimizer_state"] = has_optimizer
     state["opt_param_scheduler"] = scheduler.state_dict()
     state["rng_state"] = _rng_sharded_object(cfg)
     state["iteration"] = iteration
@@ -183,7 +191,7 @@ def load_checkpoint(
     saved_layout = common.get("layout", {})
     model_sd = _model_sharded_state_dict(chunks)
     request: dict[str, Any] = dict(model_sd)
-    load_optim = not (run.no_load_optim or run.finetune)
+    load_optim = not (run.no_load_optim or run.finetune) and bool(common.get("has_optimizer_state", True))
     if load_optim:
         request["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=_OPTIM_METADATA)
     same_grid = saved_layout.get("tp") == cfg.layout.tp and saved_layout.get("pp") == cfg.layout.pp
@@ -197,7 +205,7 @@ def load_checkpoint(
 
     loaded = dist_checkpointing.load(request, str(path))
     for i, chunk in enumerate(chunks):
-        chunk.load_state_dict(loaded[_model_key(i, len(chunks))])
+        getattr(chunk, "module", chunk).load_state_dict(loaded[_model_key(i, len(chunks))])
     if load_optim:
         optimizer.load_state_dict(loaded["optimizer"])
         scheduler.load_state_dict(common["opt_param_scheduler"])

@@ -18,7 +18,15 @@ distributed optimizer run unmodified in CPU processes:
    from its own stream and the default stream is restored afterwards. The
    tracker warns when the CPU state changes inside a fork, which is exactly
    what standing in means, so that one warning is filtered.
-4. **Device queries.** ``torch.cuda.current_device`` answers 0,
+4. **Point-to-point tags.** In a 2-stage interleaved ring the previous and
+   the next stage are the same process, so activations (to the next stage)
+   and gradients (to the previous one) travel between the same pair. NCCL
+   keeps them apart by call order; gloo matches messages by (peer, tag) and
+   can mix them up. Megatron-Core's p2p helpers are replaced by ones that tag
+   each direction (activations 1, gradients 2) and otherwise do the same.
+   (Related, set in ``model.py``: ``deallocate_pipeline_outputs`` is off on
+   CPU, because gloo sends read the buffer asynchronously.)
+5. **Device queries.** ``torch.cuda.current_device`` answers 0,
    ``torch.cuda.synchronize`` does nothing, memory queries answer 0.
 
 Nothing here is imported or active on a GPU run.
@@ -111,7 +119,49 @@ def _cpu_manual_seed(seed: int) -> None:
     torch.default_generator.manual_seed(int(seed))
 
 
+_ACTIVATION_TAG = 1  # send_next / recv_prev
+_GRADIENT_TAG = 2  # send_prev / recv_next
+
+
+def _tagged_ops(
+    *,
+    tensor_send_prev: torch.Tensor | None,
+    tensor_recv_prev: torch.Tensor | None,
+    tensor_send_next: torch.Tensor | None,
+    tensor_recv_next: torch.Tensor | None,
+    group: Any,
+    prev_pipeline_rank: int,
+    next_pipeline_rank: int,
+) -> list[tuple[str, Any, torch.Tensor, int, int]]:
+    dist = torch.distributed
+    planned = [
+        ("send_prev", dist.isend, tensor_send_prev, prev_pipeline_rank, _GRADIENT_TAG),
+        ("recv_prev", dist.irecv, tensor_recv_prev, prev_pipeline_rank, _ACTIVATION_TAG),
+        ("send_next", dist.isend, tensor_send_next, next_pipeline_rank, _ACTIVATION_TAG),
+        ("recv_next", dist.irecv, tensor_recv_next, next_pipeline_rank, _GRADIENT_TAG),
+    ]
+    return [op for op in planned if op[2] is not None]
+
+
+def _tagged_batched_p2p_ops(*, group: Any, **tensors_and_ranks: Any) -> list[Any]:
+    """Megatron-Core's ``_batched_p2p_ops`` with a tag per direction."""
+    ops = [
+        torch.distributed.P2POp(fn, tensor, peer, group, tag)
+        for _, fn, tensor, peer, tag in _tagged_ops(group=group, **tensors_and_ranks)
+    ]
+    return torch.distributed.batch_isend_irecv(ops) if ops else []
+
+
+def _tagged_p2p_ops(*, group: Any, **tensors_and_ranks: Any) -> dict[str, Any]:
+    """Megatron-Core's ``_p2p_ops`` (non-batched, returns named requests) with tags."""
+    return {
+        name: fn(tensor, peer, group=group, tag=tag)
+        for name, fn, tensor, peer, tag in _tagged_ops(group=group, **tensors_and_ranks)
+    }
+
+
 def _patches() -> list[tuple[Any, str, Callable[..., Any]]]:
+    from megatron.core.pipeline_parallel import p2p_communication
     from megatron.core.tensor_parallel import random as mcore_random
 
     return [
@@ -128,6 +178,8 @@ def _patches() -> list[tuple[Any, str, Callable[..., Any]]]:
         (torch.cuda, "empty_cache", _returning(None)),
         (mcore_random, "_get_cuda_rng_state", _cpu_get_rng_state()),
         (mcore_random, "_set_cuda_rng_state", _cpu_set_rng_state()),
+        (p2p_communication, "_batched_p2p_ops", _tagged_batched_p2p_ops),
+        (p2p_communication, "_p2p_ops", _tagged_p2p_ops),
     ]
 
 

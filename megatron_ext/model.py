@@ -78,7 +78,13 @@ def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> Transfo
         apply_rope_fusion=False,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
-        deallocate_pipeline_outputs=True,
+        # Frees a stage's output right after its (asynchronous) send. Safe with
+        # NCCL's stream ordering; gloo reads the buffer later from its own thread,
+        # so on CPU the output must live until the send completes.
+        deallocate_pipeline_outputs=on_gpu,
+        # Megatron-LM's defaults: overlapped (unbatched) p2p for the interleaved schedule.
+        overlap_p2p_comm=layout.interleaved,
+        batch_p2p_comm=not layout.interleaved,
         cross_entropy_loss_fusion=False,
     )
 
