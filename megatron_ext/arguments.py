@@ -204,6 +204,7 @@ class RunArgs:
     save: str | None = opt(None, "Directory to save checkpoints into.")
     load: str | None = opt(None, "Directory to load a checkpoint from.")
     save_interval: int = opt(0, "Save every this many iterations (0: only at the end).")
+    exit_interval: int = opt(0, "Save a checkpoint and exit after an iteration divisible by this (0: never).")
     no_load_optim: bool = opt(False, "Do not load optimizer state from --load.")
     no_load_rng: bool = opt(False, "Do not load RNG state from --load.")
     finetune: bool = opt(False, "Load only the model from --load and start at iteration 0.")

@@ -89,6 +89,8 @@ class StepResult:
     """Token-mean loss over the global batch (NaN when not finite)."""
     grad_norm: float | None
     skipped: bool
+    lr: float
+    """Learning rate this step used."""
 
 
 class Trainer:
@@ -263,13 +265,14 @@ class Trainer:
         self.optimizer.zero_grad()
         losses = self._forward_backward(data_iterator, forward_only=False)
         loss = self._reduce_loss(losses)
+        lr = float(self.optimizer.param_groups[0]["lr"])
         if not math.isfinite(loss):
             # Every rank sees the same value, so all skip together.
-            return StepResult(loss=loss, grad_norm=None, skipped=True)
+            return StepResult(loss=loss, grad_norm=None, skipped=True, lr=lr)
         update_successful, grad_norm, _ = self.optimizer.step()
         if update_successful:
             self.scheduler.step(increment=self.cfg.layout.global_batch_size)
-        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful)
+        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful, lr=lr)
 
     def evaluate(self, split: str = "valid") -> float | None:
         dataset = getattr(self.datasets, split)
@@ -339,7 +342,12 @@ class Trainer:
             if run.save and run.save_interval > 0 and self.iteration % run.save_interval == 0:
                 self.save()
                 last_saved = self.iteration
-        if run.eval_iters > 0 and (run.eval_interval <= 0 or self.iteration % run.eval_interval):
+            if run.exit_interval > 0 and self.iteration % run.exit_interval == 0:
+                if self.ctx.is_logging_rank:
+                    log.info("--exit-interval %d reached at iteration %d", run.exit_interval, self.iteration)
+                break
+        finished = self.iteration >= run.train_iters
+        if finished and run.eval_iters > 0 and (run.eval_interval <= 0 or self.iteration % run.eval_interval):
             self._log_eval(self.evaluate("valid"))
         if run.save and last_saved != self.iteration:
             self.save()
@@ -348,7 +356,7 @@ class Trainer:
         self.metrics.close()
 
     def _log_iteration(self, result: StepResult, seconds: float, tokens_per_step: int) -> None:
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = result.lr
         tflops = self.flops_per_step / seconds / self.ctx.world_size / 1e12
         record: dict[str, Any] = {
             "iteration": self.iteration,

@@ -1,0 +1,94 @@
+"""Shared helpers: launching pretrain_gpt.py under torchrun on CPU processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PRETRAIN = REPO / "pretrain_gpt.py"
+
+# A tiny GPT that every layout of the equivalence tests can split:
+# 8 layers = PP 4 × VP 2; 4 heads = TP 2 × 2; 8 sequences = 4 microbatches of 2.
+TINY_MODEL = [
+    "--num-layers", "8",
+    "--hidden-size", "64",
+    "--num-attention-heads", "4",
+    "--seq-length", "32",
+    "--vocab-size", "255",
+    "--micro-batch-size", "2",
+    "--global-batch-size", "8",
+    "--hidden-dropout", "0",
+    "--attention-dropout", "0",
+    "--lr", "1e-3",
+    "--lr-warmup-iters", "2",
+    "--lr-decay-iters", "10",
+    "--lr-decay-style", "cosine",
+    "--mock-data",
+    "--device", "cpu",
+    "--seed", "1234",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONWARNINGS"] = "ignore"
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def run_pretrain(
+    args: list[str], *, nproc: int = 1, timeout: int = 300, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run pretrain_gpt.py under torchrun with ``nproc`` CPU processes."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", str(nproc),
+        "--master-addr", "127.0.0.1",
+        "--master-port", str(_free_port()),
+        str(PRETRAIN), *args,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"pretrain_gpt.py failed ({proc.returncode}): {' '.join(args)}\n"
+            f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def run_script(args: list[str], *, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    """Run pretrain_gpt.py as a plain process (no launcher), e.g. for --dry-run."""
+    return subprocess.run(
+        [sys.executable, str(PRETRAIN), *args],
+        capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO,
+    )
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def train_losses(path: Path) -> dict[int, float]:
+    return {r["iteration"]: r["lm_loss"] for r in read_metrics(path) if "lm_loss" in r}
+
+
+@pytest.fixture(scope="session")
+def seed_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Initial weights of the tiny GPT, saved once (TP1·PP1) and loaded by every layout."""
+    root = tmp_path_factory.mktemp("seed") / "ckpt"
+    run_pretrain([*TINY_MODEL, "--train-iters", "0", "--save", str(root)])
+    return root

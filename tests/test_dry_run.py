@@ -1,0 +1,60 @@
+"""``pretrain_gpt.py --dry-run``: validation and the plan, without any process group."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import run_script
+
+pytestmark = pytest.mark.unit
+
+BIG = [
+    "--mock-data", "--num-layers", "96", "--hidden-size", "12288", "--num-attention-heads", "96",
+    "--seq-length", "2048", "--vocab-size", "51200", "--micro-batch-size", "1", "--global-batch-size", "1536",
+    "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "8",
+    "--num-layers-per-virtual-pipeline-stage", "3", "--sequence-parallel", "--use-distributed-optimizer",
+    "--bf16", "--dry-run",
+]
+
+
+def test_valid_175b_layout_on_1024_gpus_prints_plan() -> None:
+    # 1024 "GPUs" on a CPU-only machine: proves no process group or device is touched.
+    proc = run_script([*BIG, "--world-size", "1024"])
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "configuration is valid" in out
+    assert "world size: 1024 = TP 8 × PP 8 × DP 16 × VP 4 (interleaved 1F1B)" in out
+    assert "microbatches per step (gradient accumulation): 96" in out
+    assert "layers per pipeline stage: 12, per virtual stage: 3" in out
+    assert "tokens per step: 3,145,728" in out
+    assert "parameters: 174," in out  # GPT-3 175B with a 51,200-token vocabulary
+
+
+def test_invalid_world_size_is_refused_with_the_rule() -> None:
+    proc = run_script([*BIG, "--world-size", "1000"])
+    assert proc.returncode == 2
+    assert "world_size=1000 is not divisible by tensor(8) × pipeline(8) = 64" in proc.stderr
+    assert "use 960 or 1024 processes" in proc.stderr
+
+
+def test_invalid_interleaving_is_refused() -> None:
+    args = [a if a != "3" else "5" for a in BIG]  # 12 layers per stage / 5 does not divide
+    proc = run_script([*args, "--world-size", "1024"])
+    assert proc.returncode == 2
+    assert "num_layers_per_virtual_pipeline_stage=5 does not divide" in proc.stderr
+
+
+def test_world_size_from_environment_variable() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import PRETRAIN, _env
+
+    env = _env() | {"WORLD_SIZE": "6"}
+    proc = subprocess.run(
+        [sys.executable, str(PRETRAIN), "--mock-data", "--pipeline-model-parallel-size", "4", "--dry-run"],
+        capture_output=True, text=True, env=env, cwd=os.path.dirname(PRETRAIN), timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "world_size=6 is not divisible by tensor(1) × pipeline(4) = 4" in proc.stderr
