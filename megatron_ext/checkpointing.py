@@ -6,7 +6,7 @@ Layout on disk (Megatron-LM's)::
     SAVE/iter_0000100/                       # torch_dist shards + common state
 
 Every tensor is saved under its global (layout-free) key with Megatron-Core's
-sharding metadata, and the optimizer in the ``fully_sharded_model_space``
+sharding metadata, and the optimizer in the ``fully_reshardable``
 format, so a checkpoint written under one TP/PP/VP/DP loads under another.
 The tracker file is written last, atomically, by rank 0 after every rank has
 finished: a directory without a tracker entry is never taken as the latest.
@@ -31,7 +31,9 @@ from megatron_ext.arguments import TrainingConfig
 log = logging.getLogger(__name__)
 
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
-_OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_sharded_model_space"}
+# "fully_reshardable": the distributed optimizer saves the canonical per-parameter
+# state (as the regular optimizer does), so any TP/PP/DP can load it.
+_OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 class CheckpointError(RuntimeError):
@@ -117,9 +119,60 @@ def _restore_rng(state: dict[str, Any]) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
 
 
+def _prepare_distributed_optimizer_for_load(optimizer: Any) -> None:
+    """Work around two gaps of Megatron-Core 0.16.1's distributed optimizer when
+    torch's Adam stands in for apex/TE FusedAdam (always on CPU):
+
+    * ``state_dict()`` reads the per-parameter ``step``, which torch's Adam
+      creates only at its first step: give a fresh optimizer placeholder state
+      (overwritten by the loaded values);
+    * loading the ``fully_reshardable`` format copies every state entry,
+      ``step`` included, from the checkpoint's per-parameter tensors, which do
+      not hold ``step`` (it travels in the param groups): copy around it.
+    """
+    from megatron.core.optimizer import distrib_optimizer
+
+    if distrib_optimizer.HAVE_APEX_OR_TE:
+        return
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if not isinstance(opt, distrib_optimizer.DistributedOptimizer):
+            continue
+        inner = opt.optimizer
+        for group in inner.param_groups:
+            for param in group["params"]:
+                if not inner.state[param] and isinstance(inner, torch.optim.Adam):
+                    inner.state[param] = {
+                        "step": torch.tensor(0.0),
+                        "exp_avg": torch.zeros_like(param),
+                        "exp_avg_sq": torch.zeros_like(param),
+                    }
+        if getattr(opt, "_megatron_ext_step_safe", False):
+            continue
+        original = opt._set_main_param_and_optimizer_states
+
+        def set_states(model_param: Any, tensors: dict[str, Any], *, _opt: Any = opt, _orig: Any = original) -> None:
+            group_index, group_order = _opt.model_param_group_index_map[model_param]
+            state = _opt.optimizer.state[_opt.optimizer.param_groups[group_index]["params"][group_order]]
+            step = state.pop("step", None) if "step" not in tensors else None
+            try:
+                _orig(model_param, tensors)
+            finally:
+                if step is not None:
+                    state["step"] = step
+
+        opt._set_main_param_and_optimizer_states = set_states
+        opt._megatron_ext_step_safe = True
+
+
 def _layout_record(cfg: TrainingConfig) -> dict[str, int]:
     layout = cfg.layout
-    return {"tp": layout.tp, "pp": layout.pp, "vp": layout.vp, "dp": layout.dp}
+    return {
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "vp": layout.vp,
+        "dp": layout.dp,
+        "distributed_optimizer": layout.use_distributed_optimizer,
+    }
 
 
 def save_checkpoint(
@@ -192,7 +245,18 @@ def load_checkpoint(
     model_sd = _model_sharded_state_dict(chunks)
     request: dict[str, Any] = dict(model_sd)
     load_optim = not (run.no_load_optim or run.finetune) and bool(common.get("has_optimizer_state", True))
+    saved_distributed = saved_layout.get("distributed_optimizer")
+    if load_optim and saved_distributed is not None and saved_distributed != cfg.layout.use_distributed_optimizer:
+        # The two optimizers keep different state structures (the distributed one
+        # holds fp32 master shards and per-group metadata).
+        raise CheckpointError(
+            f"{path}: the optimizer state was saved "
+            f"{'with' if saved_distributed else 'without'} --use-distributed-optimizer and this run is "
+            f"{'with' if cfg.layout.use_distributed_optimizer else 'without'} it; use the same setting, "
+            "or pass --no-load-optim to load only the model"
+        )
     if load_optim:
+        _prepare_distributed_optimizer_for_load(optimizer)
         request["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=_OPTIM_METADATA)
     same_grid = saved_layout.get("tp") == cfg.layout.tp and saved_layout.get("pp") == cfg.layout.pp
     load_rng = not (run.no_load_rng or run.finetune) and same_grid

@@ -92,3 +92,29 @@ def seed_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("seed") / "ckpt"
     run_pretrain([*TINY_MODEL, "--train-iters", "0", "--save", str(root)])
     return root
+
+
+ITERS = 10
+"""Iterations of the equivalence runs."""
+REL_TOL = 1e-5
+"""Relative loss tolerance between layouts (fp32, CPU)."""
+
+
+def train_from_seed(seed: Path, metrics: Path, nproc: int, layout: list[str], *extra: str) -> dict[int, float]:
+    """Train the tiny GPT from the seed checkpoint; per-iteration losses."""
+    run_pretrain(
+        [*TINY_MODEL, *layout, "--train-iters", str(ITERS), "--load", str(seed), "--metrics-file", str(metrics),
+         *extra],
+        nproc=nproc,
+    )
+    return train_losses(metrics)
+
+
+@pytest.fixture(scope="session")
+def baseline(seed_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """Per-iteration losses of TP1·PP1·DP1 from the seed checkpoint."""
+    losses = train_from_seed(seed_checkpoint, tmp_path_factory.mktemp("baseline") / "m.jsonl", 1, [])
+    assert sorted(losses) == list(range(1, ITERS + 1))
+    # The mock data is learnable: the baseline itself must be training.
+    assert losses[ITERS] < losses[1] - 0.1
+    return losses

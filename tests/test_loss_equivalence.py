@@ -16,12 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_MODEL, run_pretrain, train_losses
+from tests.conftest import ITERS, REL_TOL, train_from_seed
 
 pytestmark = pytest.mark.distributed
-
-ITERS = 10
-REL_TOL = 1e-5
 
 LAYOUTS = {
     "tp2": (2, ["--tensor-model-parallel-size", "2"]),
@@ -37,28 +34,12 @@ LAYOUTS = {
 }
 
 
-def _train(seed: Path, metrics: Path, nproc: int, layout: list[str]) -> dict[int, float]:
-    run_pretrain(
-        [*TINY_MODEL, *layout, "--train-iters", str(ITERS), "--load", str(seed), "--metrics-file", str(metrics)],
-        nproc=nproc,
-    )
-    losses = train_losses(metrics)
-    assert sorted(losses) == list(range(1, ITERS + 1))
-    return losses
-
-
-@pytest.fixture(scope="module")
-def baseline(seed_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
-    losses = _train(seed_checkpoint, tmp_path_factory.mktemp("baseline") / "m.jsonl", 1, [])
-    # The mock data is learnable: the baseline itself must be training.
-    assert losses[ITERS] < losses[1] - 0.1
-    return losses
-
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_matches_baseline(name: str, baseline: dict[int, float], seed_checkpoint: Path, tmp_path: Path) -> None:
     nproc, flags = LAYOUTS[name]
-    losses = _train(seed_checkpoint, tmp_path / "m.jsonl", nproc, flags)
+    losses = train_from_seed(seed_checkpoint, tmp_path / "m.jsonl", nproc, flags)
+    assert sorted(losses) == list(range(1, ITERS + 1))
     for it in range(1, ITERS + 1):
         assert losses[it] == pytest.approx(baseline[it], rel=REL_TOL), (
             f"{name}: iteration {it} loss {losses[it]!r} != baseline {baseline[it]!r}"
