@@ -87,6 +87,4 @@ def datasets_provider(cfg: TrainingConfig) -> Datasets:
 
 
 if __name__ == "__main__":
-    sys.exit(
-        pretrain(model_provider=model_provider, forward_step=forward_step, datasets_provider=datasets_provider)
-    )
+    sys.exit(pretrain(model_provider=model_provider, forward_step=forward_step, datasets_provider=datasets_provider))

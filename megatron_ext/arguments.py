@@ -26,10 +26,7 @@ class ConfigError(ValueError):
 
 def opt(default: Any, help: str, *, choices: Sequence[Any] | None = None, flag: str | None = None) -> Any:
     """A dataclass field that is also a command-line option."""
-    meta = {"help": help, "choices": choices, "flag": flag}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,19 +54,13 @@ class ModelArgs:
     swiglu: bool = opt(False, "Use a SwiGLU MLP (gated SiLU) instead of GeLU.")
     normalization: str = opt("LayerNorm", "Normalization layer.", choices=["LayerNorm", "RMSNorm"])
     norm_epsilon: float = opt(1e-5, "Epsilon of the normalization layers.")
-    untie_embeddings_and_output_weights: bool = opt(
-        False, "Separate input embedding and output layer weights."
-    )
+    untie_embeddings_and_output_weights: bool = opt(False, "Separate input embedding and output layer weights.")
     disable_bias_linear: bool = opt(False, "No bias in the linear layers.")
     hidden_dropout: float = opt(0.1, "Dropout probability after attention and MLP.")
     attention_dropout: float = opt(0.1, "Dropout probability on attention scores.")
     init_method_std: float = opt(0.02, "Standard deviation of the normal weight initialisation.")
-    vocab_size: int | None = opt(
-        None, "Vocabulary size of the null tokenizer (mock data); padded like Megatron."
-    )
-    make_vocab_size_divisible_by: int = opt(
-        128, "Pad the vocabulary to a multiple of this × tensor-parallel size."
-    )
+    vocab_size: int | None = opt(None, "Vocabulary size of the null tokenizer (mock data); padded like Megatron.")
+    make_vocab_size_divisible_by: int = opt(128, "Pad the vocabulary to a multiple of this × tensor-parallel size.")
     transformer_impl: str = opt(
         "auto",
         "Layer implementation: transformer_engine, local, or auto (TE when importable on GPU).",
@@ -105,9 +96,7 @@ class ModelArgs:
             )
         max_pos = self.max_position_embeddings
         if self.position_embedding_type == "learned_absolute" and max_pos is not None and max_pos < self.seq_length:
-            raise ConfigError(
-                f"max_position_embeddings={max_pos} is smaller than seq_length={self.seq_length}"
-            )
+            raise ConfigError(f"max_position_embeddings={max_pos} is smaller than seq_length={self.seq_length}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,17 +117,13 @@ class ParallelArgs:
     overlap_param_gather: bool = opt(
         False, "Overlap the parameter all-gather with forward (needs the distributed optimizer)."
     )
-    world_size: int | None = opt(
-        None, "World size for --dry-run (default: $WORLD_SIZE, or 1). Ignored in real runs."
-    )
+    world_size: int | None = opt(None, "World size for --dry-run (default: $WORLD_SIZE, or 1). Ignored in real runs.")
 
 
 @dataclass(frozen=True, kw_only=True)
 class BatchArgs:
     micro_batch_size: int = opt(1, "Sequences per microbatch per data-parallel rank.")
-    global_batch_size: int | None = opt(
-        None, "Sequences per optimizer step over all ranks (default micro-batch × DP)."
-    )
+    global_batch_size: int | None = opt(None, "Sequences per optimizer step over all ranks (default micro-batch × DP).")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,9 +133,7 @@ class OptimizerArgs:
     min_lr: float = opt(0.0, "Learning rate at the end of decay.")
     lr_warmup_iters: int = opt(0, "Iterations of linear warm-up.")
     lr_decay_iters: int | None = opt(None, "Iterations of decay (default --train-iters).")
-    lr_decay_style: str = opt(
-        "linear", "Decay shape.", choices=["constant", "linear", "cosine", "inverse-square-root"]
-    )
+    lr_decay_style: str = opt("linear", "Decay shape.", choices=["constant", "linear", "cosine", "inverse-square-root"])
     weight_decay: float = opt(0.01, "Weight decay.")
     adam_beta1: float = opt(0.9, "Adam beta1.")
     adam_beta2: float = opt(0.999, "Adam beta2.")
@@ -162,12 +145,8 @@ class OptimizerArgs:
     loss_scale: float | None = opt(None, "Static loss scale for fp16 (default dynamic).")
     initial_loss_scale: float = opt(2.0**32, "Initial dynamic loss scale for fp16.")
     seed: int = opt(1234, "Random seed.")
-    recompute_granularity: str | None = opt(
-        None, "Activation recomputation.", choices=["full", "selective"]
-    )
-    recompute_method: str | None = opt(
-        None, "With full recomputation: which layers.", choices=["uniform", "block"]
-    )
+    recompute_granularity: str | None = opt(None, "Activation recomputation.", choices=["full", "selective"])
+    recompute_method: str | None = opt(None, "With full recomputation: which layers.", choices=["uniform", "block"])
     recompute_num_layers: int | None = opt(None, "With full recomputation: layers per group.")
     calculate_per_token_loss: bool = opt(
         False, "Average the loss over all tokens of the step instead of per microbatch."
@@ -187,7 +166,7 @@ class OptimizerArgs:
 @dataclass(frozen=True, kw_only=True)
 class DataArgs:
     mock_data: bool = opt(False, "Train on Megatron-Core's mock GPT dataset (no files).")
-    data_path: list[str] = opt([], "Dataset prefixes, optionally weighted: 'W1 P1 W2 P2 …'.")
+    data_path: tuple[str, ...] = opt((), "Dataset prefixes, optionally weighted: 'W1 P1 W2 P2 …'.")
     split: str = opt("969,30,1", "Train/valid/test split of --data-path.")
     data_cache_path: str | None = opt(None, "Where to cache dataset index files.")
     tokenizer_type: str = opt("NullTokenizer", "Tokenizer (mock data uses NullTokenizer).")
@@ -211,7 +190,9 @@ class RunArgs:
     tensorboard_dir: str | None = opt(None, "Write TensorBoard scalars here.")
     metrics_file: str | None = opt(None, "Append one JSON object per logged iteration (JSON Lines).")
     dry_run: bool = opt(False, "Validate and print the plan; create no process group; exit 0 if valid.")
-    device: str = opt("auto", "Where to run: cuda, cpu, or auto (cuda when available).", choices=["auto", "cuda", "cpu"])
+    device: str = opt(
+        "auto", "Where to run: cuda, cpu, or auto (cuda when available).", choices=["auto", "cuda", "cpu"]
+    )
     distributed_timeout_minutes: int = opt(10, "Timeout of collective operations.")
 
 
@@ -263,7 +244,7 @@ def _base_type(tp: Any) -> tuple[Any, bool]:
     if origin in (typing.Union, types.UnionType):
         (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
         origin = typing.get_origin(tp)
-    if origin is list:
+    if origin is tuple:
         return typing.get_args(tp)[0], True
     return tp, False
 
@@ -304,7 +285,7 @@ def parse_args(argv: Sequence[str] | None = None, *, world_size: int | None = No
     given: dict[str, dict[str, Any]] = {name: {} for name in _GROUPS}
     for dest, value in vars(namespace).items():
         group, name = dest.split(".", 1)
-        given[group][name] = value
+        given[group][name] = tuple(value) if isinstance(value, list) else value
     return make_config(world_size=world_size, **given)
 
 
@@ -347,6 +328,4 @@ def make_config(*, world_size: int | None = None, **groups: dict[str, Any]) -> T
         seq_length=model.seq_length,
     )
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
-    return TrainingConfig(
-        model=model, parallel=parallel, batch=batch, optim=optim, data=data, run=run, layout=layout
-    )
+    return TrainingConfig(model=model, parallel=parallel, batch=batch, optim=optim, data=data, run=run, layout=layout)

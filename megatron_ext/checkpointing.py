@@ -83,9 +83,7 @@ def _model_key(index: int, count: int) -> str:
 def _model_sharded_state_dict(chunks: list[torch.nn.Module]) -> dict[str, Any]:
     # From the unwrapped modules: keys without the DDP wrapper's "module." prefix,
     # as Megatron-LM writes them.
-    return {
-        _model_key(i, len(chunks)): getattr(c, "module", c).sharded_state_dict() for i, c in enumerate(chunks)
-    }
+    return {_model_key(i, len(chunks)): getattr(c, "module", c).sharded_state_dict() for i, c in enumerate(chunks)}
 
 
 def _rng_sharded_object(cfg: TrainingConfig) -> Any:
@@ -261,9 +259,7 @@ def load_checkpoint(
     same_grid = saved_layout.get("tp") == cfg.layout.tp and saved_layout.get("pp") == cfg.layout.pp
     load_rng = not (run.no_load_rng or run.finetune) and same_grid
     if not load_rng and not (run.no_load_rng or run.finetune):
-        log.warning(
-            "checkpoint layout %s differs from this run's TP/PP: RNG states are not restored", saved_layout
-        )
+        log.warning("checkpoint layout %s differs from this run's TP/PP: RNG states are not restored", saved_layout)
     if load_rng:
         request["rng_state"] = _rng_sharded_object(cfg)
 
@@ -277,6 +273,4 @@ def load_checkpoint(
         _restore_rng(loaded["rng_state"])
     if run.finetune:
         return LoadedState(iteration=0, consumed_samples=0, path=path)
-    return LoadedState(
-        iteration=int(common["iteration"]), consumed_samples=int(common["consumed_samples"]), path=path
-    )
+    return LoadedState(iteration=int(common["iteration"]), consumed_samples=int(common["consumed_samples"]), path=path)

@@ -69,7 +69,7 @@ def _is_cuda_device(value: Any) -> bool:
 class _CudaToCpuMode(TorchFunctionMode):
     """Maps CUDA device arguments of every torch call to the CPU."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda or func is torch.Tensor.pin_memory:
             return args[0]

@@ -29,9 +29,7 @@ class Datasets:
 def build_tokenizer(cfg: TrainingConfig) -> Any:
     """The tokenizer the datasets need (end-of-document id, vocabulary size)."""
     if cfg.data.tokenizer_type != "NullTokenizer":
-        raise NotImplementedError(
-            f"--tokenizer-type {cfg.data.tokenizer_type}: only NullTokenizer is supported so far"
-        )
+        raise NotImplementedError(f"--tokenizer-type {cfg.data.tokenizer_type}: only NullTokenizer is supported so far")
     from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
 
     assert cfg.model.vocab_size is not None
@@ -68,9 +66,7 @@ def build_datasets(cfg: TrainingConfig, tokenizer: Any) -> Datasets:
     )
     if not cfg.data.mock_data:
         raise NotImplementedError("--data-path: indexed datasets are not supported yet; use --mock-data")
-    train, valid, test = BlendedMegatronDatasetBuilder(
-        MockGPTDataset, dataset_sizes(cfg), lambda: True, config
-    ).build()
+    train, valid, test = BlendedMegatronDatasetBuilder(MockGPTDataset, dataset_sizes(cfg), lambda: True, config).build()
     return Datasets(train=train, valid=valid, test=test)
 
 
@@ -147,8 +143,6 @@ def chunk_iterators(
     """One iterator per model chunk: chunks that embed or compute the loss read
     the same micro-batches in the same order; middle chunks read nothing."""
     return [
-        make_iterator(dataset, cfg=cfg, consumed_samples=consumed_samples, dp_rank=dp_rank)
-        if needed
-        else None
+        make_iterator(dataset, cfg=cfg, consumed_samples=consumed_samples, dp_rank=dp_rank) if needed else None
         for needed in needs_data
     ]

@@ -242,10 +242,7 @@ class ParallelLayout:
                     f"use query groups in {_divisors(heads)}"
                 )
             if groups % tp:
-                p.append(
-                    f"num_query_groups={groups} is not divisible by tensor({tp}); "
-                    f"use TP in {_divisors(groups)}"
-                )
+                p.append(f"num_query_groups={groups} is not divisible by tensor({tp}); use TP in {_divisors(groups)}")
         if self.sequence_parallel:
             if tp == 1:
                 p.append("sequence_parallel needs tensor parallelism: use TP > 1 or drop --sequence-parallel")

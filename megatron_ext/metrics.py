@@ -24,9 +24,7 @@ class MetricsWriter:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as exc:  # tensorboard is optional
-                raise RuntimeError(
-                    "--tensorboard-dir needs the tensorboard package: pip install tensorboard"
-                ) from exc
+                raise RuntimeError("--tensorboard-dir needs the tensorboard package: pip install tensorboard") from exc
             self._tb = SummaryWriter(log_dir=tensorboard_dir)
 
     def write(self, record: dict[str, Any]) -> None:

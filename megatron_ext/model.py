@@ -103,9 +103,7 @@ def layer_spec(cfg: TrainingConfig, device: torch.device):  # -> ModuleSpec
 ModelProvider = Callable[..., torch.nn.Module]
 
 
-def build_model_chunks(
-    provider: ModelProvider, *, cfg: TrainingConfig, device: torch.device
-) -> list[torch.nn.Module]:
+def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: torch.device) -> list[torch.nn.Module]:
     """One model chunk per virtual stage of this pipeline rank, wrapped in Megatron DDP."""
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig

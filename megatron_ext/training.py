@@ -76,8 +76,13 @@ def pretrain(
         timeout_minutes=cfg.run.distributed_timeout_minutes,
     )
     try:
-        Trainer(cfg=cfg, ctx=ctx, model_provider=model_provider, forward_step=forward_step,
-                datasets_provider=datasets_provider).train()
+        Trainer(
+            cfg=cfg,
+            ctx=ctx,
+            model_provider=model_provider,
+            forward_step=forward_step,
+            datasets_provider=datasets_provider,
+        ).train()
     finally:
         distributed.destroy()
     return 0
@@ -174,8 +179,11 @@ class Trainer:
         self.skipped_iterations = 0
         if cfg.run.load:
             state = checkpointing.load_checkpoint(
-                root=cfg.run.load, chunks=self.chunks, optimizer=self.optimizer,
-                scheduler=self.scheduler, cfg=cfg,
+                root=cfg.run.load,
+                chunks=self.chunks,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                cfg=cfg,
             )
             self.iteration, self.consumed_samples = state.iteration, state.consumed_samples
             if state.path is not None:
@@ -200,9 +208,7 @@ class Trainer:
             padded_vocab_size=cfg.padded_vocab_size,
             swiglu=cfg.model.swiglu,
         )
-        self.peak_flops = (
-            peak_flops_for(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
-        )
+        self.peak_flops = peak_flops_for(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
         self._log_start()
 
     # ------------------------------------------------------------------ utils
@@ -308,8 +314,13 @@ class Trainer:
             return
         self._param_sync_for_use()
         path = checkpointing.save_checkpoint(
-            root=self.cfg.run.save, iteration=self.iteration, consumed_samples=self.consumed_samples,
-            chunks=self.chunks, optimizer=self.optimizer, scheduler=self.scheduler, cfg=self.cfg,
+            root=self.cfg.run.save,
+            iteration=self.iteration,
+            consumed_samples=self.consumed_samples,
+            chunks=self.chunks,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            cfg=self.cfg,
         )
         self._restore_param_hooks()
         if self.ctx.rank == 0:
@@ -322,21 +333,23 @@ class Trainer:
         tokens_per_step = gbs * cfg.model.seq_length
         data_iterator = self._iterators(self.datasets.train, self.consumed_samples)
         last_saved = self.iteration if run.load else None
-        window_start = time.perf_counter()
+        # Throughput counts training steps only: evaluation and saving are timed apart.
+        step_seconds = 0.0
         window_iters = 0
         if self.ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         while self.iteration < run.train_iters:
+            start = time.perf_counter()
             result = self.train_step(data_iterator)
+            step_seconds += time.perf_counter() - start
             self.iteration += 1
             self.consumed_samples += gbs
             window_iters += 1
             if result.skipped:
                 self.skipped_iterations += 1
             if self.iteration % run.log_interval == 0 or self.iteration == run.train_iters:
-                elapsed = (time.perf_counter() - window_start) / window_iters
-                self._log_iteration(result, elapsed, tokens_per_step)
-                window_start, window_iters = time.perf_counter(), 0
+                self._log_iteration(result, step_seconds / window_iters, tokens_per_step)
+                step_seconds, window_iters = 0.0, 0
             if run.eval_iters > 0 and run.eval_interval > 0 and self.iteration % run.eval_interval == 0:
                 self._log_eval(self.evaluate("valid"))
             if run.save and run.save_interval > 0 and self.iteration % run.save_interval == 0:

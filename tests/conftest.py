@@ -17,22 +17,37 @@ PRETRAIN = REPO / "pretrain_gpt.py"
 # A tiny GPT that every layout of the equivalence tests can split:
 # 8 layers = PP 4 × VP 2; 4 heads = TP 2 × 2; 8 sequences = 4 microbatches of 2.
 TINY_MODEL = [
-    "--num-layers", "8",
-    "--hidden-size", "64",
-    "--num-attention-heads", "4",
-    "--seq-length", "32",
-    "--vocab-size", "255",
-    "--micro-batch-size", "2",
-    "--global-batch-size", "8",
-    "--hidden-dropout", "0",
-    "--attention-dropout", "0",
-    "--lr", "1e-3",
-    "--lr-warmup-iters", "2",
-    "--lr-decay-iters", "10",
-    "--lr-decay-style", "cosine",
+    "--num-layers",
+    "8",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--vocab-size",
+    "255",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "8",
+    "--hidden-dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+    "--lr",
+    "1e-3",
+    "--lr-warmup-iters",
+    "2",
+    "--lr-decay-iters",
+    "10",
+    "--lr-decay-style",
+    "cosine",
     "--mock-data",
-    "--device", "cpu",
-    "--seed", "1234",
+    "--device",
+    "cpu",
+    "--seed",
+    "1234",
 ]
 
 
@@ -55,11 +70,17 @@ def run_pretrain(
 ) -> subprocess.CompletedProcess[str]:
     """Run pretrain_gpt.py under torchrun with ``nproc`` CPU processes."""
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc-per-node", str(nproc),
-        "--master-addr", "127.0.0.1",
-        "--master-port", str(_free_port()),
-        str(PRETRAIN), *args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        str(PRETRAIN),
+        *args,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO)
     if check and proc.returncode != 0:
@@ -74,7 +95,11 @@ def run_script(args: list[str], *, timeout: int = 120) -> subprocess.CompletedPr
     """Run pretrain_gpt.py as a plain process (no launcher), e.g. for --dry-run."""
     return subprocess.run(
         [sys.executable, str(PRETRAIN), *args],
-        capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+        cwd=REPO,
     )
 
 
@@ -103,8 +128,17 @@ REL_TOL = 1e-5
 def train_from_seed(seed: Path, metrics: Path, nproc: int, layout: list[str], *extra: str) -> dict[int, float]:
     """Train the tiny GPT from the seed checkpoint; per-iteration losses."""
     run_pretrain(
-        [*TINY_MODEL, *layout, "--train-iters", str(ITERS), "--load", str(seed), "--metrics-file", str(metrics),
-         *extra],
+        [
+            *TINY_MODEL,
+            *layout,
+            "--train-iters",
+            str(ITERS),
+            "--load",
+            str(seed),
+            "--metrics-file",
+            str(metrics),
+            *extra,
+        ],
         nproc=nproc,
     )
     return train_losses(metrics)

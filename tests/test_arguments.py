@@ -9,19 +9,60 @@ from megatron_ext.layout import LayoutError
 
 pytestmark = pytest.mark.unit
 
-MEGATRON_FLAGS = """
---num-layers --hidden-size --ffn-hidden-size --num-attention-heads --group-query-attention
---num-query-groups --seq-length --max-position-embeddings --position-embedding-type --swiglu
---normalization --untie-embeddings-and-output-weights --disable-bias-linear
---tensor-model-parallel-size --sequence-parallel --pipeline-model-parallel-size
---num-layers-per-virtual-pipeline-stage --virtual-pipeline-model-parallel-size
---use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
---micro-batch-size --global-batch-size --lr --min-lr --lr-warmup-iters --lr-decay-iters
---lr-decay-style --weight-decay --adam-beta1 --adam-beta2 --clip-grad --bf16 --fp16 --seed
---init-method-std --recompute-granularity --recompute-method --recompute-num-layers
---train-iters --log-interval --eval-interval --eval-iters --save --load --save-interval
---tensorboard-dir --mock-data --transformer-impl --metrics-file --dry-run --device
-""".split()
+MEGATRON_FLAGS = [
+    "--num-layers",
+    "--hidden-size",
+    "--ffn-hidden-size",
+    "--num-attention-heads",
+    "--group-query-attention",
+    "--num-query-groups",
+    "--seq-length",
+    "--max-position-embeddings",
+    "--position-embedding-type",
+    "--swiglu",
+    "--normalization",
+    "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
+    "--tensor-model-parallel-size",
+    "--sequence-parallel",
+    "--pipeline-model-parallel-size",
+    "--num-layers-per-virtual-pipeline-stage",
+    "--virtual-pipeline-model-parallel-size",
+    "--use-distributed-optimizer",
+    "--overlap-grad-reduce",
+    "--overlap-param-gather",
+    "--micro-batch-size",
+    "--global-batch-size",
+    "--lr",
+    "--min-lr",
+    "--lr-warmup-iters",
+    "--lr-decay-iters",
+    "--lr-decay-style",
+    "--weight-decay",
+    "--adam-beta1",
+    "--adam-beta2",
+    "--clip-grad",
+    "--bf16",
+    "--fp16",
+    "--seed",
+    "--init-method-std",
+    "--recompute-granularity",
+    "--recompute-method",
+    "--recompute-num-layers",
+    "--train-iters",
+    "--log-interval",
+    "--eval-interval",
+    "--eval-iters",
+    "--save",
+    "--load",
+    "--save-interval",
+    "--tensorboard-dir",
+    "--mock-data",
+    "--transformer-impl",
+    "--metrics-file",
+    "--dry-run",
+    "--device",
+]
 
 
 def test_megatron_flag_names_exist() -> None:
@@ -32,10 +73,26 @@ def test_megatron_flag_names_exist() -> None:
 def test_parse_full_layout() -> None:
     cfg = parse_args(
         [
-            "--mock-data", "--num-layers", "8", "--hidden-size", "128", "--num-attention-heads", "8",
-            "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-            "--num-layers-per-virtual-pipeline-stage", "2", "--micro-batch-size", "2",
-            "--global-batch-size", "16", "--swiglu", "--use-distributed-optimizer", "--bf16",
+            "--mock-data",
+            "--num-layers",
+            "8",
+            "--hidden-size",
+            "128",
+            "--num-attention-heads",
+            "8",
+            "--tensor-model-parallel-size",
+            "2",
+            "--pipeline-model-parallel-size",
+            "2",
+            "--num-layers-per-virtual-pipeline-stage",
+            "2",
+            "--micro-batch-size",
+            "2",
+            "--global-batch-size",
+            "16",
+            "--swiglu",
+            "--use-distributed-optimizer",
+            "--bf16",
         ],
         world_size=8,
     )
@@ -54,8 +111,10 @@ def test_world_size_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_padded_vocab_follows_megatron() -> None:
     assert pad_vocab_size(50257, 128, 1) == 50304
     assert pad_vocab_size(50257, 128, 8) == 51200
-    cfg = parse_args(["--mock-data", "--vocab-size", "1000", "--tensor-model-parallel-size", "2",
-                      "--num-attention-heads", "4"], world_size=2)
+    cfg = parse_args(
+        ["--mock-data", "--vocab-size", "1000", "--tensor-model-parallel-size", "2", "--num-attention-heads", "4"],
+        world_size=2,
+    )
     assert cfg.padded_vocab_size == 1024  # 1001 tokens (null tokenizer adds EOD) → multiple of 256
 
 

@@ -7,21 +7,28 @@ from pathlib import Path
 import pytest
 
 from megatron_ext.checkpointing import read_tracker
-from tests.conftest import ITERS, REL_TOL, train_from_seed, train_losses, TINY_MODEL, run_pretrain
+from tests.conftest import ITERS, REL_TOL, TINY_MODEL, run_pretrain, train_from_seed, train_losses
 
 pytestmark = pytest.mark.distributed
 
 HALF = ITERS // 2
-TP2_PP2_VP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-               "--num-layers-per-virtual-pipeline-stage", "2"]
+TP2_PP2_VP2 = [
+    "--tensor-model-parallel-size",
+    "2",
+    "--pipeline-model-parallel-size",
+    "2",
+    "--num-layers-per-virtual-pipeline-stage",
+    "2",
+]
 
 
 @pytest.fixture(scope="module")
 def interrupted(seed_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """TP2·PP2·VP2 trained to iteration 5 and saved (model, optimizer, scheduler, data position)."""
     save = tmp_path_factory.mktemp("interrupted") / "ckpt"
-    train_from_seed(seed_checkpoint, save.parent / "m.jsonl", 4, TP2_PP2_VP2,
-                    "--save", str(save), "--exit-interval", str(HALF))
+    train_from_seed(
+        seed_checkpoint, save.parent / "m.jsonl", 4, TP2_PP2_VP2, "--save", str(save), "--exit-interval", str(HALF)
+    )
     assert read_tracker(save) == HALF
     return save
 
@@ -38,8 +45,7 @@ def test_resume_under_another_layout(
 ) -> None:
     metrics = tmp_path / "m.jsonl"
     run_pretrain(
-        [*TINY_MODEL, *flags, "--train-iters", str(ITERS), "--load", str(interrupted),
-         "--metrics-file", str(metrics)],
+        [*TINY_MODEL, *flags, "--train-iters", str(ITERS), "--load", str(interrupted), "--metrics-file", str(metrics)],
         nproc=nproc,
     )
     losses = train_losses(metrics)
@@ -59,12 +65,30 @@ def test_distributed_optimizer_reshards_over_tp_and_dp(
 ) -> None:
     """DP2 with the distributed optimizer, saved at 5, resumed as TP2·DP2 (optimizer shards regrouped)."""
     save = tmp_path / "ckpt"
-    train_from_seed(seed_checkpoint, tmp_path / "a.jsonl", 2, ["--use-distributed-optimizer"],
-                    "--save", str(save), "--exit-interval", str(HALF))
+    train_from_seed(
+        seed_checkpoint,
+        tmp_path / "a.jsonl",
+        2,
+        ["--use-distributed-optimizer"],
+        "--save",
+        str(save),
+        "--exit-interval",
+        str(HALF),
+    )
     metrics = tmp_path / "b.jsonl"
     run_pretrain(
-        [*TINY_MODEL, "--use-distributed-optimizer", "--tensor-model-parallel-size", "2",
-         "--train-iters", str(ITERS), "--load", str(save), "--metrics-file", str(metrics)],
+        [
+            *TINY_MODEL,
+            "--use-distributed-optimizer",
+            "--tensor-model-parallel-size",
+            "2",
+            "--train-iters",
+            str(ITERS),
+            "--load",
+            str(save),
+            "--metrics-file",
+            str(metrics),
+        ],
         nproc=4,
     )
     losses = train_losses(metrics)
@@ -76,7 +100,8 @@ def test_distributed_optimizer_reshards_over_tp_and_dp(
 def test_switching_optimizer_flavour_is_a_clear_error(interrupted: Path, tmp_path: Path) -> None:
     proc = run_pretrain(
         [*TINY_MODEL, "--use-distributed-optimizer", "--train-iters", str(ITERS), "--load", str(interrupted)],
-        nproc=1, check=False,
+        nproc=1,
+        check=False,
     )
     assert proc.returncode != 0
     assert "saved without --use-distributed-optimizer" in proc.stdout + proc.stderr

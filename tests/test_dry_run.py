@@ -9,11 +9,31 @@ from tests.conftest import run_script
 pytestmark = pytest.mark.unit
 
 BIG = [
-    "--mock-data", "--num-layers", "96", "--hidden-size", "12288", "--num-attention-heads", "96",
-    "--seq-length", "2048", "--vocab-size", "51200", "--micro-batch-size", "1", "--global-batch-size", "1536",
-    "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "8",
-    "--num-layers-per-virtual-pipeline-stage", "3", "--sequence-parallel", "--use-distributed-optimizer",
-    "--bf16", "--dry-run",
+    "--mock-data",
+    "--num-layers",
+    "96",
+    "--hidden-size",
+    "12288",
+    "--num-attention-heads",
+    "96",
+    "--seq-length",
+    "2048",
+    "--vocab-size",
+    "51200",
+    "--micro-batch-size",
+    "1",
+    "--global-batch-size",
+    "1536",
+    "--tensor-model-parallel-size",
+    "8",
+    "--pipeline-model-parallel-size",
+    "8",
+    "--num-layers-per-virtual-pipeline-stage",
+    "3",
+    "--sequence-parallel",
+    "--use-distributed-optimizer",
+    "--bf16",
+    "--dry-run",
 ]
 
 
@@ -54,7 +74,11 @@ def test_world_size_from_environment_variable() -> None:
     env = _env() | {"WORLD_SIZE": "6"}
     proc = subprocess.run(
         [sys.executable, str(PRETRAIN), "--mock-data", "--pipeline-model-parallel-size", "4", "--dry-run"],
-        capture_output=True, text=True, env=env, cwd=os.path.dirname(PRETRAIN), timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=os.path.dirname(PRETRAIN),
+        timeout=120,
     )
     assert proc.returncode == 2
     assert "world_size=6 is not divisible by tensor(1) × pipeline(4) = 4" in proc.stderr

@@ -24,8 +24,12 @@ pytestmark = pytest.mark.unit
 
 def test_derived_numbers() -> None:
     layout = make(
-        world_size=16, tensor_model_parallel_size=2, pipeline_model_parallel_size=4,
-        virtual_pipeline_model_parallel_size=2, micro_batch_size=1, global_batch_size=32,
+        world_size=16,
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=4,
+        virtual_pipeline_model_parallel_size=2,
+        micro_batch_size=1,
+        global_batch_size=32,
     )
     assert layout.dp == 2
     assert layout.num_microbatches == 16
@@ -41,8 +45,12 @@ def test_virtual_stage_from_layers_per_virtual_stage() -> None:
 
 def test_default_global_batch_is_micro_batch_times_dp() -> None:
     layout = ParallelLayout.from_flags(
-        world_size=8, tensor_model_parallel_size=2, micro_batch_size=3,
-        num_layers=2, num_attention_heads=2, global_batch_size=None,
+        world_size=8,
+        tensor_model_parallel_size=2,
+        micro_batch_size=3,
+        num_layers=2,
+        num_attention_heads=2,
+        global_batch_size=None,
     )
     assert layout.global_batch_size == 12 and layout.num_microbatches == 1
 
@@ -90,8 +98,11 @@ def test_global_batch_not_divisible() -> None:
 
 def test_interleaved_microbatches_must_be_multiple_of_pipeline() -> None:
     (msg,) = problems(
-        world_size=4, pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2,
-        global_batch_size=6, micro_batch_size=1,
+        world_size=4,
+        pipeline_model_parallel_size=4,
+        virtual_pipeline_model_parallel_size=2,
+        global_batch_size=6,
+        micro_batch_size=1,
     )
     assert "microbatches per step (6" in msg and "multiple of pipeline(4)" in msg
     assert "try global_batch_size 4 or 8" in msg
@@ -119,5 +130,8 @@ def test_every_problem_is_reported_at_once() -> None:
 
 def test_contradicting_virtual_flags() -> None:
     with pytest.raises(LayoutError, match="contradicts"):
-        make(pipeline_model_parallel_size=2, num_layers_per_virtual_pipeline_stage=2,
-             virtual_pipeline_model_parallel_size=4)
+        make(
+            pipeline_model_parallel_size=2,
+            num_layers_per_virtual_pipeline_stage=2,
+            virtual_pipeline_model_parallel_size=4,
+        )

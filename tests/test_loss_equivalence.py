@@ -28,11 +28,16 @@ LAYOUTS = {
     "dp2-distopt": (2, ["--use-distributed-optimizer"]),
     "tp2-pp2-vp2": (
         4,
-        ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-         "--num-layers-per-virtual-pipeline-stage", "2"],
+        [
+            "--tensor-model-parallel-size",
+            "2",
+            "--pipeline-model-parallel-size",
+            "2",
+            "--num-layers-per-virtual-pipeline-stage",
+            "2",
+        ],
     ),
 }
-
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))

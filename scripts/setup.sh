@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Create (or update) the project's virtual environment in .venv. Idempotent:
+# does nothing when the pinned requirements are already installed.
+#
+#   TORCH_SPEC   torch requirement to install when none is available (default torch==2.13.0)
+#   PYTHON       interpreter to build the venv from (default python3)
+#
+# When the interpreter already has torch (a GPU container), the venv sees the
+# system site-packages and that torch is kept, not replaced.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${repo}/.venv"
+python="${PYTHON:-python3}"
+torch_spec="${TORCH_SPEC:-torch==2.13.0}"
+stamp="${venv}/.requirements.sha256"
+
+want="$(cat "${repo}/requirements.txt" "${repo}/requirements-dev.txt" | sha256sum | cut -d' ' -f1)"
+if [[ -f "${stamp}" && "$(cat "${stamp}")" == "${want}" && -x "${venv}/bin/python" ]]; then
+  exit 0
+fi
+
+if [[ ! -x "${venv}/bin/python" ]]; then
+  if "${python}" -c "import torch" 2>/dev/null; then
+    echo "setup: using the interpreter's own torch ($("${python}" -c 'import torch; print(torch.__version__)'))"
+    "${python}" -m venv --system-site-packages "${venv}"
+  else
+    "${python}" -m venv "${venv}"
+  fi
+fi
+
+pip=("${venv}/bin/python" -m pip install --quiet --disable-pip-version-check)
+if ! "${venv}/bin/python" -c "import torch" 2>/dev/null; then
+  echo "setup: installing ${torch_spec}"
+  "${pip[@]}" "${torch_spec}"
+fi
+echo "setup: installing pinned requirements"
+"${pip[@]}" -r "${repo}/requirements.txt" -r "${repo}/requirements-dev.txt"
+echo "${want}" > "${stamp}"
