@@ -126,7 +126,11 @@ def _prepare_distributed_optimizer_for_load(optimizer: Any) -> None:
       (overwritten by the loaded values);
     * loading the ``fully_reshardable`` format copies every state entry,
       ``step`` included, from the checkpoint's per-parameter tensors, which do
-      not hold ``step`` (it travels in the param groups): copy around it.
+      not hold ``step`` (it travels in the param groups): copy around it;
+    * ``load_state_dict`` gives every parameter the *same* ``step`` tensor,
+      which torch's Adam then increments once per parameter at each step
+      (wrong bias correction from the first step after resuming): see
+      :func:`_unshare_adam_steps`, called after loading.
     """
     from megatron.core.optimizer import distrib_optimizer
 
@@ -160,6 +164,15 @@ def _prepare_distributed_optimizer_for_load(optimizer: Any) -> None:
 
         opt._set_main_param_and_optimizer_states = set_states
         opt._megatron_ext_step_safe = True
+
+
+def _unshare_adam_steps(optimizer: Any) -> None:
+    """Give each parameter its own Adam ``step`` tensor (see above)."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for state in opt.optimizer.state.values():
+            step = state.get("step")
+            if isinstance(step, torch.Tensor):
+                state["step"] = step.clone()
 
 
 def _layout_record(cfg: TrainingConfig) -> dict[str, int]:
@@ -268,6 +281,7 @@ def load_checkpoint(
         getattr(chunk, "module", chunk).load_state_dict(loaded[_model_key(i, len(chunks))])
     if load_optim:
         optimizer.load_state_dict(loaded["optimizer"])
+        _unshare_adam_steps(optimizer)
         scheduler.load_state_dict(common["opt_param_scheduler"])
     if load_rng:
         _restore_rng(loaded["rng_state"])

@@ -54,12 +54,6 @@ def test_resume_under_another_layout(
         assert losses[it] == pytest.approx(baseline[it], rel=REL_TOL), f"{name}: iteration {it}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: with torch's Adam (no apex/TE) the distributed optimizer's restored Adam "
-    "state differs slightly from the saved one (loss after resume off by ~4e-4 from iteration 7); "
-    "tracked in the resilience issue",
-)
 def test_distributed_optimizer_reshards_over_tp_and_dp(
     seed_checkpoint: Path, baseline: dict[int, float], tmp_path: Path
 ) -> None:
