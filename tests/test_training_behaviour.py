@@ -1,0 +1,52 @@
+"""Determinism, non-finite losses, and the README's demo command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TINY_MODEL, read_metrics, run_pretrain, train_losses
+
+pytestmark = pytest.mark.distributed
+
+
+def test_same_seed_and_layout_give_identical_losses(tmp_path: Path) -> None:
+    flags = [
+        *TINY_MODEL,
+        "--pipeline-model-parallel-size",
+        "2",
+        "--virtual-pipeline-model-parallel-size",
+        "2",
+        "--hidden-dropout",
+        "0.1",
+        "--train-iters",
+        "4",
+    ]
+    runs = []
+    for name in ("a", "b"):
+        run_pretrain([*flags, "--metrics-file", str(tmp_path / f"{name}.jsonl")], nproc=2)
+        runs.append(train_losses(tmp_path / f"{name}.jsonl"))
+    assert runs[0] == runs[1]  # bit-for-bit, dropout included
+
+
+def test_non_finite_loss_skips_the_step_and_counts_it(tmp_path: Path) -> None:
+    metrics = tmp_path / "m.jsonl"
+    # Weights of order 1e30 overflow fp32 activations: every loss is inf/nan.
+    run_pretrain([*TINY_MODEL, "--init-method-std", "1e30", "--train-iters", "3", "--metrics-file", str(metrics)])
+    rows = [r for r in read_metrics(metrics) if "lm_loss" in r]
+    assert [r["skipped"] for r in rows] == [True, True, True]
+    assert [r["skipped_total"] for r in rows] == [1, 2, 3]
+    assert all(r["lm_loss"] is None for r in rows)  # non-finite values are written as null
+
+
+def test_readme_demo_trains_and_checkpoints(tmp_path: Path) -> None:
+    env = dict(os.environ, OUT_DIR=str(tmp_path / "demo"), ITERS="20", MASTER_PORT="29623")
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "demo.sh")], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "checkpoint:" in proc.stdout and "(latest iteration 20)" in proc.stdout
+    assert (tmp_path / "demo" / "checkpoints" / "iter_0000020").is_dir()
