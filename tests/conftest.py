@@ -16,39 +16,7 @@ PRETRAIN = REPO / "pretrain_gpt.py"
 
 # A tiny GPT that every layout of the equivalence tests can split:
 # 8 layers = PP 4 × VP 2; 4 heads = TP 2 × 2; 8 sequences = 4 microbatches of 2.
-TINY_MODEL = [
-    "--num-layers",
-    "8",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "32",
-    "--vocab-size",
-    "255",
-    "--micro-batch-size",
-    "2",
-    "--global-batch-size",
-    "8",
-    "--hidden-dropout",
-    "0",
-    "--attention-dropout",
-    "0",
-    "--lr",
-    "1e-3",
-    "--lr-warmup-iters",
-    "2",
-    "--lr-decay-iters",
-    "10",
-    "--lr-decay-style",
-    "cosine",
-    "--mock-data",
-    "--device",
-    "cpu",
-    "--seed",
-    "1234",
-]
+TINY_MODEL = "--num-layers 8 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 255 --micro-batch-size 2 --global-batch-size 8 --hidden-dropout 0 --attention-dropout 0 --lr 1e-3 --lr-warmup-iters 2 --lr-decay-iters 10 --lr-decay-style cosine --mock-data --device cpu --seed 1234".split()
 
 
 def _free_port() -> int:

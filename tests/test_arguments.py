@@ -9,60 +9,7 @@ from megatron_ext.layout import LayoutError
 
 pytestmark = pytest.mark.unit
 
-MEGATRON_FLAGS = [
-    "--num-layers",
-    "--hidden-size",
-    "--ffn-hidden-size",
-    "--num-attention-heads",
-    "--group-query-attention",
-    "--num-query-groups",
-    "--seq-length",
-    "--max-position-embeddings",
-    "--position-embedding-type",
-    "--swiglu",
-    "--normalization",
-    "--untie-embeddings-and-output-weights",
-    "--disable-bias-linear",
-    "--tensor-model-parallel-size",
-    "--sequence-parallel",
-    "--pipeline-model-parallel-size",
-    "--num-layers-per-virtual-pipeline-stage",
-    "--virtual-pipeline-model-parallel-size",
-    "--use-distributed-optimizer",
-    "--overlap-grad-reduce",
-    "--overlap-param-gather",
-    "--micro-batch-size",
-    "--global-batch-size",
-    "--lr",
-    "--min-lr",
-    "--lr-warmup-iters",
-    "--lr-decay-iters",
-    "--lr-decay-style",
-    "--weight-decay",
-    "--adam-beta1",
-    "--adam-beta2",
-    "--clip-grad",
-    "--bf16",
-    "--fp16",
-    "--seed",
-    "--init-method-std",
-    "--recompute-granularity",
-    "--recompute-method",
-    "--recompute-num-layers",
-    "--train-iters",
-    "--log-interval",
-    "--eval-interval",
-    "--eval-iters",
-    "--save",
-    "--load",
-    "--save-interval",
-    "--tensorboard-dir",
-    "--mock-data",
-    "--transformer-impl",
-    "--metrics-file",
-    "--dry-run",
-    "--device",
-]
+MEGATRON_FLAGS = "--num-layers --hidden-size --ffn-hidden-size --num-attention-heads --group-query-attention --num-query-groups --seq-length --max-position-embeddings --position-embedding-type --swiglu --normalization --untie-embeddings-and-output-weights --disable-bias-linear --tensor-model-parallel-size --sequence-parallel --pipeline-model-parallel-size --num-layers-per-virtual-pipeline-stage --virtual-pipeline-model-parallel-size --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --micro-batch-size --global-batch-size --lr --min-lr --lr-warmup-iters --lr-decay-iters --lr-decay-style --weight-decay --adam-beta1 --adam-beta2 --clip-grad --bf16 --fp16 --seed --init-method-std --recompute-granularity --recompute-method --recompute-num-layers --train-iters --log-interval --eval-interval --eval-iters --save --load --save-interval --tensorboard-dir --mock-data --transformer-impl --metrics-file --dry-run --device".split()
 
 
 def test_megatron_flag_names_exist() -> None:
@@ -72,28 +19,7 @@ def test_megatron_flag_names_exist() -> None:
 
 def test_parse_full_layout() -> None:
     cfg = parse_args(
-        [
-            "--mock-data",
-            "--num-layers",
-            "8",
-            "--hidden-size",
-            "128",
-            "--num-attention-heads",
-            "8",
-            "--tensor-model-parallel-size",
-            "2",
-            "--pipeline-model-parallel-size",
-            "2",
-            "--num-layers-per-virtual-pipeline-stage",
-            "2",
-            "--micro-batch-size",
-            "2",
-            "--global-batch-size",
-            "16",
-            "--swiglu",
-            "--use-distributed-optimizer",
-            "--bf16",
-        ],
+        "--mock-data --num-layers 8 --hidden-size 128 --num-attention-heads 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 --micro-batch-size 2 --global-batch-size 16 --swiglu --use-distributed-optimizer --bf16".split(),
         world_size=8,
     )
     assert cfg.layout.dp == 2 and cfg.layout.vp == 2 and cfg.layout.num_microbatches == 4
@@ -112,7 +38,7 @@ def test_padded_vocab_follows_megatron() -> None:
     assert pad_vocab_size(50257, 128, 1) == 50304
     assert pad_vocab_size(50257, 128, 8) == 51200
     cfg = parse_args(
-        ["--mock-data", "--vocab-size", "1000", "--tensor-model-parallel-size", "2", "--num-attention-heads", "4"],
+        "--mock-data --vocab-size 1000 --tensor-model-parallel-size 2 --num-attention-heads 4".split(),
         world_size=2,
     )
     assert cfg.padded_vocab_size == 1024  # 1001 tokens (null tokenizer adds EOD) → multiple of 256
@@ -126,7 +52,7 @@ def test_padded_vocab_follows_megatron() -> None:
         (["--mock-data", "--overlap-param-gather"], "needs --use-distributed-optimizer"),
         ([], "no training data"),
         (["--mock-data", "--group-query-attention"], "needs --num-query-groups"),
-        (["--mock-data", "--hidden-size", "30", "--num-attention-heads", "4"], "not divisible"),
+        ("--mock-data --hidden-size 30 --num-attention-heads 4".split(), "not divisible"),
     ],
 )
 def test_contradictions_are_errors(argv: list[str], message: str) -> None:
@@ -136,7 +62,7 @@ def test_contradictions_are_errors(argv: list[str], message: str) -> None:
 
 def test_layout_errors_surface_from_parse() -> None:
     with pytest.raises(LayoutError, match=r"num_layers=6 is not divisible by pipeline\(4\)"):
-        parse_args(["--mock-data", "--num-layers", "6", "--pipeline-model-parallel-size", "4"], world_size=4)
+        parse_args("--mock-data --num-layers 6 --pipeline-model-parallel-size 4".split(), world_size=4)
 
 
 def test_help_is_field_docs() -> None:

@@ -12,14 +12,9 @@ from tests.conftest import ITERS, REL_TOL, TINY_MODEL, run_pretrain, train_from_
 pytestmark = pytest.mark.distributed
 
 HALF = ITERS // 2
-TP2_PP2_VP2 = [
-    "--tensor-model-parallel-size",
-    "2",
-    "--pipeline-model-parallel-size",
-    "2",
-    "--num-layers-per-virtual-pipeline-stage",
-    "2",
-]
+TP2_PP2_VP2 = (
+    "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2".split()
+)
 
 
 @pytest.fixture(scope="module")

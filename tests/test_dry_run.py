@@ -8,33 +8,7 @@ from tests.conftest import run_script
 
 pytestmark = pytest.mark.unit
 
-BIG = [
-    "--mock-data",
-    "--num-layers",
-    "96",
-    "--hidden-size",
-    "12288",
-    "--num-attention-heads",
-    "96",
-    "--seq-length",
-    "2048",
-    "--vocab-size",
-    "51200",
-    "--micro-batch-size",
-    "1",
-    "--global-batch-size",
-    "1536",
-    "--tensor-model-parallel-size",
-    "8",
-    "--pipeline-model-parallel-size",
-    "8",
-    "--num-layers-per-virtual-pipeline-stage",
-    "3",
-    "--sequence-parallel",
-    "--use-distributed-optimizer",
-    "--bf16",
-    "--dry-run",
-]
+BIG = "--mock-data --num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 --vocab-size 51200 --micro-batch-size 1 --global-batch-size 1536 --tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --num-layers-per-virtual-pipeline-stage 3 --sequence-parallel --use-distributed-optimizer --bf16 --dry-run".split()
 
 
 def test_valid_175b_layout_on_1024_gpus_prints_plan() -> None:

@@ -23,19 +23,12 @@ pytestmark = pytest.mark.distributed
 LAYOUTS = {
     "tp2": (2, ["--tensor-model-parallel-size", "2"]),
     "pp2": (2, ["--pipeline-model-parallel-size", "2"]),
-    "pp2-vp2": (2, ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2"]),
-    "pp4-vp2": (4, ["--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "1"]),
+    "pp2-vp2": (2, "--pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2".split()),
+    "pp4-vp2": (4, "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1".split()),
     "dp2-distopt": (2, ["--use-distributed-optimizer"]),
     "tp2-pp2-vp2": (
         4,
-        [
-            "--tensor-model-parallel-size",
-            "2",
-            "--pipeline-model-parallel-size",
-            "2",
-            "--num-layers-per-virtual-pipeline-stage",
-            "2",
-        ],
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2".split(),
     ),
 }
 

@@ -11,44 +11,14 @@ from tests.conftest import run_pretrain
 pytestmark = pytest.mark.distributed
 
 SHAPES = {
-    "gpt-tied-learned": (1, ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"]),
+    "gpt-tied-learned": (1, "--num-layers 2 --hidden-size 64 --num-attention-heads 4".split()),
     "gpt-tied-pp2": (
         2,
-        [
-            "--num-layers",
-            "4",
-            "--hidden-size",
-            "64",
-            "--num-attention-heads",
-            "4",
-            "--pipeline-model-parallel-size",
-            "2",
-        ],
+        "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --pipeline-model-parallel-size 2".split(),
     ),
     "llama-like-tp2-pp2": (
         4,
-        [
-            "--num-layers",
-            "4",
-            "--hidden-size",
-            "64",
-            "--num-attention-heads",
-            "8",
-            "--group-query-attention",
-            "--num-query-groups",
-            "2",
-            "--swiglu",
-            "--normalization",
-            "RMSNorm",
-            "--disable-bias-linear",
-            "--untie-embeddings-and-output-weights",
-            "--position-embedding-type",
-            "rope",
-            "--tensor-model-parallel-size",
-            "2",
-            "--pipeline-model-parallel-size",
-            "2",
-        ],
+        "--num-layers 4 --hidden-size 64 --num-attention-heads 8 --group-query-attention --num-query-groups 2 --swiglu --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights --position-embedding-type rope --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2".split(),
     ),
 }
 
