@@ -26,6 +26,11 @@ LAYOUTS = {
     "pp2-vp2": (2, "--pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2".split()),
     "pp4-vp2": (4, "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1".split()),
     "dp2-distopt": (2, ["--use-distributed-optimizer"]),
+    "pp2-vp2-dp2-distopt-overlap": (
+        4,
+        "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 --use-distributed-optimizer "
+        "--overlap-grad-reduce --overlap-param-gather".split(),
+    ),
     "tp2-pp2-vp2": (
         4,
         "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2".split(),
