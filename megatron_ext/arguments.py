@@ -183,7 +183,20 @@ class RunArgs:
     save: str | None = opt(None, "Directory to save checkpoints into.")
     load: str | None = opt(None, "Directory to load a checkpoint from.")
     save_interval: int = opt(0, "Save every this many iterations (0: only at the end).")
-    exit_interval: int = opt(0, "Save a checkpoint and exit after an iteration divisible by this (0: never).")
+    exit_interval: int = opt(
+        0, "Save a checkpoint and stop (exit code 75) after an iteration divisible by this (0: never)."
+    )
+    exit_duration_in_mins: float | None = opt(
+        None, "Save and stop (exit code 75) once the longest-running rank has trained this many minutes."
+    )
+    exit_signal_handler: bool = opt(
+        False, "On SIGTERM, SIGUSR1 or SIGUSR2: finish the iteration, save, stop with exit code 75."
+    )
+    keep_last_checkpoints: int = opt(0, "Keep only the newest K complete checkpoints under --save (0: all).")
+    strict_load: bool = opt(False, "Fail when --load holds no checkpoint instead of starting fresh.")
+    max_consecutive_skipped: int = opt(
+        3, "Stop with an error (exit code 4) after this many non-finite losses in a row."
+    )
     no_load_optim: bool = opt(False, "Do not load optimizer state from --load.")
     no_load_rng: bool = opt(False, "Do not load RNG state from --load.")
     finetune: bool = opt(False, "Load only the model from --load and start at iteration 0.")

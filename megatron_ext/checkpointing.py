@@ -175,6 +175,58 @@ def _unshare_adam_steps(optimizer: Any) -> None:
                 state["step"] = step.clone()
 
 
+def _check_files(path: Path) -> dict[str, Any]:
+    """Check every shard file holds the bytes the index promises (catches
+    truncated and missing files, naming them); returns the saved tensors' metadata."""
+    from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        storage = FileSystemReader(str(path)).read_metadata().storage_data
+    except Exception as exc:
+        raise CheckpointError(f"{path}/.metadata cannot be read ({type(exc).__name__}: {exc})") from exc
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing: the checkpoint is incomplete")
+        actual = file.stat().st_size
+        if actual < size:
+            raise CheckpointError(
+                f"{file} is truncated: {actual:,} bytes, the index needs {size:,}; resume from an earlier checkpoint"
+            )
+    return dict(dist_checkpointing.load_tensors_metadata(str(path)))
+
+
+def _check_shapes(path: Path, model_sd: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Every model tensor must exist in the checkpoint with the same global shape."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    problems = []
+    for item in nested_values(model_sd):
+        if not isinstance(item, ShardedTensor) or item.allow_shape_mismatch:
+            continue
+        if item.key not in saved:
+            problems.append(f"{item.key}: not in the checkpoint")
+            continue
+        want, have = tuple(item.global_shape), tuple(saved[item.key].global_shape)
+        if want != have:
+            problems.append(f"{item.key}: checkpoint has shape {have}, this model needs {want}")
+    if problems:
+        shown = sorted(set(problems))
+        more = f"\n  … and {len(shown) - 10} more" if len(shown) > 10 else ""
+        raise CheckpointError(
+            f"{path} does not match the model given by the arguments:\n  "
+            + "\n  ".join(shown[:10])
+            + more
+            + "\n(check --num-layers, --hidden-size, --ffn-hidden-size, heads/groups, --swiglu, "
+            "--untie-embeddings-and-output-weights and --position-embedding-type against the saved run)"
+        )
+
+
 def _layout_record(cfg: TrainingConfig) -> dict[str, int]:
     layout = cfg.layout
     return {
@@ -184,6 +236,36 @@ def _layout_record(cfg: TrainingConfig) -> dict[str, int]:
         "dp": layout.dp,
         "distributed_optimizer": layout.use_distributed_optimizer,
     }
+
+
+def _iteration_dirs(root: Path) -> dict[int, Path]:
+    found = {}
+    for child in root.glob("iter_*"):
+        suffix = child.name[len("iter_") :]
+        if child.is_dir() and suffix.isdigit():
+            found[int(suffix)] = child
+    return found
+
+
+def _remove_incomplete(root: Path, *, also: Path) -> None:
+    """Delete directories of saves that never completed: newer than the tracker
+    (a save killed before its tracker update) and the one about to be written."""
+    latest = read_tracker(root)
+    for iteration, path in _iteration_dirs(root).items():
+        if path == also or latest is None or iteration > latest:
+            log.warning("removing incomplete checkpoint %s", path)
+            shutil.rmtree(path)
+
+
+def _prune(root: Path, *, keep: int) -> None:
+    """Keep the newest ``keep`` complete checkpoints (the tracked one always)."""
+    latest = read_tracker(root)
+    if latest is None:
+        return
+    complete = sorted(i for i in _iteration_dirs(root) if i <= latest)
+    for iteration in complete[:-keep]:
+        shutil.rmtree(checkpoint_dir(root, iteration))
+        log.info("removed old checkpoint %s (--keep-last-checkpoints %d)", checkpoint_dir(root, iteration), keep)
 
 
 def save_checkpoint(
@@ -203,9 +285,7 @@ def save_checkpoint(
     target = checkpoint_dir(root, iteration)
     if dist.get_rank() == 0:
         root.mkdir(parents=True, exist_ok=True)
-        if target.exists():
-            # A leftover of an interrupted save of this iteration (the tracker never named it).
-            shutil.rmtree(target)
+        _remove_incomplete(root, also=target)
         target.mkdir()
     dist.barrier()
 
@@ -226,6 +306,8 @@ def save_checkpoint(
     dist.barrier()
     if dist.get_rank() == 0:
         _write_tracker(root, iteration)
+        if cfg.run.keep_last_checkpoints > 0:
+            _prune(root, keep=cfg.run.keep_last_checkpoints)
     dist.barrier()
     return target
 
@@ -245,13 +327,22 @@ def load_checkpoint(
     run = cfg.run
     iteration = read_tracker(root)
     if iteration is None:
+        if run.strict_load:
+            raise CheckpointError(
+                f"--strict-load: no checkpoint under --load {root} (no {TRACKER_FILENAME}); "
+                "check the path, or drop --strict-load to start from scratch"
+            )
         log.warning("no checkpoint found under --load %s: starting from scratch", root)
         return LoadedState(iteration=0, consumed_samples=0, path=None)
     path = checkpoint_dir(root, iteration)
     if not path.is_dir():
         raise CheckpointError(f"{root}/{TRACKER_FILENAME} names iteration {iteration} but {path} does not exist")
 
-    common = dist_checkpointing.load_common_state_dict(str(path))
+    saved_tensors = _check_files(path)
+    try:
+        common = dist_checkpointing.load_common_state_dict(str(path))
+    except Exception as exc:
+        raise CheckpointError(f"{path}/common.pt cannot be read ({type(exc).__name__}: {exc})") from exc
     saved_layout = common.get("layout", {})
     model_sd = _model_sharded_state_dict(chunks)
     request: dict[str, Any] = dict(model_sd)
@@ -276,7 +367,14 @@ def load_checkpoint(
     if load_rng:
         request["rng_state"] = _rng_sharded_object(cfg)
 
-    loaded = dist_checkpointing.load(request, str(path))
+    _check_shapes(path, model_sd, saved_tensors)
+    try:
+        loaded = dist_checkpointing.load(request, str(path))
+    except Exception as exc:
+        raise CheckpointError(
+            f"{path} could not be loaded ({type(exc).__name__}: {str(exc)[:2000]}); "
+            "if its files are damaged, resume from an earlier checkpoint"
+        ) from exc
     for i, chunk in enumerate(chunks):
         getattr(chunk, "module", chunk).load_state_dict(loaded[_model_key(i, len(chunks))])
     if load_optim:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron_ext import checkpointing, distributed, plan
+from megatron_ext import checkpointing, distributed, plan, resilience
 from megatron_ext.arguments import ConfigError, TrainingConfig, parse_args
 from megatron_ext.data import Datasets, chunk_iterators
 from megatron_ext.flops import flops_per_step, peak_flops_for
@@ -62,12 +62,12 @@ def pretrain(
         cfg = parse_args(argv)
     except (ConfigError, LayoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return resilience.EXIT_CONFIG
     if cfg.run.dry_run:
         print("configuration is valid")
         for line in plan.describe(cfg):
             print(f"  {line}")
-        return 0
+        return resilience.EXIT_OK
 
     ctx = distributed.initialize(
         layout=cfg.layout,
@@ -75,17 +75,26 @@ def pretrain(
         seed=cfg.optim.seed,
         timeout_minutes=cfg.run.distributed_timeout_minutes,
     )
+    signal_flag = resilience.SignalFlag() if cfg.run.exit_signal_handler else None
+    if signal_flag is not None:
+        signal_flag.install()
     try:
-        Trainer(
+        trainer = Trainer(
             cfg=cfg,
             ctx=ctx,
             model_provider=model_provider,
             forward_step=forward_step,
             datasets_provider=datasets_provider,
-        ).train()
+        )
+        return trainer.train(signal_flag=signal_flag)
+    except checkpointing.CheckpointError as exc:
+        log.error("checkpoint error: %s", exc)
+        return resilience.EXIT_CHECKPOINT
+    except resilience.NonFiniteLossError as exc:
+        log.error("%s", exc)
+        return resilience.EXIT_NON_FINITE
     finally:
         distributed.destroy()
-    return 0
 
 
 @dataclass
@@ -327,8 +336,17 @@ class Trainer:
             log.info("saved checkpoint %s", path)
 
     # ------------------------------------------------------------------- loop
-    def train(self) -> None:
+    def train(self, *, signal_flag: resilience.SignalFlag | None = None) -> int:
+        """Train to --train-iters (exit code 0) or until told to stop early (75)."""
         cfg, run = self.cfg, self.cfg.run
+        stop_policy = resilience.StopPolicy(
+            exit_interval=run.exit_interval,
+            exit_duration_minutes=run.exit_duration_in_mins,
+            signal_flag=signal_flag,
+            device=self.ctx.device,
+        )
+        stop: resilience.StopReason | None = None
+        consecutive_skipped = 0
         gbs = cfg.layout.global_batch_size
         tokens_per_step = gbs * cfg.model.seq_length
         data_iterator = self._iterators(self.datasets.train, self.consumed_samples)
@@ -347,26 +365,48 @@ class Trainer:
             window_iters += 1
             if result.skipped:
                 self.skipped_iterations += 1
+                consecutive_skipped += 1
+            else:
+                consecutive_skipped = 0
             if self.iteration % run.log_interval == 0 or self.iteration == run.train_iters:
                 self._log_iteration(result, step_seconds / window_iters, tokens_per_step)
                 step_seconds, window_iters = 0.0, 0
             if run.eval_iters > 0 and run.eval_interval > 0 and self.iteration % run.eval_interval == 0:
                 self._log_eval(self.evaluate("valid"))
+            if consecutive_skipped > run.max_consecutive_skipped:
+                raise resilience.NonFiniteLossError(
+                    f"{consecutive_skipped} consecutive iterations (up to {self.iteration}) had a non-finite "
+                    f"loss or overflowed; stopping instead of training on garbage (--max-consecutive-skipped "
+                    f"{run.max_consecutive_skipped}). Lower --lr, check the data, or resume from an earlier "
+                    "checkpoint."
+                )
             if run.save and run.save_interval > 0 and self.iteration % run.save_interval == 0:
                 self.save()
                 last_saved = self.iteration
-            if run.exit_interval > 0 and self.iteration % run.exit_interval == 0:
-                if self.ctx.is_logging_rank:
-                    log.info("--exit-interval %d reached at iteration %d", run.exit_interval, self.iteration)
-                break
-        finished = self.iteration >= run.train_iters
+            if self.iteration < run.train_iters:
+                stop = stop_policy.check(self.iteration)
+                if stop is not None:
+                    break
+        finished = stop is None
         if finished and run.eval_iters > 0 and (run.eval_interval <= 0 or self.iteration % run.eval_interval):
             self._log_eval(self.evaluate("valid"))
         if run.save and last_saved != self.iteration:
             self.save()
+        self.metrics.close()
+        if stop is not None:
+            if self.ctx.is_logging_rank:
+                saved = f"checkpoint of iteration {self.iteration} saved" if run.save else "nothing saved (no --save)"
+                log.info(
+                    "stopping early at iteration %d: %s; %s; exit code %d (run again to continue)",
+                    self.iteration,
+                    stop.message,
+                    saved,
+                    resilience.EXIT_SAVED_AND_STOPPED,
+                )
+            return resilience.EXIT_SAVED_AND_STOPPED
         if self.ctx.is_logging_rank:
             log.info("done: %d iterations, %d skipped", self.iteration, self.skipped_iterations)
-        self.metrics.close()
+        return resilience.EXIT_OK
 
     def _log_iteration(self, result: StepResult, seconds: float, tokens_per_step: int) -> None:
         lr = result.lr

@@ -1,0 +1,54 @@
+"""``torchrun`` that keeps the workers' exit code.
+
+``torchrun`` reports any failing worker as exit status 1, so a recipe could
+not tell "stopped early with a checkpoint, requeue me" (75) from a crash.
+This wrapper runs torchrun's own launcher with the same arguments and exits
+with the workers' code when every worker that exited with an error code chose
+the same one.
+
+It also forwards SIGUSR1 and SIGUSR2 to the workers (torchrun itself would
+die of them): SLURM's ``--signal=USR1@SECONDS`` before the time limit then
+reaches the training processes, which save and stop (``--exit-signal-handler``).
+SIGTERM is torchrun's own business: it forwards it and kills the workers 30 s
+later, so prefer USR1 for a save that takes longer::
+
+    python -m megatron_ext.launch --nproc-per-node 8 pretrain_gpt.py ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+
+def _forward_to_workers(signum: int, _frame: FrameType | None) -> None:
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.send_signal(signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, _forward_to_workers)
+    args = get_args_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        # Workers that exited by themselves have positive codes; once one has,
+        # torchrun terminates the rest (negative: killed by a signal) even if they
+        # were only tearing down. The code the workers chose is the answer.
+        codes = {failure.exitcode for failure in exc.failures.values() if failure.exitcode > 0}
+        return codes.pop() if len(codes) == 1 else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
