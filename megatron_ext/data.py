@@ -127,6 +127,9 @@ def make_iterator(
             num_workers=cfg.data.num_workers,
             pin_memory=False,
             persistent_workers=cfg.data.num_workers > 0,
+            # Its own generator: creating an iterator draws a worker seed, which
+            # from the global RNG would shift dropout after a resume.
+            generator=torch.Generator().manual_seed(cfg.optim.seed),
         )
 
     return iter(loader(consumed_samples))

@@ -9,8 +9,10 @@ the same one.
 It also forwards SIGUSR1 and SIGUSR2 to the workers (torchrun itself would
 die of them): SLURM's ``--signal=USR1@SECONDS`` before the time limit then
 reaches the training processes, which save and stop (``--exit-signal-handler``).
-SIGTERM is torchrun's own business: it forwards it and kills the workers 30 s
-later, so prefer USR1 for a save that takes longer::
+SIGTERM is torchrun's own business: it forwards it, kills the workers that have
+not exited 30 s later, and this wrapper then exits 143 (128 + SIGTERM); workers
+started with ``--exit-signal-handler`` save within that grace if they can.
+Prefer USR1 for a planned stop: it waits for the save and exits 75::
 
     python -m megatron_ext.launch --nproc-per-node 8 pretrain_gpt.py ...
 """
@@ -33,6 +35,7 @@ def _forward_to_workers(signum: int, _frame: FrameType | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -47,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # were only tearing down. The code the workers chose is the answer.
         codes = {failure.exitcode for failure in exc.failures.values() if failure.exitcode > 0}
         return codes.pop() if len(codes) == 1 else 1
+    except SignalException as exc:
+        # torchrun has forwarded the signal and waited for (or killed) the workers.
+        return 128 + int(exc.sigval)
     return 0
 
 
