@@ -192,6 +192,11 @@ class RunArgs:
     exit_signal_handler: bool = opt(
         False, "On SIGTERM, SIGUSR1 or SIGUSR2: finish the iteration, save, stop with exit code 75."
     )
+    async_save: bool = opt(
+        False,
+        "Write checkpoints in the background (Megatron-Core's async dist-checkpointing); the tracker "
+        "names a checkpoint only once its files are complete.",
+    )
     keep_last_checkpoints: int = opt(0, "Keep only the newest K complete checkpoints under --save (0: all).")
     strict_load: bool = opt(False, "Fail when --load holds no checkpoint instead of starting fresh.")
     max_consecutive_skipped: int = opt(

@@ -277,8 +277,14 @@ def save_checkpoint(
     optimizer: Any,
     scheduler: Any,
     cfg: TrainingConfig,
+    async_queue: Any = None,
 ) -> Path:
-    """Save everything needed to resume exactly; returns the checkpoint directory."""
+    """Save everything needed to resume exactly; returns the checkpoint directory.
+
+    With ``async_queue`` (a Megatron-Core ``AsyncCallsQueue``) the shards are
+    written in the background; the tracker is updated by the request's
+    finalisation, after every rank's files are complete.
+    """
     from megatron.core import dist_checkpointing
 
     root = Path(root)
@@ -302,12 +308,23 @@ def save_checkpoint(
     state["consumed_samples"] = consumed_samples
     state["layout"] = _layout_record(cfg)
     state["checkpoint_version"] = 3.0
+
+    def publish() -> None:
+        if dist.get_rank() == 0:
+            _write_tracker(root, iteration)
+            if cfg.run.keep_last_checkpoints > 0:
+                _prune(root, keep=cfg.run.keep_last_checkpoints)
+
+    if async_queue is not None:
+        request = dist_checkpointing.save(
+            state, str(target), content_metadata=dict(_OPTIM_METADATA), async_sharded_save=True
+        )
+        request.add_finalize_fn(publish)
+        async_queue.schedule_async_request(request)
+        return target
     dist_checkpointing.save(state, str(target), content_metadata=dict(_OPTIM_METADATA))
     dist.barrier()
-    if dist.get_rank() == 0:
-        _write_tracker(root, iteration)
-        if cfg.run.keep_last_checkpoints > 0:
-            _prune(root, keep=cfg.run.keep_last_checkpoints)
+    publish()
     dist.barrier()
     return target
 

@@ -183,6 +183,11 @@ class Trainer:
             config.param_sync_func = psync if layout.interleaved else psync[0]
         self.model_config = config
 
+        self.async_queue = None
+        if cfg.run.async_save:
+            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+            self.async_queue = AsyncCallsQueue()
         self.iteration = 0
         self.consumed_samples = 0
         self.skipped_iterations = 0
@@ -306,6 +311,11 @@ class Trainer:
         self._restore_param_hooks()
         return sum(sums) / len(sums)
 
+    def finish_async_saves(self, *, blocking: bool = True) -> None:
+        """Finalise background saves (a collective: every rank calls it at the same point)."""
+        if self.async_queue is not None:
+            self.async_queue.maybe_finalize_async_calls(blocking=blocking)
+
     def _param_sync_for_use(self) -> None:
         # With overlapped param gather the newest weights arrive lazily in the next
         # forward; evaluation and checkpoints need them now.
@@ -321,8 +331,11 @@ class Trainer:
     def save(self) -> None:
         if not self.cfg.run.save:
             return
+        # One save in flight at a time: the next one must see the last one tracked.
+        self.finish_async_saves()
         self._param_sync_for_use()
         path = checkpointing.save_checkpoint(
+            async_queue=self.async_queue,
             root=self.cfg.run.save,
             iteration=self.iteration,
             consumed_samples=self.consumed_samples,
@@ -333,7 +346,7 @@ class Trainer:
         )
         self._restore_param_hooks()
         if self.ctx.rank == 0:
-            log.info("saved checkpoint %s", path)
+            log.info("%s checkpoint %s", "writing in the background" if self.async_queue else "saved", path)
 
     # ------------------------------------------------------------------- loop
     def train(self, *, signal_flag: resilience.SignalFlag | None = None) -> int:
@@ -383,6 +396,7 @@ class Trainer:
             if run.save and run.save_interval > 0 and self.iteration % run.save_interval == 0:
                 self.save()
                 last_saved = self.iteration
+            self.finish_async_saves(blocking=False)
             if self.iteration < run.train_iters:
                 stop = stop_policy.check(self.iteration)
                 if stop is not None:
@@ -392,6 +406,7 @@ class Trainer:
             self._log_eval(self.evaluate("valid"))
         if run.save and last_saved != self.iteration:
             self.save()
+        self.finish_async_saves()
         self.metrics.close()
         if stop is not None:
             if self.ctx.is_logging_rank:

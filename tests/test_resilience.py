@@ -7,6 +7,7 @@ CPU, dropout on (so the per-rank RNG states must come back exactly), PP2×VP2.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -53,10 +54,12 @@ def _resume_and_compare(save: Path, metrics: Path, uninterrupted: dict[int, floa
     return stopped_at
 
 
-def test_exit_interval_then_resume_is_exact(tmp_path: Path, uninterrupted: dict[int, float]) -> None:
+@pytest.mark.parametrize("saving", ["sync", "async"])
+def test_exit_interval_then_resume_is_exact(saving: str, tmp_path: Path, uninterrupted: dict[int, float]) -> None:
     save, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    extra = ["--async-save", "--save-interval", "2"] if saving == "async" else []
     run_pretrain(
-        [*RUN, "--save", str(save), "--exit-interval", "7", "--metrics-file", str(metrics)],
+        [*RUN, *extra, "--save", str(save), "--exit-interval", "7", "--metrics-file", str(metrics)],
         nproc=2,
         expect=EXIT_SAVED_AND_STOPPED,
     )
@@ -104,6 +107,10 @@ def test_signal_saves_stops_and_resumes_exactly(
     after = random.Random(sig).randint(2, 8)
     _wait_for(lambda: metrics.exists() and len(read_metrics(metrics)) >= after, proc)
     os.kill(proc.pid, sig)  # the launcher: torchrun forwards SIGTERM, ours forwards SIGUSR1
+    if sig == signal.SIGUSR1:
+        # A second signal while the checkpoint is being written must not disturb it.
+        _wait_for(lambda: any(save.glob("iter_*")), proc)
+        os.kill(proc.pid, sig)
     # SIGUSR1: the launcher waits for the workers' save and keeps their code. SIGTERM:
     # torchrun shuts down (the workers save within its grace) and the launcher exits 128 + 15.
     expected = EXIT_SAVED_AND_STOPPED if sig == signal.SIGUSR1 else 128 + signal.SIGTERM
@@ -112,14 +119,30 @@ def test_signal_saves_stops_and_resumes_exactly(
     assert stopped_at >= after
 
 
+def _kill_9_everything(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the launcher and every worker at once, as a node failure would.
+
+    torchrun starts each worker in a session of its own, so killing the
+    launcher's process group would leave the workers running (and saving).
+    """
+    import psutil
+
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    proc.wait(timeout=30)
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, f"still running after SIGKILL: {alive}"
+
+
 def test_kill_9_during_saves_leaves_a_loadable_checkpoint(tmp_path: Path, uninterrupted: dict[int, float]) -> None:
     save, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
     proc = _start([*RUN, "--save", str(save), "--save-interval", "1", "--metrics-file", str(metrics)], tmp_path / "log")
     # Saving every iteration, the run spends most of its time inside a save.
     _wait_for(lambda: (read_tracker(save) or 0) >= 3, proc)
     time.sleep(random.Random(9).uniform(0.0, 0.5))
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    _kill_9_everything(proc)
     latest = read_tracker(save)
     assert latest is not None
     # Whatever the kill interrupted, also leave a save that certainly did not finish.
