@@ -66,6 +66,18 @@ class ModelArgs:
         "Layer implementation: transformer_engine, local, or auto (TE when importable on GPU).",
         choices=["auto", "local", "transformer_engine"],
     )
+    attention_backend: str = opt(
+        "auto",
+        "Attention kernel. With Transformer Engine: its flash, fused or unfused backend (auto: TE chooses). "
+        "With the local spec: PyTorch's scaled_dot_product_attention restricted to its flash, fused "
+        "(memory-efficient) or unfused (math) kernel (auto: PyTorch chooses); local: Megatron-Core's own "
+        "DotProductAttention.",
+        choices=["auto", "flash", "fused", "unfused", "local"],
+    )
+    cross_entropy_loss_fusion: bool = opt(False, "Fused vocabulary-parallel cross entropy (GPU).")
+    no_bias_gelu_fusion: bool = opt(False, "Do not fuse bias and GeLU (fused on GPU by default).")
+    no_bias_swiglu_fusion: bool = opt(False, "Do not fuse bias and SwiGLU (fused on GPU by default).")
+    no_bias_dropout_fusion: bool = opt(False, "Do not fuse bias, dropout and residual add (fused on GPU by default).")
 
     @property
     def effective_ffn_hidden_size(self) -> int:
@@ -97,6 +109,11 @@ class ModelArgs:
         max_pos = self.max_position_embeddings
         if self.position_embedding_type == "learned_absolute" and max_pos is not None and max_pos < self.seq_length:
             raise ConfigError(f"max_position_embeddings={max_pos} is smaller than seq_length={self.seq_length}")
+        if self.transformer_impl == "transformer_engine" and self.attention_backend == "local":
+            raise ConfigError(
+                "--attention-backend local is Megatron-Core's attention of the local spec and contradicts "
+                "--transformer-impl transformer_engine; use --transformer-impl local (or auto), or another backend"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,6 +229,13 @@ class RunArgs:
         "auto", "Where to run: cuda, cpu, or auto (cuda when available).", choices=["auto", "cuda", "cpu"]
     )
     distributed_timeout_minutes: int = opt(10, "Timeout of collective operations.")
+    timing_log_level: int = opt(
+        0,
+        "Megatron-Core timers: 0 none, 1 the step (forward-backward, optimizer), 2 also every microbatch's "
+        "forward/backward compute and pipeline send/receive waits, which gives the measured pipeline bubble "
+        "(synchronises the GPU around each; costs a little speed).",
+        choices=[0, 1, 2],
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

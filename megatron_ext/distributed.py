@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import random
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ import torch
 import torch.distributed as dist
 
 from megatron_ext.layout import ParallelLayout
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ def initialize(
         cpu_backend.enable()
         backend = "gloo"
     else:
+        _set_cuda_connections(layout)
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         backend = "nccl"
@@ -106,6 +110,21 @@ def initialize(
     torch.manual_seed(stage_seed)
     model_parallel_cuda_manual_seed(stage_seed)
     return ctx
+
+
+def _set_cuda_connections(layout: ParallelLayout) -> None:
+    """One hardware work queue when TP communicates inside every layer.
+
+    Megatron-Core overlaps the tensor-parallel all-reduce / all-gather of a
+    layer with its weight-gradient GEMM by launching the communication
+    first; with a single queue (``CUDA_DEVICE_MAX_CONNECTIONS=1``) the GPU
+    starts them in that order, otherwise the GEMM can take the SMs first and
+    the overlap is lost. Must be set before the CUDA context exists; a value
+    the user chose is kept.
+    """
+    if layout.tp > 1 and "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+        log.info("CUDA_DEVICE_MAX_CONNECTIONS=1 (tensor parallelism overlaps its communication with GEMMs)")
 
 
 def destroy() -> None:

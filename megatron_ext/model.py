@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable
 
@@ -32,16 +33,19 @@ def use_transformer_engine(cfg: TrainingConfig, device: torch.device) -> bool:
                 "install it or use --transformer-impl local"
             )
         return True
-    return impl == "auto" and device.type == "cuda" and available
+    # Megatron-Core's own attention lives in the local spec only.
+    return impl == "auto" and device.type == "cuda" and available and cfg.model.attention_backend != "local"
 
 
 def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> TransformerConfig
     """Megatron-Core's TransformerConfig for this run."""
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.enums import AttnBackend
 
     m, layout, o = cfg.model, cfg.layout, cfg.optim
     on_gpu = device.type == "cuda"
     dtype = params_dtype(cfg)
+    te = use_transformer_engine(cfg, device)
     return TransformerConfig(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
@@ -71,10 +75,17 @@ def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> Transfo
         calculate_per_token_loss=o.calculate_per_token_loss,
         # Initialise on the CPU there: the weights are then identical for any TP.
         use_cpu_initialization=not on_gpu,
-        # Fused kernels need CUDA (and some need apex/TE); plain torch ops on CPU.
-        bias_activation_fusion=on_gpu and not m.swiglu,
-        bias_dropout_fusion=on_gpu,
+        # Fused kernels (torch.compile'd by Megatron-Core) on GPU; plain torch ops on CPU.
+        # The bias-GeLU kernel needs a bias; the SwiGLU one works with or without.
+        bias_activation_fusion=on_gpu
+        and (not m.no_bias_swiglu_fusion if m.swiglu else not (m.no_bias_gelu_fusion or m.disable_bias_linear)),
+        bias_dropout_fusion=on_gpu and not m.no_bias_dropout_fusion,
         masked_softmax_fusion=on_gpu,
+        cross_entropy_loss_fusion=on_gpu and m.cross_entropy_loss_fusion,
+        cross_entropy_fusion_impl="native",
+        # With TE, Megatron-Core turns this into TE's backend switches; the local
+        # spec's SDPA kernel choice is made in layer_spec().
+        attention_backend=AttnBackend[m.attention_backend] if te else AttnBackend.local,
         apply_rope_fusion=False,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
@@ -85,7 +96,6 @@ def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> Transfo
         # Megatron-LM's defaults: overlapped (unbatched) p2p for the interleaved schedule.
         overlap_p2p_comm=layout.interleaved,
         batch_p2p_comm=not layout.interleaved,
-        cross_entropy_loss_fusion=False,
     )
 
 
@@ -95,9 +105,18 @@ def layer_spec(cfg: TrainingConfig, device: torch.device):  # -> ModuleSpec
         get_gpt_layer_with_transformer_engine_spec,
     )
 
+    from megatron_ext.attention import SDPAttention, sdpa_kernels
+
     if use_transformer_engine(cfg, device):
         return get_gpt_layer_with_transformer_engine_spec()
-    return get_gpt_layer_local_spec(normalization=cfg.model.normalization)
+    spec = get_gpt_layer_local_spec(normalization=cfg.model.normalization)
+    backend = cfg.model.attention_backend
+    if backend != "local":
+        # Only the core (softmax(QK^T)V) changes; projections stay Megatron-Core's.
+        spec.submodules.self_attention.submodules.core_attention = functools.partial(
+            SDPAttention, kernels=sdpa_kernels(backend)
+        )
+    return spec
 
 
 ModelProvider = Callable[..., torch.nn.Module]

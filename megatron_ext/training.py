@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron_ext import checkpointing, distributed, plan, resilience
+from megatron_ext import checkpointing, distributed, plan, resilience, timing
 from megatron_ext.arguments import ConfigError, TrainingConfig, parse_args
 from megatron_ext.data import Datasets, chunk_iterators
 from megatron_ext.flops import flops_per_step, peak_flops_for
@@ -130,6 +130,8 @@ class Trainer:
         layout = cfg.layout
         provider = functools.partial(model_provider, cfg, device=ctx.device)
         self.chunks = build_model_chunks(provider, cfg=cfg, device=ctx.device)
+        # Megatron-Core's timers (dummies below --timing-log-level) for the schedule and optimizer.
+        self.timers = timing.StepTimers(level=cfg.run.timing_log_level, device=ctx.device)
 
         o = cfg.optim
         self.optimizer = get_megatron_optimizer(
@@ -150,6 +152,7 @@ class Trainer:
                 initial_loss_scale=o.initial_loss_scale,
                 use_distributed_optimizer=layout.use_distributed_optimizer,
                 overlap_param_gather_with_optimizer_step=False,
+                timers=self.timers.timers,
             ),
             self.chunks,
         )
@@ -172,6 +175,7 @@ class Trainer:
 
         config = get_model_config(self.chunks[0])
         config.finalize_model_grads_func = finalize_model_grads
+        config.timers = self.timers.timers
         config.grad_scale_func = self.optimizer.scale_loss
         no_sync = [c.no_sync for c in self.chunks]
         config.no_sync_func = no_sync if layout.interleaved else no_sync[0]
@@ -289,7 +293,9 @@ class Trainer:
         if not math.isfinite(loss):
             # Every rank sees the same value, so all skip together.
             return StepResult(loss=loss, grad_norm=None, skipped=True, lr=lr)
+        self.timers("optimizer", 1).start(barrier=False)
         update_successful, grad_norm, _ = self.optimizer.step()
+        self.timers("optimizer", 1).stop()
         if update_successful:
             self.scheduler.step(increment=self.cfg.layout.global_batch_size)
         return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful, lr=lr)
@@ -301,6 +307,8 @@ class Trainer:
         self._param_sync_for_use()
         for chunk in self.chunks:
             chunk.eval()
+        # Evaluation steps are not training steps: keep them out of the timers.
+        self.model_config.timers = None
         data_iterator = self._iterators(dataset, 0)
         sums = []
         with torch.no_grad():
@@ -308,6 +316,7 @@ class Trainer:
                 sums.append(self._reduce_loss(self._forward_backward(data_iterator, forward_only=True)))
         for chunk in self.chunks:
             chunk.train()
+        self.model_config.timers = self.timers.timers
         self._restore_param_hooks()
         return sum(sums) / len(sums)
 
@@ -382,7 +391,8 @@ class Trainer:
             else:
                 consecutive_skipped = 0
             if self.iteration % run.log_interval == 0 or self.iteration == run.train_iters:
-                self._log_iteration(result, step_seconds / window_iters, tokens_per_step)
+                per_rank = self.timers.collect()
+                self._log_iteration(result, step_seconds / window_iters, tokens_per_step, per_rank, window_iters)
                 step_seconds, window_iters = 0.0, 0
             if run.eval_iters > 0 and run.eval_interval > 0 and self.iteration % run.eval_interval == 0:
                 self._log_eval(self.evaluate("valid"))
@@ -402,6 +412,8 @@ class Trainer:
                 if stop is not None:
                     break
         finished = stop is None
+        self.timers.collect()  # the last, unlogged window counts towards the run's bubble
+        self._log_bubble()
         if finished and run.eval_iters > 0 and (run.eval_interval <= 0 or self.iteration % run.eval_interval):
             self._log_eval(self.evaluate("valid"))
         if run.save and last_saved != self.iteration:
@@ -423,7 +435,25 @@ class Trainer:
             log.info("done: %d iterations, %d skipped", self.iteration, self.skipped_iterations)
         return resilience.EXIT_OK
 
-    def _log_iteration(self, result: StepResult, seconds: float, tokens_per_step: int) -> None:
+    def _log_bubble(self) -> None:
+        """The measured pipeline bubble of the whole run next to (p-1)/(v*m) (level-2 timers)."""
+        if self.timers.level < 2:
+            return
+        report = timing.measure_bubble(self.timers.totals, predicted=self.cfg.layout.bubble_fraction)
+        if report is None:
+            return
+        if self.ctx.is_logging_rank:
+            log.info("%s", report.describe())
+        self.metrics.write({"iteration": self.iteration, "run_summary": True, **report.as_record()})
+
+    def _log_iteration(
+        self,
+        result: StepResult,
+        seconds: float,
+        tokens_per_step: int,
+        per_rank_timers: list[dict[str, float]],
+        iterations: int,
+    ) -> None:
         lr = result.lr
         tflops = self.flops_per_step / seconds / self.ctx.world_size / 1e12
         record: dict[str, Any] = {
@@ -442,6 +472,11 @@ class Trainer:
             record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
             if self.peak_flops:
                 record["mfu"] = tflops * 1e12 / self.peak_flops
+        if per_rank_timers:
+            record["time_ms"] = timing.breakdown_ms(per_rank_timers, iterations=iterations)
+            bubble = timing.measure_bubble(per_rank_timers, predicted=self.cfg.layout.bubble_fraction)
+            if bubble is not None:
+                record.update(bubble.as_record())
         if self.ctx.is_logging_rank:
             parts = [
                 f"iteration {self.iteration:>6}/{self.cfg.run.train_iters}",
@@ -459,6 +494,8 @@ class Trainer:
             if result.skipped:
                 parts.append(f"SKIPPED (non-finite loss or overflow; {self.skipped_iterations} so far)")
             log.info(" | ".join(parts))
+            if "time_ms" in record:
+                log.info("  time per iteration (ms, max over ranks): %s", _format_times(record["time_ms"]))
         self.metrics.write(record)
 
     def _log_eval(self, loss: float | None) -> None:
@@ -468,3 +505,7 @@ class Trainer:
         if self.ctx.is_logging_rank:
             log.info("validation at iteration %d | lm loss %.6e | ppl %.3f", self.iteration, loss, ppl)
         self.metrics.write({"iteration": self.iteration, "valid_loss": loss, "valid_ppl": ppl})
+
+
+def _format_times(times_ms: dict[str, float]) -> str:
+    return ", ".join(f"{name} {ms:.1f}" for name, ms in times_ms.items())

@@ -4,10 +4,13 @@ Every layout starts from the same seed checkpoint (identical initial weights,
 saved once under TP1·PP1), trains 10 iterations on the same mock data with
 the same global batch (8 sequences of 32 tokens) in fp32 on CPU with dropout
 off, and must reproduce the per-iteration loss of the TP1·PP1·DP1 baseline to
-a relative 1e-5. Tensor parallelism changes the order of floating-point sums,
-so bit-equality is not expected; a wrong split, a lost microbatch, a wrong
-gradient average or a mis-ordered interleaved schedule all show up as
-differences of 1e-3 or more within a few iterations.
+a relative 1e-5. The core attention is PyTorch's SDPA (the local spec's
+default here) everywhere except one TP2 run with Megatron-Core's own
+``DotProductAttention``, which must match too. Tensor parallelism changes
+the order of floating-point sums, so bit-equality is not expected; a wrong
+split, a lost microbatch, a wrong gradient average or a mis-ordered
+interleaved schedule all show up as differences of 1e-3 or more within a
+few iterations.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ LAYOUTS = {
         "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 --use-distributed-optimizer "
         "--overlap-grad-reduce --overlap-param-gather".split(),
     ),
+    # The baseline runs the local spec with SDPA core attention (the default);
+    # Megatron-Core's own DotProductAttention must give the same losses.
+    "tp2-megatron-core-attention": (2, "--tensor-model-parallel-size 2 --attention-backend local".split()),
     "tp2-pp2-vp2": (
         4,
         "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2".split(),
