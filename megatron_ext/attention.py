@@ -131,13 +131,19 @@ class SDPAttention(MegatronModule):
                 raise ValueError(f"causal self-attention needs equal query and key lengths, got {sq} and {sk}")
             causal = True
 
+        gqa = self.heads_per_partition != self.groups_per_partition
+        if gqa and not self.native_gqa(q, mask):
+            # [b, ng, s, d] -> [b, np, s, d], as DotProductAttention does.
+            repeat = self.heads_per_partition // self.groups_per_partition
+            k, v = (t.repeat_interleave(repeat, dim=1) for t in (k, v))
+            gqa = False
         dropout = self.dropout_p if self.training else 0.0
         kwargs = {
             "attn_mask": mask,
             "dropout_p": dropout,
             "is_causal": causal,
             "scale": self.softmax_scale,
-            "enable_gqa": self.heads_per_partition != self.groups_per_partition,
+            "enable_gqa": gqa,
         }
         with _kernel_choice(self.kernels):
             if dropout > 0.0 and not self.config.sequence_parallel:
@@ -149,6 +155,18 @@ class SDPAttention(MegatronModule):
                 context = F.scaled_dot_product_attention(q, k, v, **kwargs)
         # [b, np, sq, hn] -> [sq, b, np·hn]
         return context.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
+
+    def native_gqa(self, query: Tensor, mask: Tensor | None) -> bool:
+        """Whether SDPA gets the key/value groups as they are (``enable_gqa``).
+
+        Only PyTorch's flash kernel implements ``enable_gqa``; with any other
+        kernel the flag sends the call to the slow math kernel, so where flash
+        cannot run (fp32, an explicit mask, another kernel chosen, no GPU) the
+        groups are repeated instead and the fused kernels stay usable.
+        """
+        flash_allowed = self.kernels is None or self.kernels == sdpa_kernels("flash")
+        half = query.dtype in (torch.float16, torch.bfloat16)
+        return query.is_cuda and half and mask is None and flash_allowed
 
 
 def _kernel_choice(kernels: list[Any] | None) -> Any:

@@ -81,7 +81,14 @@ def _run(module: torch.nn.Module, qkv: list[torch.Tensor], mask: torch.Tensor | 
     ids=["multi-head", "gqa-8-over-2", "tp-rank-of-gqa"],  # the last: 2 heads / 1 group as one TP rank holds them
 )
 @pytest.mark.parametrize("masking", ["causal", "explicit-mask"])
-def test_same_output_and_gradients_as_megatron_core(parallel_state: None, heads: int, groups: int, masking: str) -> None:
+@pytest.mark.parametrize("gqa", ["native", "repeated"])
+def test_same_output_and_gradients_as_megatron_core(
+    parallel_state: None, heads: int, groups: int, masking: str, gqa: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from megatron_ext.attention import SDPAttention
+
+    # Both ways of handing key/value groups to SDPA (the GPU flash path passes them as they are).
+    monkeypatch.setattr(SDPAttention, "native_gqa", lambda self, q, mask: gqa == "native")
     seq, batch = 24, 3
     ref, ours = _pair(_config(heads=heads, groups=groups))
     qkv = _qkv(seq, batch, heads, groups)
@@ -135,3 +142,10 @@ def test_kernel_choice_maps_megatron_backend_names() -> None:
     assert sdpa_kernels("flash") == [SDPBackend.FLASH_ATTENTION]
     assert sdpa_kernels("fused") == [SDPBackend.EFFICIENT_ATTENTION]
     assert sdpa_kernels("unfused") == [SDPBackend.MATH]
+
+
+def test_groups_are_passed_natively_only_where_flash_can_run(parallel_state: None) -> None:
+    _, ours = _pair(_config(heads=8, groups=2))
+    query = torch.zeros(4, 1, 8, 16)
+    assert not ours.native_gqa(query, None)  # fp32 on CPU: repeat the groups
+    assert not ours.native_gqa(query.bfloat16(), None)  # no GPU
