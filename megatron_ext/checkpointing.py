@@ -10,14 +10,20 @@ sharding metadata, and the optimizer in the ``fully_reshardable``
 format, so a checkpoint written under one TP/PP/VP/DP loads under another.
 The tracker file is written last, atomically, by rank 0 after every rank has
 finished: a directory without a tracker entry is never taken as the latest.
+Before the tracker, every file of the checkpoint gets a CRC-32 in
+``checksums.json`` (the ranks share the hashing); loading verifies them, so a
+shard damaged after the save (same size, other bytes) is an error naming the
+file rather than silently wrong weights.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
 import shutil
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +37,7 @@ from megatron_ext.arguments import TrainingConfig
 log = logging.getLogger(__name__)
 
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
+CHECKSUMS_FILENAME = "checksums.json"
 # "fully_reshardable": the distributed optimizer saves the canonical per-parameter
 # state (as the regular optimizer does), so any TP/PP/DP can load it.
 _OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
@@ -62,18 +69,75 @@ def read_tracker(root: str | Path) -> int | None:
     return int(text)
 
 
-def _write_tracker(root: Path, iteration: int) -> None:
-    tmp = root / f".{TRACKER_FILENAME}.tmp"
+def _write_atomically(path: Path, text: str) -> None:
+    """Write, fsync, rename, fsync the directory: readers see the old or the new file."""
+    tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as f:
-        f.write(f"{iteration}\n")
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, root / TRACKER_FILENAME)
-    dir_fd = os.open(root, os.O_RDONLY)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _write_tracker(root: Path, iteration: int) -> None:
+    _write_atomically(root / TRACKER_FILENAME, f"{iteration}\n")
+
+
+def _crc32(file: Path) -> str:
+    value = 0
+    with open(file, "rb") as f:
+        while block := f.read(16 << 20):
+            value = zlib.crc32(block, value)
+    return f"{value:08x}"
+
+
+def _my_share(names: list[str]) -> list[str]:
+    """This rank's files to hash: the sorted list dealt out round-robin."""
+    return names[dist.get_rank() :: dist.get_world_size()]
+
+
+def _write_checksums(path: Path) -> None:
+    """CRC-32 of every file of a finished save, hashed by all ranks (a collective)."""
+    listing: list[Any] = [None]
+    if dist.get_rank() == 0:
+        listing[0] = sorted(f.name for f in path.iterdir() if f.is_file() and f.name != CHECKSUMS_FILENAME)
+    dist.broadcast_object_list(listing, src=0)
+    mine = {name: _crc32(path / name) for name in _my_share(listing[0])}
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    if dist.get_rank() == 0:
+        merged = {name: crc for part in gathered for name, crc in part.items()}
+        _write_atomically(path / CHECKSUMS_FILENAME, json.dumps({"crc32": merged}, indent=1, sort_keys=True))
+    dist.barrier()
+
+
+def _verify_checksums(path: Path) -> None:
+    """Compare every file with checksums.json (a collective); raise naming the damaged files."""
+    manifest = path / CHECKSUMS_FILENAME
+    if not manifest.is_file():
+        log.warning("%s has no %s (saved by an older version): files are not verified", path, CHECKSUMS_FILENAME)
+        return
+    try:
+        expected: dict[str, str] = json.loads(manifest.read_text())["crc32"]
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"{manifest} is damaged ({exc}); resume from an earlier checkpoint") from exc
+    problems = []
+    for name in _my_share(sorted(expected)):
+        file = path / name
+        if not file.is_file():
+            problems.append(f"{file} is missing")
+        elif (actual := _crc32(file)) != expected[name]:
+            problems.append(f"{file} is corrupted: CRC-32 {actual}, saved as {expected[name]}")
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, problems)
+    found = sorted(p for part in gathered for p in part)
+    if found:
+        raise CheckpointError("; ".join(found) + "; resume from an earlier checkpoint")
 
 
 def _model_key(index: int, count: int) -> str:
@@ -310,6 +374,8 @@ def save_checkpoint(
     state["checkpoint_version"] = 3.0
 
     def publish() -> None:
+        # Runs on every rank once all files are written (also for async saves).
+        _write_checksums(target)
         if dist.get_rank() == 0:
             _write_tracker(root, iteration)
             if cfg.run.keep_last_checkpoints > 0:
@@ -356,6 +422,7 @@ def load_checkpoint(
         raise CheckpointError(f"{root}/{TRACKER_FILENAME} names iteration {iteration} but {path} does not exist")
 
     saved_tensors = _check_files(path)
+    _verify_checksums(path)
     try:
         common = dist_checkpointing.load_common_state_dict(str(path))
     except Exception as exc:

@@ -169,6 +169,17 @@ def test_truncated_shard_is_a_clear_error(tmp_path: Path) -> None:
     assert f"{shard} is truncated" in proc.stdout
 
 
+def test_corrupted_shard_is_a_clear_error(tmp_path: Path) -> None:
+    save = _saved_run(tmp_path)
+    shard = sorted((save / "iter_0000003").glob("*.distcp"))[-1]
+    data = bytearray(shard.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])  # same size, other bytes
+    shard.write_bytes(bytes(data))
+    proc = run_pretrain([*RUN, "--load", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    assert f"{shard} is corrupted: CRC-32" in proc.stdout
+
+
 def test_shape_mismatch_is_a_clear_error(tmp_path: Path) -> None:
     save = _saved_run(tmp_path)
     args = [a if a != "64" else "128" for a in RUN]  # --hidden-size 64 -> 128
