@@ -8,7 +8,11 @@ distributed optimizer run unmodified in CPU processes:
 1. **Device arguments.** Megatron-Core allocates with ``device="cuda"``,
    ``device=torch.cuda.current_device()`` and ``tensor.cuda()``. A
    ``TorchFunctionMode`` rewrites every CUDA device argument (and ``.cuda()``,
-   ``.pin_memory()``) to the CPU before the op runs.
+   ``.pin_memory()``) to the CPU before the op runs. ``torch.autograd.backward``
+   itself dispatches to modes, and a mode is off while its handler runs, so
+   ``torch.autograd``'s dispatch check is made blind to modes: the backward
+   pass then runs under the mapping (sequence parallelism allocates its
+   reduce-scatter buffers there).
 2. **Tensor type names.** The optimizer checks ``param.type()`` against
    ``'torch.cuda.FloatTensor'`` and friends; the mode answers ``type()`` with
    the CUDA name of the same dtype.
@@ -85,6 +89,18 @@ class _CudaToCpuMode(TorchFunctionMode):
         if kwargs.get("pin_memory"):
             kwargs = dict(kwargs, pin_memory=False)
         return func(*args, **kwargs)
+
+
+def _autograd_dispatch_for_subclasses_only(args: Any) -> bool:
+    """``torch.autograd``'s own torch-function check, blind to modes.
+
+    ``torch.autograd.backward`` hands itself to an active mode, and a mode is
+    switched off while its handler runs: the whole backward pass would run
+    without the CUDA-to-CPU mapping, while Megatron-Core's autograd Functions
+    allocate on "cuda" there too (sequence parallelism's reduce-scatter
+    buffers). Tensor subclasses keep their dispatch.
+    """
+    return any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in args)
 
 
 class _ForkWarningFilter(logging.Filter):
@@ -178,6 +194,7 @@ def _patches() -> list[tuple[Any, str, Callable[..., Any]]]:
         (torch.cuda, "empty_cache", _returning(None)),
         (mcore_random, "_get_cuda_rng_state", _cpu_get_rng_state()),
         (mcore_random, "_set_cuda_rng_state", _cpu_set_rng_state()),
+        (torch.autograd, "has_torch_function", _autograd_dispatch_for_subclasses_only),
         (p2p_communication, "_batched_p2p_ops", _tagged_batched_p2p_ops),
         (p2p_communication, "_p2p_ops", _tagged_p2p_ops),
     ]

@@ -100,12 +100,15 @@ def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> Transfo
 
 
 def layer_spec(cfg: TrainingConfig, device: torch.device):  # -> ModuleSpec
+    from megatron.core.models.backends import HAVE_APEX
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     from megatron_ext.attention import SDPAttention, sdpa_kernels
+    from megatron_ext.norms import TorchNorm
 
     if use_transformer_engine(cfg, device):
         return get_gpt_layer_with_transformer_engine_spec()
@@ -116,7 +119,14 @@ def layer_spec(cfg: TrainingConfig, device: torch.device):  # -> ModuleSpec
         spec.submodules.self_attention.submodules.core_attention = functools.partial(
             SDPAttention, kernels=sdpa_kernels(backend)
         )
-    return spec
+    if HAVE_APEX:
+        return spec
+    # Without apex Megatron-Core's torch norms refuse sequence parallelism; ours
+    # mark their weights for the TP gradient sum. The final norm is the block's,
+    # so the block is spelled out (same number of layers per model chunk).
+    spec.submodules.input_layernorm = TorchNorm
+    spec.submodules.pre_mlp_layernorm = TorchNorm
+    return TransformerBlockSubmodules(layer_specs=[spec] * cfg.layout.layers_per_virtual_stage, layer_norm=TorchNorm)
 
 
 ModelProvider = Callable[..., torch.nn.Module]

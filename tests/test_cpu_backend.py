@@ -46,3 +46,23 @@ def test_rng_tracker_fork_draws_its_own_stream() -> None:
         assert torch.equal(torch.get_rng_state(), before)  # default stream restored
         torch.manual_seed(99)
         assert torch.equal(inside, torch.rand(3))
+
+
+def test_backward_pass_runs_under_the_mapping() -> None:
+    class AllocatesOnCudaInBackward(torch.autograd.Function):
+        # As Megatron-Core's sequence-parallel linear layer: a buffer on "cuda" in backward.
+        @staticmethod
+        def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            buffer = torch.empty(grad.shape, device=torch.cuda.current_device())
+            buffer.copy_(grad * 2)
+            return buffer
+
+    with cpu_backend.cpu_backend():
+        x = torch.ones(3, requires_grad=True)
+        torch.autograd.backward(AllocatesOnCudaInBackward.apply(x).sum())
+        assert torch.equal(x.grad, torch.full((3,), 2.0))
+    assert not cpu_backend.is_enabled()

@@ -36,6 +36,7 @@ LAYOUTS = {
     ),
     # The baseline runs the local spec with SDPA core attention (the default);
     # Megatron-Core's own DotProductAttention must give the same losses.
+    "tp2-sequence-parallel": (2, "--tensor-model-parallel-size 2 --sequence-parallel".split()),
     "tp2-megatron-core-attention": (2, "--tensor-model-parallel-size 2 --attention-backend local".split()),
     "tp2-pp2-vp2": (
         4,
