@@ -14,7 +14,8 @@ nodes).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
 
 
 class LayoutError(ValueError):
@@ -113,6 +114,25 @@ class ParallelLayout:
             vp = None
         kwargs["virtual_pipeline_model_parallel_size"] = vp
         return cls(global_batch_size=global_batch_size, **kwargs)  # type: ignore[arg-type]
+
+    @classmethod
+    def check(cls, **values: Any) -> tuple[ParallelLayout, list[str]]:
+        """Build without raising: ``(layout, problems)``, valid exactly when ``problems`` is empty.
+
+        The same rules and messages as the constructor, for callers that try
+        many candidates (the layout calculator's search) and would otherwise pay
+        for an exception per invalid one. Use the returned layout only when
+        ``problems`` is empty: it is then equal to ``ParallelLayout(**values)``.
+        """
+        layout = object.__new__(cls)
+        for f in fields(cls):
+            value = values.pop(f.name, f.default)
+            if value is MISSING:
+                raise TypeError(f"ParallelLayout.check() needs {f.name}")
+            object.__setattr__(layout, f.name, value)
+        if values:
+            raise TypeError(f"ParallelLayout has no field(s) {sorted(values)}")
+        return layout, layout.problems()
 
     # ----------------------------------------------------------------- derived
     @property
