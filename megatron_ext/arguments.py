@@ -182,13 +182,43 @@ class OptimizerArgs:
 
 @dataclass(frozen=True, kw_only=True)
 class DataArgs:
+    """Training data (Megatron indexed datasets, made by tools/preprocess_data.py) and the tokenizer."""
+
     mock_data: bool = opt(False, "Train on Megatron-Core's mock GPT dataset (no files).")
-    data_path: tuple[str, ...] = opt((), "Dataset prefixes, optionally weighted: 'W1 P1 W2 P2 …'.")
-    split: str = opt("969,30,1", "Train/valid/test split of --data-path.")
-    data_cache_path: str | None = opt(None, "Where to cache dataset index files.")
-    tokenizer_type: str = opt("NullTokenizer", "Tokenizer (mock data uses NullTokenizer).")
-    tokenizer_model: str | None = opt(None, "Tokenizer model file.")
+    data_path: tuple[str, ...] = opt(
+        (), "Indexed dataset prefixes (no .bin/.idx), optionally weighted: 'P1 P2 …' or 'W1 P1 W2 P2 …'."
+    )
+    split: str = opt("969,30,1", "Train/valid/test proportions of --data-path (Megatron's split string).")
+    train_data_path: tuple[str, ...] = opt((), "Training blend when the splits come from separate datasets.")
+    valid_data_path: tuple[str, ...] = opt((), "Validation blend (with --train-data-path).")
+    test_data_path: tuple[str, ...] = opt((), "Test blend (with --train-data-path).")
+    data_cache_path: str | None = opt(
+        None, "Where Megatron-Core caches its sample/shuffle indices (default: next to each dataset)."
+    )
+    tokenizer_type: str = opt(
+        "NullTokenizer",
+        "Tokenizer, with Megatron-LM's names and semantics (must be the one the data was preprocessed with).",
+        choices=[
+            "NullTokenizer",
+            "SentencePieceTokenizer",
+            "GPTSentencePieceTokenizer",
+            "GPT2BPETokenizer",
+            "HuggingFaceTokenizer",
+        ],
+    )
+    tokenizer_model: str | None = opt(None, "SentencePiece .model file, or a local Hugging Face tokenizer directory.")
+    vocab_file: str | None = opt(None, "GPT2BPETokenizer: vocab.json.")
+    merge_file: str | None = opt(None, "GPT2BPETokenizer: merges.txt.")
     num_workers: int = opt(0, "Data-loader worker processes.")
+
+    def __post_init__(self) -> None:
+        per_split = self.train_data_path or self.valid_data_path or self.test_data_path
+        if self.data_path and per_split:
+            raise ConfigError("--data-path and --train/valid/test-data-path are mutually exclusive; use one form")
+        if per_split and not self.train_data_path:
+            raise ConfigError("--valid-data-path/--test-data-path need --train-data-path")
+        if self.mock_data and (self.data_path or per_split):
+            raise ConfigError("--mock-data and a data path are mutually exclusive; drop one")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,6 +279,8 @@ class TrainingConfig:
     data: DataArgs
     run: RunArgs
     layout: ParallelLayout
+    tokenizer_vocab_size: int | None = None
+    """The tokenizer's vocabulary before padding (resolved by make_config; None: null tokenizer of --vocab-size)."""
 
     @property
     def padded_vocab_size(self) -> int:
@@ -261,7 +293,9 @@ class TrainingConfig:
 
     @property
     def vocab_size(self) -> int:
-        # The null tokenizer adds one token (end of document) after the given size.
+        """Unpadded vocabulary: the tokenizer's (the null tokenizer adds one id, end of document)."""
+        if self.tokenizer_vocab_size is not None:
+            return self.tokenizer_vocab_size
         return (self.model.vocab_size or 0) + 1
 
 
@@ -345,10 +379,18 @@ def make_config(*, world_size: int | None = None, **groups: dict[str, Any]) -> T
         world_size = parallel.world_size or int(os.environ.get("WORLD_SIZE", "1"))
     if parallel.overlap_param_gather and not parallel.use_distributed_optimizer:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
-    if not data.mock_data and not data.data_path:
+    if not data.mock_data and not data.data_path and not data.train_data_path:
         raise ConfigError("no training data: give --mock-data or --data-path PREFIX [...]")
-    if data.mock_data and model.vocab_size is None:
+    if data.mock_data and model.vocab_size is None and data.tokenizer_type == "NullTokenizer":
         model = dataclasses.replace(model, vocab_size=1023)
+    # The vocabulary comes from the tokenizer; the datasets are checked against it here,
+    # before any process group exists, so a wrong path is one clear error.
+    from megatron_ext import data_sources
+
+    try:
+        tokenizer_vocab_size = data_sources.resolve(data, vocab_size=model.vocab_size)
+    except data_sources.DataError as exc:
+        raise ConfigError(str(exc)) from exc
     if run.train_iters < 0:
         raise ConfigError(f"--train-iters must be >= 0, got {run.train_iters}")
     if optim.lr_decay_iters is None:
@@ -370,4 +412,13 @@ def make_config(*, world_size: int | None = None, **groups: dict[str, Any]) -> T
         seq_length=model.seq_length,
     )
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
-    return TrainingConfig(model=model, parallel=parallel, batch=batch, optim=optim, data=data, run=run, layout=layout)
+    return TrainingConfig(
+        model=model,
+        parallel=parallel,
+        batch=batch,
+        optim=optim,
+        data=data,
+        run=run,
+        layout=layout,
+        tokenizer_vocab_size=tokenizer_vocab_size,
+    )

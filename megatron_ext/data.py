@@ -1,7 +1,9 @@
 """Training data: Megatron-Core datasets, a resumable sampler, per-chunk iterators.
 
-Datasets come from Megatron-Core's ``BlendedMegatronDatasetBuilder``
-(``MockGPTDataset`` for ``--mock-data``). The sampler is position-based
+Datasets come from Megatron-Core's ``BlendedMegatronDatasetBuilder``:
+``GPTDataset`` over the indexed datasets of ``--data-path`` (a weighted blend
+split by ``--split``, or ``--train/valid/test-data-path``), or
+``MockGPTDataset`` for ``--mock-data``. The sampler is position-based
 (``consumed_samples``) like Megatron-LM's, so a resumed run continues with
 exactly the samples an uninterrupted one would have seen, for any DP size:
 step ``k`` always covers global samples ``[k·B, (k+1)·B)`` and each DP rank
@@ -16,7 +18,9 @@ from typing import Any
 
 import torch
 
+from megatron_ext import data_sources
 from megatron_ext.arguments import TrainingConfig
+from megatron_ext.tokenizers import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -26,14 +30,10 @@ class Datasets:
     test: Any | None
 
 
-def build_tokenizer(cfg: TrainingConfig) -> Any:
-    """The tokenizer the datasets need (end-of-document id, vocabulary size)."""
-    if cfg.data.tokenizer_type != "NullTokenizer":
-        raise NotImplementedError(f"--tokenizer-type {cfg.data.tokenizer_type}: only NullTokenizer is supported so far")
-    from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
-
-    assert cfg.model.vocab_size is not None
-    return NullTokenizer(cfg.model.vocab_size)
+def build_tokenizer(cfg: TrainingConfig) -> Tokenizer:
+    """The tokenizer of ``--tokenizer-type`` (the one the datasets were preprocessed with)."""
+    null = cfg.data.tokenizer_type == "NullTokenizer"
+    return data_sources.tokenizer_for(cfg.data, vocab_size=cfg.model.vocab_size if null else None)
 
 
 def dataset_sizes(cfg: TrainingConfig) -> list[int]:
@@ -48,14 +48,25 @@ def dataset_sizes(cfg: TrainingConfig) -> list[int]:
     return [run.train_iters * gbs, evaluated, evaluated]
 
 
-def build_datasets(cfg: TrainingConfig, tokenizer: Any) -> Datasets:
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
+def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:
+    """Megatron-Core's ``GPTDatasetConfig`` for this run: blend (or one blend per split), split, cache."""
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 
-    config = GPTDatasetConfig(
+    blend = blend_per_split = None
+    split: str | None = cfg.data.split
+    if not cfg.data.mock_data:
+        sources = data_sources.blends(cfg.data)
+        if "data" in sources:
+            blend = sources["data"].as_megatron()  # type: ignore[union-attr]
+        else:
+            blend_per_split = [b.as_megatron() if b is not None else None for b in sources.values()]
+            split = None
+    return GPTDatasetConfig(
         random_seed=cfg.optim.seed,
         sequence_length=cfg.model.seq_length,
-        split=cfg.data.split,
+        blend=blend,
+        blend_per_split=blend_per_split,
+        split=split,
         path_to_cache=cfg.data.data_cache_path,
         tokenizer=tokenizer,
         reset_position_ids=False,
@@ -64,9 +75,26 @@ def build_datasets(cfg: TrainingConfig, tokenizer: Any) -> Datasets:
         create_attention_mask=False,
         mid_level_dataset_surplus=0.005,
     )
-    if not cfg.data.mock_data:
-        raise NotImplementedError("--data-path: indexed datasets are not supported yet; use --mock-data")
-    train, valid, test = BlendedMegatronDatasetBuilder(MockGPTDataset, dataset_sizes(cfg), lambda: True, config).build()
+
+
+def build_datasets(cfg: TrainingConfig, tokenizer: Tokenizer) -> Datasets:
+    """Train / valid / test datasets from Megatron-Core's ``BlendedMegatronDatasetBuilder``.
+
+    Every rank builds (``is_built_on_rank`` is always true): Megatron-Core
+    builds on global rank 0 first, writes the sample and shuffle indices to the
+    cache, then the other ranks read them after a barrier on the default group.
+    Validation and test sets are sized for ``--eval-iters`` global batches.
+    """
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, MockGPTDataset
+
+    config = dataset_config(cfg, tokenizer)
+    cls = MockGPTDataset if cfg.data.mock_data else GPTDataset
+    train, valid, test = BlendedMegatronDatasetBuilder(cls, dataset_sizes(cfg), lambda: True, config).build()
+    if train is None or len(train) == 0:
+        raise data_sources.DataError(
+            "the training split is empty: give it a share in --split (e.g. 969,30,1) or pass --train-data-path"
+        )
     return Datasets(train=train, valid=valid, test=test)
 
 

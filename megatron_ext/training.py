@@ -416,6 +416,9 @@ class Trainer:
         self._log_bubble()
         if finished and run.eval_iters > 0 and (run.eval_interval <= 0 or self.iteration % run.eval_interval):
             self._log_eval(self.evaluate("valid"))
+        if finished:
+            # As Megatron-LM: the test split once, at the end of training.
+            self._log_eval(self.evaluate("test"), "test")
         if run.save and last_saved != self.iteration:
             self.save()
         self.finish_async_saves()
@@ -498,13 +501,14 @@ class Trainer:
                 log.info("  time per iteration (ms, max over ranks): %s", _format_times(record["time_ms"]))
         self.metrics.write(record)
 
-    def _log_eval(self, loss: float | None) -> None:
+    def _log_eval(self, loss: float | None, split: str = "valid") -> None:
         if loss is None:
             return
         ppl = math.exp(min(loss, 20.0))
         if self.ctx.is_logging_rank:
-            log.info("validation at iteration %d | lm loss %.6e | ppl %.3f", self.iteration, loss, ppl)
-        self.metrics.write({"iteration": self.iteration, "valid_loss": loss, "valid_ppl": ppl})
+            name = "validation" if split == "valid" else split
+            log.info("%s at iteration %d | lm loss %.6e | ppl %.3f", name, self.iteration, loss, ppl)
+        self.metrics.write({"iteration": self.iteration, f"{split}_loss": loss, f"{split}_ppl": ppl})
 
 
 def _format_times(times_ms: dict[str, float]) -> str:

@@ -1,38 +1,69 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: a tiny GPT trained on CPU with two
-# pipeline stages and interleaved virtual stages (PP=2, VP=2, gloo), on
-# Megatron-Core's mock data, for a few dozen iterations; writes a checkpoint.
+# The main job on the embedded default corpus, end to end on CPU, nothing downloaded:
+#   1. a real-text corpus from the Python standard library's docstrings (tools/build_corpus.py)
+#   2. a SentencePiece BPE tokenizer trained on it (tools/train_tokenizer.py)
+#   3. a Megatron indexed dataset (tools/preprocess_data.py)
+#   4. a tiny GPT trained on it with two pipeline stages and interleaved virtual
+#      stages (PP=2, VP=2, gloo) for a few dozen iterations; writes a checkpoint.
+# Steps 1-3 are cached under DATA_DIR (delete it to rebuild).
 #
-#   OUT_DIR   where metrics and checkpoints go (default runs/demo)
-#   ITERS     training iterations (default 40)
+#   OUT_DIR    where metrics and checkpoints go (default runs/demo)
+#   DATA_DIR   corpus, tokenizer and dataset cache (default runs/demo-data)
+#   ITERS      training iterations (default 40)
+#   CORPUS_MB  corpus size in MB (default 3)
+#   VOCAB      tokenizer vocabulary (default 4000)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "${repo}/scripts/setup.sh"
 out="${OUT_DIR:-${repo}/runs/demo}"
+data="${DATA_DIR:-${repo}/runs/demo-data}"
 iters="${ITERS:-40}"
+corpus_mb="${CORPUS_MB:-3}"
+vocab="${VOCAB:-4000}"
+py="${repo}/.venv/bin/python"
 rm -rf "${out}"
-mkdir -p "${out}"
+mkdir -p "${out}" "${data}"
+cd "${repo}"
+
+corpus="${data}/stdlib.jsonl"
+tokenizer="${data}/sp${vocab}"
+dataset="${data}/stdlib_text_document"
+if [[ ! -f "${corpus}" ]]; then
+  "${py}" tools/build_corpus.py --output "${corpus}" --target-mb "${corpus_mb}" --sources stdlib
+fi
+if [[ ! -f "${tokenizer}.model" ]]; then
+  "${py}" tools/train_tokenizer.py --input "${corpus}" --model-prefix "${tokenizer}" \
+    --vocab-size "${vocab}" --model-type bpe --byte-fallback
+fi
+if [[ ! -f "${dataset}.idx" || "${tokenizer}.model" -nt "${dataset}.idx" ]]; then
+  "${py}" tools/preprocess_data.py --input "${corpus}" --output-prefix "${data}/stdlib" \
+    --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model "${tokenizer}.model" \
+    --append-eod --workers 2
+fi
 
 model=(
   --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64
-  --vocab-size 1023 --swiglu --normalization RMSNorm --disable-bias-linear
+  --swiglu --normalization RMSNorm --disable-bias-linear
+)
+data_args=(
+  --data-path "${dataset}" --split 969,30,1 --data-cache-path "${data}/index-cache"
+  --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model "${tokenizer}.model"
 )
 layout=(--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1)
 batch=(--micro-batch-size 2 --global-batch-size 8)
 optim=(--lr 3e-3 --min-lr 3e-4 --lr-warmup-iters 4 --lr-decay-style cosine --clip-grad 1.0 --seed 1234)
 run=(
-  --mock-data --device cpu --train-iters "${iters}" --log-interval 5
+  --device cpu --train-iters "${iters}" --log-interval 5
   --eval-interval 20 --eval-iters 2
   --save "${out}/checkpoints" --save-interval 20
   --metrics-file "${out}/metrics.jsonl"
 )
 
-cd "${repo}"
-PYTHONWARNINGS=ignore OMP_NUM_THREADS=1 "${repo}/.venv/bin/python" -m torch.distributed.run \
+PYTHONWARNINGS=ignore OMP_NUM_THREADS=1 "${py}" -m torch.distributed.run \
   --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "${MASTER_PORT:-29517}" \
-  pretrain_gpt.py "${model[@]}" "${layout[@]}" "${batch[@]}" "${optim[@]}" "${run[@]}"
+  pretrain_gpt.py "${model[@]}" "${data_args[@]}" "${layout[@]}" "${batch[@]}" "${optim[@]}" "${run[@]}"
 
-"${repo}/.venv/bin/python" - "${out}" <<'PY'
+"${py}" - "${out}" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])

@@ -56,8 +56,13 @@ def test_interleaved_run_reports_the_bubble_of_every_rank(tmp_path: Path) -> Non
     metrics = tmp_path / "m.jsonl"
     layout = "--pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2".split()
     run_pretrain(
-        [*TINY_MODEL, *layout, "--train-iters", "4", "--log-interval", "2", "--timing-log-level", "2"]
-        + ["--metrics-file", str(metrics)],
+        [
+            *TINY_MODEL,
+            *layout,
+            *"--train-iters 4 --log-interval 2 --timing-log-level 2".split(),
+            "--metrics-file",
+            str(metrics),
+        ],
         nproc=2,
     )
     rows = read_metrics(metrics)
