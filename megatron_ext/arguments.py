@@ -395,6 +395,13 @@ def make_config(*, world_size: int | None = None, **groups: dict[str, Any]) -> T
         raise ConfigError(f"--train-iters must be >= 0, got {run.train_iters}")
     if optim.lr_decay_iters is None:
         optim = dataclasses.replace(optim, lr_decay_iters=run.train_iters)
+    decay = max(optim.lr_decay_iters or 0, 1)
+    if optim.lr_warmup_iters >= decay:
+        # Megatron-Core's scheduler asserts this at start-up; say it before launch.
+        raise ConfigError(
+            f"--lr-warmup-iters {optim.lr_warmup_iters} must be smaller than the decay length "
+            f"({decay} iterations: --lr-decay-iters, default --train-iters); lower the warm-up or lengthen the decay"
+        )
 
     layout = ParallelLayout.from_flags(
         world_size=world_size,

@@ -158,9 +158,25 @@ def make_iterator(
             # Its own generator: creating an iterator draws a worker seed, which
             # from the global RNG would shift dropout after a resume.
             generator=torch.Generator().manual_seed(cfg.optim.seed),
+            worker_init_fn=_ignore_stop_signals if cfg.data.num_workers > 0 else None,
         )
 
     return iter(loader(consumed_samples))
+
+
+def _ignore_stop_signals(_worker_id: int) -> None:
+    """Data-loader workers leave stopping to the training process.
+
+    SLURM signals every process of a job step (and our launcher forwards
+    SIGUSR1/2 to all descendants); a worker that died of it would take the
+    training down before it could save.
+    """
+    import signal
+
+    from megatron_ext.resilience import HANDLED_SIGNALS
+
+    for sig in HANDLED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def chunk_iterators(

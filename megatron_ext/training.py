@@ -69,15 +69,17 @@ def pretrain(
             print(f"  {line}")
         return resilience.EXIT_OK
 
+    # As early as possible: SLURM's pre-time-limit signal can come during the
+    # rendezvous, model building or checkpoint loading, and would kill the process.
+    signal_flag = resilience.SignalFlag() if cfg.run.exit_signal_handler else None
+    if signal_flag is not None:
+        signal_flag.install()
     ctx = distributed.initialize(
         layout=cfg.layout,
         device_choice=cfg.run.device,
         seed=cfg.optim.seed,
         timeout_minutes=cfg.run.distributed_timeout_minutes,
     )
-    signal_flag = resilience.SignalFlag() if cfg.run.exit_signal_handler else None
-    if signal_flag is not None:
-        signal_flag.install()
     try:
         trainer = Trainer(
             cfg=cfg,

@@ -53,6 +53,8 @@ def test_padded_vocab_follows_megatron() -> None:
         ([], "no training data"),
         (["--mock-data", "--group-query-attention"], "needs --num-query-groups"),
         ("--mock-data --hidden-size 30 --num-attention-heads 4".split(), "not divisible"),
+        ("--mock-data --train-iters 4 --lr-warmup-iters 4".split(), "must be smaller than the decay length"),
+        ("--mock-data --transformer-impl transformer_engine --attention-backend local".split(), "contradicts"),
     ],
 )
 def test_contradictions_are_errors(argv: list[str], message: str) -> None:

@@ -101,8 +101,12 @@ def test_signal_saves_stops_and_resumes_exactly(
     sig: signal.Signals, tmp_path: Path, uninterrupted: dict[int, float]
 ) -> None:
     save, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    # SIGUSR1 with a data-loader worker: the launcher forwards the signal to it too
+    # (see test_data_loader_signals.py), and resuming must stay exact with workers.
+    workers = ["--num-workers", "1"] if sig == signal.SIGUSR1 else []
     proc = _start(
-        [*RUN, "--save", str(save), "--exit-signal-handler", "--metrics-file", str(metrics)], tmp_path / "log"
+        [*RUN, *workers, "--save", str(save), "--exit-signal-handler", "--metrics-file", str(metrics)],
+        tmp_path / "log",
     )
     after = random.Random(sig).randint(2, 8)
     _wait_for(lambda: metrics.exists() and len(read_metrics(metrics)) >= after, proc)

@@ -1,0 +1,422 @@
+# shellcheck shell=bash
+# The one launcher every recipe sources: resolve the job's geometry, validate
+# the layout before anything starts, launch pretrain_gpt.py with srun + torchrun
+# (or torchrun alone outside SLURM), and requeue the job when training stopped
+# early with a checkpoint (exit code 75, see megatron_ext/resilience.py).
+#
+# A recipe sets the model shape and hyper-parameters (arrays MODEL and
+# TRAINING) and the defaults of the layout variables below, then sources this
+# file. Every variable can be overridden from the environment; docs/slurm.md
+# has the full table.
+#
+# Job geometry
+#   NNODES            nodes; inside a job the allocation's count wins (recipe default)
+#   GPUS_PER_NODE     processes per node: GPUs, or CPU processes with DEVICE=cpu (8)
+#   LAUNCHER          torchrun: one srun task per node running torchrun (default);
+#                     srun: one srun task per GPU running pretrain_gpt.py directly
+#   DEVICE            cuda | cpu | auto, passed as --device (cuda)
+#   GPU_PROFILE       GPU for the memory estimate of tools/layout.py: a100-40g,
+#                     a100-80g, h100-sxm, h200, or none to skip it (h100-sxm)
+# Layout (recipe defaults)
+#   TP PP             tensor- and pipeline-parallel sizes
+#   VP_LAYERS         layers per virtual pipeline stage (interleaved 1F1B); 0: off
+#   SEQUENCE_PARALLEL DISTRIBUTED_OPTIMIZER   1 to enable, 0 to disable
+#   MICRO_BATCH GLOBAL_BATCH   sequences per microbatch / per optimizer step
+#   PRECISION         bf16 | fp16 | fp32 (bf16)
+#   RECOMPUTE         none | selective | full (none; full recomputes uniformly, 1 layer)
+#   OVERLAP           1: overlap the DP gradient reduce (and, with the distributed optimizer,
+#                     the parameter all-gather) with compute, and fuse the cross entropy
+#                     (1 on GPUs, 0 with DEVICE=cpu)
+# Run
+#   TRAIN_ITERS LOG_INTERVAL SAVE_INTERVAL EVAL_INTERVAL EVAL_ITERS   (recipe defaults)
+#   EXTRA_ARGS        more pretrain_gpt.py arguments, split on whitespace ('')
+# Data (mock data when DATA_PATH is empty)
+#   DATA_PATH         dataset prefixes, optionally weighted: 'W1 PREFIX1 W2 PREFIX2' ('')
+#   DATA_SPLIT        train,valid,test split (969,30,1)
+#   DATA_CACHE_PATH   where index files are cached ('': next to the data)
+#   TOKENIZER_TYPE    (GPTSentencePieceTokenizer)   TOKENIZER_MODEL  (required with DATA_PATH)
+# Places
+#   RUN_NAME          (the recipe's name)     RUN_DIR  (REPO_DIR/runs/RUN_NAME)
+#   CHECKPOINT_DIR    --save and --load (RUN_DIR/checkpoints): a requeued job resumes from it
+#   LOG_DIR           one directory per job attempt under it (RUN_DIR/logs)
+#   METRICS_FILE      (RUN_DIR/metrics.jsonl)   TENSORBOARD_DIR ('': off)
+# Software
+#   PYTHON            interpreter (python in a container, else REPO_DIR/.venv/bin/python, else python3)
+#   CONTAINER_IMAGE   pyxis/enroot image for srun --container-image ('': no container)
+#   CONTAINER_MOUNTS  srun --container-mounts (REPO_DIR:REPO_DIR)
+#   SRUN_ARGS         more srun arguments, split on whitespace ('')
+# SLURM
+#   MASTER_PORT       rendezvous port (10000 + job id mod 50000; 29500 outside SLURM)
+#   MASTER_ADDR       rendezvous host (the first node of the job; 127.0.0.1 outside SLURM)
+#   REQUEUE           1: on exit code 75 run `scontrol requeue` for this job (1)
+#   DRY_RUN           1: print the resolved commands and the validation, launch nothing (0)
+# Account and partition are sbatch's own: `sbatch -A ACCOUNT -p PARTITION`, or
+# SBATCH_ACCOUNT / SBATCH_PARTITION in the environment; the node count is `sbatch -N`.
+
+set -euo pipefail
+
+REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+readonly REPO_DIR
+readonly EXIT_CONFIG=2 EXIT_SAVED_AND_STOPPED=75
+
+log() { printf '[recipe] %s\n' "$*"; }
+die() {
+  printf '[recipe] error: %s\n' "$*" >&2
+  exit "${EXIT_CONFIG}"
+}
+
+# One argument per word, quoted only where the shell needs it: a copy-pastable line.
+# A bare $SLURM_* reference (the per-task lines) stays unquoted: each task expands it.
+quote() {
+  local arg out=()
+  for arg in "$@"; do
+    if [[ "${arg}" =~ ^[A-Za-z0-9_@%+=:,./-]+$ || "${arg}" =~ ^([A-Z_]+=)?\$SLURM_[A-Z]+$ ]]; then
+      out+=("${arg}")
+    else
+      out+=("'${arg//\'/\'\\\'\'}'")
+    fi
+  done
+  printf '%s' "${out[*]}"
+}
+
+# Print a command over several lines, breaking before options once a line is long.
+show() {
+  local arg line="" quoted
+  for arg in "$@"; do
+    quoted="$(quote "${arg}")"
+    if [[ -n "${line}" && "${arg}" == --* && ${#line} -gt 90 ]]; then
+      printf '%s \\\n' "${line}"
+      line="    ${quoted}"
+    else
+      line="${line:+${line} }${quoted}"
+    fi
+  done
+  printf '%s\n' "${line}"
+}
+
+# ------------------------------------------------------------------ the recipe
+recipe_file="${BASH_SOURCE[1]:-recipe}"
+if [[ "$(basename "${recipe_file}")" == "slurm_script" ]]; then
+  recipe_name="${SLURM_JOB_NAME:-recipe}" # sbatch runs a spooled copy
+else
+  recipe_name="$(basename "${recipe_file}" .sh)"
+fi
+declare -p MODEL TRAINING >/dev/null 2>&1 || die "${recipe_file} must define the arrays MODEL and TRAINING"
+
+# --------------------------------------------------------------- the defaults
+: "${NNODES:=1}" "${GPUS_PER_NODE:=8}" "${LAUNCHER:=torchrun}" "${DEVICE:=cuda}" "${GPU_PROFILE:=h100-sxm}"
+: "${TP:=1}" "${PP:=1}" "${VP_LAYERS:=0}" "${SEQUENCE_PARALLEL:=0}" "${DISTRIBUTED_OPTIMIZER:=0}"
+: "${MICRO_BATCH:=1}" "${GLOBAL_BATCH:=}" "${PRECISION:=bf16}" "${RECOMPUTE:=none}"
+: "${TRAIN_ITERS:=100}" "${LOG_INTERVAL:=10}" "${SAVE_INTERVAL:=1000}" "${EVAL_INTERVAL:=1000}" "${EVAL_ITERS:=10}"
+: "${EXTRA_ARGS:=}" "${SRUN_ARGS:=}"
+: "${DATA_PATH:=}" "${DATA_SPLIT:=969,30,1}" "${DATA_CACHE_PATH:=}"
+: "${TOKENIZER_TYPE:=GPTSentencePieceTokenizer}" "${TOKENIZER_MODEL:=}"
+: "${RUN_NAME:=${recipe_name}}"
+: "${RUN_DIR:=${REPO_DIR}/runs/${RUN_NAME}}"
+: "${CHECKPOINT_DIR:=${RUN_DIR}/checkpoints}" "${LOG_DIR:=${RUN_DIR}/logs}"
+: "${METRICS_FILE:=${RUN_DIR}/metrics.jsonl}" "${TENSORBOARD_DIR:=}"
+: "${CONTAINER_IMAGE:=}" "${CONTAINER_MOUNTS:=${REPO_DIR}:${REPO_DIR}}"
+: "${REQUEUE:=1}" "${DRY_RUN:=0}"
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -n "${CONTAINER_IMAGE}" ]]; then
+    PYTHON=python
+  elif [[ -x "${REPO_DIR}/.venv/bin/python" ]]; then
+    PYTHON="${REPO_DIR}/.venv/bin/python"
+  else
+    PYTHON=python3
+  fi
+fi
+
+# --------------------------------------------------------------- job geometry
+in_job=0
+[[ -n "${SLURM_JOB_ID:-}" ]] && in_job=1
+if ((in_job)); then
+  allocated="${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}"
+  if [[ "${allocated}" != "${NNODES}" ]]; then
+    log "the allocation has ${allocated} nodes (NNODES was ${NNODES}): using ${allocated}"
+  fi
+  NNODES="${allocated}"
+  if [[ "${DEVICE}" != cpu && -n "${SLURM_GPUS_ON_NODE:-}" && "${SLURM_GPUS_ON_NODE}" != "${GPUS_PER_NODE}" ]]; then
+    log "warning: the allocation has ${SLURM_GPUS_ON_NODE} GPUs per node, GPUS_PER_NODE is ${GPUS_PER_NODE}"
+  fi
+  : "${MASTER_PORT:=$((10000 + SLURM_JOB_ID % 50000))}"
+  if [[ -z "${MASTER_ADDR:-}" ]]; then
+    mapfile -t job_hosts < <(scontrol show hostnames "${SLURM_JOB_NODELIST}")
+    # The first host's NodeAddr: what SLURM itself uses to reach it (often the name itself).
+    node_line="$(scontrol -o show node "${job_hosts[0]}")"
+    if [[ "${node_line}" =~ NodeAddr=([^[:space:]]+) ]]; then
+      MASTER_ADDR="${BASH_REMATCH[1]}"
+    else
+      MASTER_ADDR="${job_hosts[0]}"
+    fi
+  fi
+else
+  : "${MASTER_PORT:=29500}" "${MASTER_ADDR:=127.0.0.1}"
+fi
+[[ "${NNODES}" =~ ^[1-9][0-9]*$ ]] || die "NNODES must be a positive integer, got '${NNODES}'"
+[[ "${GPUS_PER_NODE}" =~ ^[1-9][0-9]*$ ]] || die "GPUS_PER_NODE must be a positive integer, got '${GPUS_PER_NODE}'"
+WORLD_SIZE=$((NNODES * GPUS_PER_NODE))
+export MASTER_ADDR MASTER_PORT
+
+# ------------------------------------------------------------------ arguments
+# Flags the layout calculator reads too: shape (MODEL), layout, batch, precision, recompute.
+parallel=(--tensor-model-parallel-size "${TP}" --pipeline-model-parallel-size "${PP}")
+[[ "${VP_LAYERS:-0}" != 0 ]] && parallel+=(--num-layers-per-virtual-pipeline-stage "${VP_LAYERS}")
+[[ "${SEQUENCE_PARALLEL}" == 1 ]] && parallel+=(--sequence-parallel)
+[[ "${DISTRIBUTED_OPTIMIZER}" == 1 ]] && parallel+=(--use-distributed-optimizer)
+overlap_default=1
+[[ "${DEVICE}" == cpu ]] && overlap_default=0
+: "${OVERLAP:=${overlap_default}}"
+fused=()
+if [[ "${OVERLAP}" == 1 ]]; then
+  parallel+=(--overlap-grad-reduce)
+  [[ "${DISTRIBUTED_OPTIMIZER}" == 1 ]] && parallel+=(--overlap-param-gather)
+  fused=(--cross-entropy-loss-fusion)
+fi
+batch=(--micro-batch-size "${MICRO_BATCH}")
+[[ -n "${GLOBAL_BATCH}" ]] && batch+=(--global-batch-size "${GLOBAL_BATCH}")
+case "${PRECISION}" in
+  bf16 | fp16) precision=("--${PRECISION}") ;;
+  fp32) precision=() ;;
+  *) die "PRECISION must be bf16, fp16 or fp32, got '${PRECISION}'" ;;
+esac
+case "${RECOMPUTE}" in
+  none) recompute=() ;;
+  selective) recompute=(--recompute-granularity selective) ;;
+  full) recompute=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1) ;;
+  *) die "RECOMPUTE must be none, selective or full, got '${RECOMPUTE}'" ;;
+esac
+
+if [[ -n "${DATA_PATH}" ]]; then
+  [[ -n "${TOKENIZER_MODEL}" ]] || die "DATA_PATH is set: set TOKENIZER_MODEL to the tokenizer model file too"
+  read -r -a data_prefixes <<<"${DATA_PATH}"
+  data=(--data-path "${data_prefixes[@]}" --split "${DATA_SPLIT}"
+    --tokenizer-type "${TOKENIZER_TYPE}" --tokenizer-model "${TOKENIZER_MODEL}")
+  [[ -n "${DATA_CACHE_PATH}" ]] && data+=(--data-cache-path "${DATA_CACHE_PATH}")
+else
+  data=(--mock-data)
+fi
+
+run=(--device "${DEVICE}" --train-iters "${TRAIN_ITERS}" --log-interval "${LOG_INTERVAL}"
+  --eval-interval "${EVAL_INTERVAL}" --eval-iters "${EVAL_ITERS}"
+  --save "${CHECKPOINT_DIR}" --load "${CHECKPOINT_DIR}" --save-interval "${SAVE_INTERVAL}"
+  --exit-signal-handler --metrics-file "${METRICS_FILE}")
+[[ -n "${TENSORBOARD_DIR}" ]] && run+=(--tensorboard-dir "${TENSORBOARD_DIR}")
+read -r -a extra_args <<<"${EXTRA_ARGS}"
+
+calculator_args=("${MODEL[@]}" "${parallel[@]}" "${batch[@]}" "${precision[@]}" "${recompute[@]}")
+pretrain_args=("${calculator_args[@]}" "${TRAINING[@]}" "${fused[@]}" "${data[@]}" "${run[@]}" "${extra_args[@]}")
+pretrain=("${REPO_DIR}/pretrain_gpt.py" "${pretrain_args[@]}")
+
+# ---------------------------------------------------------------- environment
+export PYTHONPATH="${REPO_DIR}${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONUNBUFFERED=1
+if [[ "${DEVICE}" != cpu ]]; then
+  # Megatron-Core orders TP/SP communication behind compute on one hardware queue.
+  if ((TP > 1)) || [[ "${SEQUENCE_PARALLEL}" == 1 ]]; then
+    export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
+  fi
+  export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+  export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
+  export TORCH_NCCL_AVOID_RECORD_STREAMS="${TORCH_NCCL_AVOID_RECORD_STREAMS:-1}"
+fi
+
+# ------------------------------------------------------------- launch command
+container=()
+if [[ -n "${CONTAINER_IMAGE}" ]]; then
+  container=(--container-image "${CONTAINER_IMAGE}" --container-mounts "${CONTAINER_MOUNTS}"
+    --container-workdir "${REPO_DIR}")
+fi
+read -r -a srun_extra <<<"${SRUN_ARGS}"
+cpus_on_node="${SLURM_CPUS_ON_NODE:-${GPUS_PER_NODE}}"
+torchrun_args=(--nnodes "${NNODES}" --nproc-per-node "${GPUS_PER_NODE}"
+  --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}")
+
+# Per-task values (SLURM_NODEID, SLURM_PROCID, ...) exist only inside each srun
+# task, so a one-line shim expands them there, on the task's own node.
+# shellcheck disable=SC2016
+node_task=(bash -c 'exec "$0" -m megatron_ext.launch --node-rank "${SLURM_NODEID}" "$@"')
+# shellcheck disable=SC2016
+gpu_task=(bash -c 'export RANK="${SLURM_PROCID}" LOCAL_RANK="${SLURM_LOCALID}" WORLD_SIZE="${SLURM_NTASKS}"; exec "$@"')
+
+job_log_dir=""
+if ((in_job)); then
+  job_log_dir="${LOG_DIR}/${SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}"
+else
+  job_log_dir="${LOG_DIR}/local-$(date +%Y%m%d-%H%M%S)-$$"
+fi
+
+srun_common=(srun --nodes "${NNODES}" --kill-on-bad-exit=0 --output "${job_log_dir}/node%n-%N.log"
+  "${container[@]}" "${srun_extra[@]}")
+case "${LAUNCHER}" in
+  torchrun)
+    job_launch=("${srun_common[@]}" --ntasks-per-node 1 --cpus-per-task "${cpus_on_node}"
+      "${node_task[@]}" "${PYTHON}" "${torchrun_args[@]}" "${pretrain[@]}")
+    # shellcheck disable=SC2016  # shown as written: each task has its own value
+    per_task=("${PYTHON}" -m megatron_ext.launch "${torchrun_args[@]}" --node-rank '$SLURM_NODEID' "${pretrain[@]}")
+    ;;
+  srun)
+    cpus_per_task=$((cpus_on_node / GPUS_PER_NODE))
+    ((cpus_per_task >= 1)) || cpus_per_task=1
+    job_launch=("${srun_common[@]}" --ntasks-per-node "${GPUS_PER_NODE}" --cpus-per-task "${cpus_per_task}"
+      "${gpu_task[@]}" srun-task "${PYTHON}" "${pretrain[@]}")
+    # shellcheck disable=SC2016  # shown as written: each task has its own value
+    per_task=(RANK='$SLURM_PROCID' LOCAL_RANK='$SLURM_LOCALID' WORLD_SIZE='$SLURM_NTASKS' "${PYTHON}" "${pretrain[@]}")
+    ;;
+  *) die "LAUNCHER must be torchrun or srun, got '${LAUNCHER}'" ;;
+esac
+# Outside SLURM one machine runs torchrun itself; without a container only (pyxis needs srun).
+local_launch=()
+if ((!in_job && NNODES == 1)) && [[ -z "${CONTAINER_IMAGE}" ]]; then
+  local_launch=("${PYTHON}" -m megatron_ext.launch "${torchrun_args[@]}" "${pretrain[@]}")
+fi
+if ((in_job)); then
+  launch=("${job_launch[@]}")
+elif ((${#local_launch[@]})); then
+  launch=("${local_launch[@]}")
+elif [[ "${DRY_RUN}" != 1 ]]; then
+  if [[ -n "${CONTAINER_IMAGE}" ]]; then
+    die "CONTAINER_IMAGE needs srun (pyxis): submit with sbatch, or DRY_RUN=1 to see the commands"
+  fi
+  die "outside SLURM only NNODES=1 runs here (got ${NNODES}): submit with sbatch, or DRY_RUN=1 to see the commands"
+fi
+
+# ------------------------------------------------------------------ validation
+# The validating commands run where training would: in a job with a container, as
+# a one-task step in that container; outside a job a container's Python is not
+# here, so this machine's (the repository's .venv, else python3) stands in.
+validator=("${PYTHON}")
+if [[ -n "${CONTAINER_IMAGE}" ]]; then
+  if ((in_job)); then
+    validator=(srun --nodes 1 --ntasks 1 "${container[@]}" "${srun_extra[@]}" "${PYTHON}")
+  elif [[ -x "${REPO_DIR}/.venv/bin/python" ]]; then
+    validator=("${REPO_DIR}/.venv/bin/python")
+  else
+    validator=(python3)
+  fi
+fi
+dry_run_cmd=("${validator[@]}" "${pretrain[@]}" --dry-run --world-size "${WORLD_SIZE}")
+calculator_cmd=("${validator[@]}" "${REPO_DIR}/tools/layout.py" --gpus "${WORLD_SIZE}"
+  --gpus-per-node "${GPUS_PER_NODE}" --gpu "${GPU_PROFILE}" "${calculator_args[@]}")
+
+# Exit status 0 when the layout is valid and estimated to fit; otherwise the
+# validators' own code (2: invalid, 3: does not fit), their messages on stderr.
+validate() {
+  local rc=0
+  log "validation: pretrain_gpt.py --dry-run for world size ${WORLD_SIZE} = ${NNODES} × ${GPUS_PER_NODE}"
+  "${dry_run_cmd[@]}" || rc=$?
+  if ((rc != 0)); then
+    log "refusing to start: pretrain_gpt.py --dry-run rejected this layout (exit ${rc})"
+    return "${rc}"
+  fi
+  if [[ "${GPU_PROFILE}" == none ]]; then
+    log "memory estimate: skipped (GPU_PROFILE=none: CPU processes)"
+  elif [[ ! -f "${REPO_DIR}/tools/layout.py" ]]; then
+    log "memory estimate: skipped (tools/layout.py is not in this checkout)"
+  else
+    log "memory estimate: tools/layout.py for ${WORLD_SIZE} × ${GPU_PROFILE}"
+    "${calculator_cmd[@]}" || rc=$?
+    case "${rc}" in
+      0) ;;
+      3) log "refusing to start: estimated not to fit on GPU_PROFILE=${GPU_PROFILE} (the calculator says why above)" ;;
+      *) log "refusing to start: tools/layout.py rejected this layout (exit ${rc})" ;;
+    esac
+  fi
+  return "${rc}"
+}
+
+describe() {
+  local nodes="${NNODES} nodes"
+  ((NNODES > 1)) || nodes="1 node"
+  log "${RUN_NAME}: ${nodes} × ${GPUS_PER_NODE} = ${WORLD_SIZE} processes, launcher ${LAUNCHER}"
+  if ((in_job)) || [[ "${DRY_RUN}" == 1 ]]; then
+    if ((in_job)); then
+      log "the job runs:"
+    else
+      log "in a job the batch script runs (outside SLURM: NNODES=${NNODES}; in a job MASTER_ADDR is the first node and MASTER_PORT derives from the job id):"
+    fi
+    show "${job_launch[@]}"
+    log "each task runs:"
+    show "${per_task[@]}"
+  fi
+  if ((!in_job && ${#local_launch[@]})); then
+    log "outside SLURM this machine runs:"
+    show "${local_launch[@]}"
+  fi
+}
+
+if [[ "${DRY_RUN}" == 1 ]]; then
+  describe
+  rc=0
+  validate || rc=$?
+  log "DRY_RUN=1: nothing launched"
+  exit "${rc}"
+fi
+
+# --------------------------------------------------------------------- launch
+mkdir -p "${job_log_dir}" "${CHECKPOINT_DIR}" "$(dirname "${METRICS_FILE}")"
+{
+  describe
+  printf '\n# validation\n'
+  show "${dry_run_cmd[@]}"
+  show "${calculator_cmd[@]}"
+} >"${job_log_dir}/command.sh"
+{
+  printf 'date: %s\nhost: %s\nrepository: %s (%s)\npython: %s\ncontainer: %s\n' \
+    "$(date -Is)" "$(hostname)" "${REPO_DIR}" "$(git -C "${REPO_DIR}" rev-parse --short HEAD 2>/dev/null || echo '?')" \
+    "${PYTHON}" "${CONTAINER_IMAGE:-none}"
+  printf 'nodes: %s × %s = %s processes, master %s:%s\n' "${NNODES}" "${GPUS_PER_NODE}" "${WORLD_SIZE}" "${MASTER_ADDR}" "${MASTER_PORT}"
+  env | grep -E '^(SLURM_|SBATCH_|NCCL_|CUDA_|TORCH_|NVTE_|GLOO_|OMP_|MASTER_|PYTHONPATH=)' | sort || true
+} >"${job_log_dir}/environment.txt"
+
+describe
+validate 2>&1 | tee "${job_log_dir}/validation.txt"
+rc="${PIPESTATUS[0]}"
+((rc == 0)) || exit "${rc}"
+
+if ((in_job)) && [[ "${SLURM_RESTART_COUNT:-0}" != 0 ]]; then
+  tracker="${CHECKPOINT_DIR}/latest_checkpointed_iteration.txt"
+  log "restart ${SLURM_RESTART_COUNT} of job ${SLURM_JOB_ID}: resuming from iteration $(cat "${tracker}" 2>/dev/null || echo '0 (no checkpoint yet)') under ${CHECKPOINT_DIR}"
+fi
+log "logs: ${job_log_dir}"
+
+# Training runs in the background so that signals sent to this shell (sbatch
+# --signal=B:USR1@...) are forwarded at once; plain --signal=USR1@... reaches
+# the job step's processes directly.
+child=""
+# shellcheck disable=SC2317  # called by the traps below
+forward() {
+  [[ -n "${child}" ]] && kill -s "$1" "${child}" 2>/dev/null
+  return 0
+}
+for sig in USR1 USR2 TERM INT; do
+  # shellcheck disable=SC2064
+  trap "forward ${sig}" "${sig}"
+done
+start_seconds="${SECONDS}"
+"${launch[@]}" &
+child=$!
+rc=0
+wait "${child}" || rc=$?
+while kill -0 "${child}" 2>/dev/null; do # a forwarded signal interrupted wait
+  rc=0
+  wait "${child}" || rc=$?
+done
+log "training exited with ${rc} after $((SECONDS - start_seconds)) s"
+if ((in_job)); then
+  last_log="$(find "${job_log_dir}" -name '*.log' -newer "${job_log_dir}/command.sh" | sort -V | tail -n 1)"
+  [[ -n "${last_log}" ]] && tail -n 5 "${last_log}"
+fi
+
+if ((rc == EXIT_SAVED_AND_STOPPED)); then
+  if ((in_job)) && [[ "${REQUEUE}" == 1 ]]; then
+    if scontrol requeue "${SLURM_JOB_ID}"; then
+      log "stopped early with a checkpoint: job ${SLURM_JOB_ID} requeued, it resumes from ${CHECKPOINT_DIR}"
+    else
+      log "stopped early with a checkpoint; requeue refused (submit with --requeue): sbatch the recipe again to continue"
+    fi
+  else
+    log "stopped early with a checkpoint: run the same command again to continue"
+  fi
+fi
+exit "${rc}"

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# GPT-3 175B (96 layers, hidden 12288, 96 heads, 2,048 tokens) on 16 nodes:
+# TP 8 inside each node with sequence parallelism, PP 8 across nodes with
+# 3 layers per virtual stage (VP 4, interleaved 1F1B), DP over the remaining
+# node groups with the distributed optimizer; the GPT-3 paper's 3.2M-token batch,
+# learning rate and 300B-token schedule (Brown et al. 2020, table 2.1).
+#
+#   sbatch recipes/gpt3_175b_tp8_pp8_vp4.sh             # sbatch -N 128 ...: DP 16 (nodes: a multiple of 8)
+#   DRY_RUN=1 NNODES=128 bash recipes/gpt3_175b_tp8_pp8_vp4.sh
+#
+#SBATCH --job-name=gpt3_175b_tp8_pp8_vp4
+#SBATCH --nodes=16
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --exclusive
+#SBATCH --time=04:00:00
+#SBATCH --signal=USR1@900
+#SBATCH --requeue
+#SBATCH --open-mode=append
+set -euo pipefail
+
+# Layout: TP 8 within a node, PP 8 across nodes (12 layers per stage, 4 virtual stages of 3), DP = nodes / 8.
+: "${NNODES:=16}" "${GPUS_PER_NODE:=8}"
+: "${TP:=8}" "${PP:=8}" "${VP_LAYERS:=3}" "${SEQUENCE_PARALLEL:=1}" "${DISTRIBUTED_OPTIMIZER:=1}"
+: "${RECOMPUTE:=selective}" "${MICRO_BATCH:=1}" "${GLOBAL_BATCH:=1536}"
+# 300B tokens at 3,145,728 per step; cosine decay over 260B tokens, warm-up 375M tokens.
+: "${TRAIN_ITERS:=95367}" "${SAVE_INTERVAL:=200}" "${EVAL_INTERVAL:=1000}"
+
+MODEL=(--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048
+  --max-position-embeddings 2048 --vocab-size 50257)
+TRAINING=(--lr 6e-5 --min-lr 6e-6 --lr-decay-style cosine --lr-warmup-iters 120 --lr-decay-iters 82652
+  --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --weight-decay 0.1 --clip-grad 1.0
+  --init-method-std 0.006 --seed 1234)
+
+# sbatch runs a spooled copy of this file: the recipes are then in $REPO_DIR, else the submit directory.
+recipes="$(dirname "${BASH_SOURCE[0]}")"
+[[ -f "${recipes}/common.sh" ]] || recipes="${REPO_DIR:-${SLURM_SUBMIT_DIR:-.}}/recipes"
+# shellcheck source=recipes/common.sh
+source "${recipes}/common.sh"
