@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from megatron_ext.launch import local_command  # noqa: E402
 from megatron_ext.model_presets import PRESETS  # noqa: E402
 from megatron_ext.timing import COMPUTE_TIMERS  # noqa: E402
 
@@ -74,12 +74,6 @@ class Result:
     bubble_predicted: float | None = None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def model_flags(name: str) -> list[str]:
     """``pretrain_gpt.py`` shape flags of a preset (or of the CPU-sized ``tiny``)."""
     if name == "tiny":
@@ -98,28 +92,22 @@ def run_variant(
     metrics = workdir / f"{name}.jsonl"
     metrics.unlink(missing_ok=True)
     log = workdir / f"{name}.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "megatron_ext.launch",
-        "--nproc-per-node",
-        str(nproc),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
-        str(REPO / "pretrain_gpt.py"),
-        *args,
-        "--mock-data",
-        "--train-iters",
-        str(warmup + iters),
-        "--log-interval",
-        "1",
-        "--timing-log-level",
-        str(timing_level),
-        "--metrics-file",
-        str(metrics),
-    ]
+    cmd = local_command(
+        REPO / "pretrain_gpt.py",
+        [
+            *args,
+            "--mock-data",
+            "--train-iters",
+            str(warmup + iters),
+            "--log-interval",
+            "1",
+            "--timing-log-level",
+            str(timing_level),
+            "--metrics-file",
+            str(metrics),
+        ],
+        nproc=nproc,
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     with open(log, "w") as out:
         code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode

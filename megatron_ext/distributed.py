@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron_ext.launch import free_port
 from megatron_ext.layout import ParallelLayout
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def initialize(
         backend = "nccl"
     if "MASTER_ADDR" not in os.environ:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
@@ -133,11 +134,3 @@ def destroy() -> None:
     parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

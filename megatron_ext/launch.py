@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 
@@ -32,6 +34,30 @@ def _forward_to_workers(signum: int, _frame: FrameType | None) -> None:
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
             child.send_signal(signum)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def local_command(script: str | Path, args: Sequence[str], *, nproc: int) -> list[str]:
+    """``script`` on ``nproc`` processes of this machine under this launcher, on a free port."""
+    return [
+        sys.executable,
+        "-m",
+        "megatron_ext.launch",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(script),
+        *args,
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

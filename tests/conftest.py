@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from megatron_ext.launch import free_port as _free_port  # noqa: F401 - shared with tests
+from megatron_ext.launch import local_command
 
 REPO = Path(__file__).resolve().parent.parent
 PRETRAIN = REPO / "pretrain_gpt.py"
@@ -17,12 +19,6 @@ PRETRAIN = REPO / "pretrain_gpt.py"
 # A tiny GPT that every layout of the equivalence tests can split:
 # 8 layers = PP 4 × VP 2; 4 heads = TP 2 × 2; 8 sequences = 4 microbatches of 2.
 TINY_MODEL = "--num-layers 8 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 255 --micro-batch-size 2 --global-batch-size 8 --hidden-dropout 0 --attention-dropout 0 --lr 1e-3 --lr-warmup-iters 2 --lr-decay-iters 10 --lr-decay-style cosine --mock-data --device cpu --seed 1234".split()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env() -> dict[str, str]:
@@ -35,19 +31,7 @@ def _env() -> dict[str, str]:
 
 def launch_command(args: list[str], *, nproc: int) -> list[str]:
     """pretrain_gpt.py under our torchrun wrapper (which keeps the exit code)."""
-    return [
-        sys.executable,
-        "-m",
-        "megatron_ext.launch",
-        "--nproc-per-node",
-        str(nproc),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
-        str(PRETRAIN),
-        *args,
-    ]
+    return local_command(PRETRAIN, args, nproc=nproc)
 
 
 def run_pretrain(

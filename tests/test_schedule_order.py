@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext.launch import local_command
 from megatron_ext.layout import LayoutError
 from megatron_ext.pipeline_schedule import PipelinePass, schedule_order, schedule_table, simulate, warmup_passes
 from megatron_ext.schedule_cli import run
@@ -28,7 +29,7 @@ from megatron_ext.schedule_plot import (
     render_svg,
 )
 from megatron_ext.schedule_trace import load_trace
-from tests.conftest import REPO, _env, _free_port
+from tests.conftest import REPO, _env
 
 SHAPES = [(2, 1, 4), (4, 1, 8), (4, 1, 2), (2, 2, 4), (4, 2, 8), (4, 3, 12), (8, 2, 16), (3, 4, 9), (4, 2, 4)]
 
@@ -223,8 +224,7 @@ def record(tmp_path: Path, *, pp: int, vp: int, microbatches: int) -> dict[int, 
     ]  # fmt: skip
     if vp > 1:
         args += ["--num-layers-per-virtual-pipeline-stage", "1"]
-    cmd = [sys.executable, "-m", "megatron_ext.launch", "--nproc-per-node", str(pp), "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(REPO / "tools" / "record_schedule.py"), *args]  # fmt: skip
+    cmd = local_command(REPO / "tools" / "record_schedule.py", args, nproc=pp)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return load_trace(trace)
