@@ -19,7 +19,7 @@ import torch
 
 from megatron_ext.arguments import TrainingConfig
 from megatron_ext.data import Datasets, build_datasets, build_tokenizer
-from megatron_ext.model import layer_spec, transformer_config
+from megatron_ext.model import layer_spec, transformer_config, unwrap
 from megatron_ext.training import pretrain
 
 
@@ -67,7 +67,7 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[Any
 
 def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Any]:
     """Run one micro-batch through one model chunk."""
-    chunk = getattr(model, "module", model)
+    chunk = unwrap(model)
     batch = None
     if chunk.pre_process or chunk.post_process:
         batch = next(data_iterator)

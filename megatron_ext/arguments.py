@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import types
 import typing
@@ -24,9 +25,16 @@ class ConfigError(ValueError):
     """Contradictory or out-of-range options (not layout rules: see LayoutError)."""
 
 
-def opt(default: Any, help: str, *, choices: Sequence[Any] | None = None, flag: str | None = None) -> Any:
-    """A dataclass field that is also a command-line option."""
-    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag})
+def opt(
+    default: Any,
+    help: str,
+    *,
+    choices: Sequence[Any] | None = None,
+    flag: str | None = None,
+    aliases: Sequence[str] = (),
+) -> Any:
+    """A dataclass field that is also a command-line option (``flag`` and ``aliases`` override its name)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag, "aliases": tuple(aliases)})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -247,9 +255,36 @@ class RunArgs:
     keep_last_checkpoints: int = opt(0, "Keep only the newest K complete checkpoints under --save (0: all).")
     strict_load: bool = opt(False, "Fail when --load holds no checkpoint instead of starting fresh.")
     max_consecutive_skipped: int = opt(
-        3, "Stop with an error (exit code 4) after this many non-finite losses in a row."
+        3,
+        "Tolerate this many non-finite losses in a row (fp16: overflows at the minimum loss scale); one more "
+        "stops the run with an error (exit code 4).",
     )
     no_load_optim: bool = opt(False, "Do not load optimizer state from --load.")
+    dist_ckpt_optim_fully_reshardable: bool = opt(
+        False,
+        "Save the distributed optimizer's state per parameter, loadable under any TP, PP, VP and DP; it is "
+        "gathered over the data-parallel ranks at every save. Default (Megatron-LM's): each rank writes its "
+        "own shard in parallel, loadable under another DP only.",
+    )
+    distrib_optim_fully_reshardable_mem_efficient: bool = opt(
+        False, "With --dist-ckpt-optim-fully-reshardable: gather on one rank over gloo (less memory, slower)."
+    )
+    override_opt_param_scheduler: bool = opt(
+        False,
+        "On --load, take the learning-rate schedule from this run's flags, not from the checkpoint.",
+        flag="--override-opt_param-scheduler",
+        aliases=["--override-opt-param-scheduler"],
+    )
+    use_checkpoint_opt_param_scheduler: bool = opt(
+        False,
+        "On --load, keep the checkpoint's learning-rate schedule whatever this run's flags say. Without "
+        "either flag a schedule that differs from the checkpoint's is an error.",
+        flag="--use-checkpoint-opt_param-scheduler",
+        aliases=["--use-checkpoint-opt-param-scheduler"],
+    )
+    no_checkpoint_checksums: bool = opt(
+        False, "Do not compute (on save) or verify (on load) the CRC-32 of every checkpoint file."
+    )
     no_load_rng: bool = opt(False, "Do not load RNG state from --load.")
     finetune: bool = opt(False, "Load only the model from --load and start at iteration 0.")
     tensorboard_dir: str | None = opt(None, "Write TensorBoard scalars here.")
@@ -351,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
                     kwargs["nargs"] = "+"
                 if f.metadata.get("choices"):
                     kwargs["choices"] = f.metadata["choices"]
-            group.add_argument(flag, **kwargs)
+            group.add_argument(flag, *f.metadata.get("aliases", ()), **kwargs)
     return parser
 
 
@@ -393,6 +428,18 @@ def make_config(*, world_size: int | None = None, **groups: dict[str, Any]) -> T
         raise ConfigError(str(exc)) from exc
     if run.train_iters < 0:
         raise ConfigError(f"--train-iters must be >= 0, got {run.train_iters}")
+    if run.log_interval < 1:
+        raise ConfigError(f"--log-interval must be >= 1, got {run.log_interval}")
+    if run.override_opt_param_scheduler and run.use_checkpoint_opt_param_scheduler:
+        raise ConfigError(
+            "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler contradict each other; give one"
+        )
+    if run.distrib_optim_fully_reshardable_mem_efficient and not run.dist_ckpt_optim_fully_reshardable:
+        raise ConfigError(
+            "--distrib-optim-fully-reshardable-mem-efficient only applies with --dist-ckpt-optim-fully-reshardable"
+        )
+    if run.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("--tensorboard-dir needs the tensorboard package: pip install tensorboard")
     if optim.lr_decay_iters is None:
         optim = dataclasses.replace(optim, lr_decay_iters=run.train_iters)
     decay = max(optim.lr_decay_iters or 0, 1)

@@ -10,10 +10,16 @@ sharding metadata, and the optimizer in the ``fully_reshardable``
 format, so a checkpoint written under one TP/PP/VP/DP loads under another.
 The tracker file is written last, atomically, by rank 0 after every rank has
 finished: a directory without a tracker entry is never taken as the latest.
-Before the tracker, every file of the checkpoint gets a CRC-32 in
-``checksums.json`` (the ranks share the hashing); loading verifies them, so a
-shard damaged after the save (same size, other bytes) is an error naming the
-file rather than silently wrong weights.
+Before the tracker, ``checksums.json`` marks the directory complete and holds
+a CRC-32 of every file (the ranks share the hashing; ``--no-checkpoint-checksums``
+skips it); loading verifies them, so a shard damaged after the save (same size,
+other bytes) is an error naming the file rather than silently wrong weights.
+
+The distributed optimizer's state is saved as Megatron-LM does: by default
+each rank writes its own shard (``dp_reshardable``: parallel, loadable under
+another DP only); ``--dist-ckpt-optim-fully-reshardable`` saves it per
+parameter (``fully_reshardable``: loadable under any layout, gathered over DP
+at every save). The regular optimizer's state is always per parameter.
 """
 
 from __future__ import annotations
@@ -31,16 +37,16 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_ext.arguments import TrainingConfig
+from megatron_ext.model import unwrap
 
 log = logging.getLogger(__name__)
 
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 CHECKSUMS_FILENAME = "checksums.json"
-# "fully_reshardable": the distributed optimizer saves the canonical per-parameter
-# state (as the regular optimizer does), so any TP/PP/DP can load it.
-_OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+"""Written after every file of a save, before the tracker: the directory is complete."""
 
 
 class CheckpointError(RuntimeError):
@@ -101,19 +107,26 @@ def _my_share(names: list[str]) -> list[str]:
     return names[dist.get_rank() :: dist.get_world_size()]
 
 
-def _write_checksums(path: Path) -> None:
-    """CRC-32 of every file of a finished save, hashed by all ranks (a collective)."""
-    listing: list[Any] = [None]
-    if dist.get_rank() == 0:
-        listing[0] = sorted(f.name for f in path.iterdir() if f.is_file() and f.name != CHECKSUMS_FILENAME)
-    dist.broadcast_object_list(listing, src=0)
-    mine = {name: _crc32(path / name) for name in _my_share(listing[0])}
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    if dist.get_rank() == 0:
+def _write_checksums(path: Path, *, enabled: bool) -> None:
+    """Mark a finished save complete, with the CRC-32 of every file hashed by all ranks (a collective)."""
+    merged: dict[str, str] | None = None
+    if enabled:
+        listing: list[Any] = [None]
+        if dist.get_rank() == 0:
+            listing[0] = sorted(f.name for f in path.iterdir() if f.is_file() and f.name != CHECKSUMS_FILENAME)
+        dist.broadcast_object_list(listing, src=0)
+        mine = {name: _crc32(path / name) for name in _my_share(listing[0])}
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
         merged = {name: crc for part in gathered for name, crc in part.items()}
+    if dist.get_rank() == 0:
         _write_atomically(path / CHECKSUMS_FILENAME, json.dumps({"crc32": merged}, indent=1, sort_keys=True))
     dist.barrier()
+
+
+def is_complete(path: Path) -> bool:
+    """Whether a checkpoint directory's save finished (its manifest exists)."""
+    return (path / CHECKSUMS_FILENAME).is_file()
 
 
 def _verify_checksums(path: Path) -> None:
@@ -123,9 +136,12 @@ def _verify_checksums(path: Path) -> None:
         log.warning("%s has no %s (saved by an older version): files are not verified", path, CHECKSUMS_FILENAME)
         return
     try:
-        expected: dict[str, str] = json.loads(manifest.read_text())["crc32"]
+        expected: dict[str, str] | None = json.loads(manifest.read_text())["crc32"]
     except (ValueError, KeyError) as exc:
         raise CheckpointError(f"{manifest} is damaged ({exc}); resume from an earlier checkpoint") from exc
+    if expected is None:
+        log.info("%s was saved with --no-checkpoint-checksums: files are not verified", path)
+        return
     problems = []
     for name in _my_share(sorted(expected)):
         file = path / name
@@ -147,7 +163,7 @@ def _model_key(index: int, count: int) -> str:
 def _model_sharded_state_dict(chunks: list[torch.nn.Module]) -> dict[str, Any]:
     # From the unwrapped modules: keys without the DDP wrapper's "module." prefix,
     # as Megatron-LM writes them.
-    return {_model_key(i, len(chunks)): getattr(c, "module", c).sharded_state_dict() for i, c in enumerate(chunks)}
+    return {_model_key(i, len(chunks)): unwrap(c).sharded_state_dict() for i, c in enumerate(chunks)}
 
 
 def _rng_sharded_object(cfg: TrainingConfig) -> Any:
@@ -188,9 +204,11 @@ def _prepare_distributed_optimizer_for_load(optimizer: Any) -> None:
     * ``state_dict()`` reads the per-parameter ``step``, which torch's Adam
       creates only at its first step: give a fresh optimizer placeholder state
       (overwritten by the loaded values);
-    * loading the ``fully_reshardable`` format copies every state entry,
-      ``step`` included, from the checkpoint's per-parameter tensors, which do
-      not hold ``step`` (it travels in the param groups): copy around it;
+    * loading copies every state entry, ``step`` included, from the
+      checkpoint's per-parameter tensors, which either lack ``step``
+      (``fully_reshardable``: it travels in the param groups) or hold the
+      placeholder's (``dp_reshardable`` keeps it as a local, unsaved object):
+      copy around it and keep the step restored from the param groups;
     * ``load_state_dict`` gives every parameter the *same* ``step`` tensor,
       which torch's Adam then increments once per parameter at each step
       (wrong bias correction from the first step after resuming): see
@@ -219,7 +237,10 @@ def _prepare_distributed_optimizer_for_load(optimizer: Any) -> None:
         def set_states(model_param: Any, tensors: dict[str, Any], *, _opt: Any = opt, _orig: Any = original) -> None:
             group_index, group_order = _opt.model_param_group_index_map[model_param]
             state = _opt.optimizer.state[_opt.optimizer.param_groups[group_index]["params"][group_order]]
-            step = state.pop("step", None) if "step" not in tensors else None
+            # The step was restored from the param groups; a per-parameter "step" in
+            # ``tensors`` is the placeholder's (dp_reshardable keeps it local, unsaved).
+            tensors = {key: value for key, value in tensors.items() if key != "step"}
+            step = state.pop("step", None)
             try:
                 _orig(model_param, tensors)
             finally:
@@ -265,19 +286,24 @@ def _check_files(path: Path) -> dict[str, Any]:
 
 
 def _check_shapes(path: Path, model_sd: dict[str, Any], saved: dict[str, Any]) -> None:
-    """Every model tensor must exist in the checkpoint with the same global shape."""
+    """Every model tensor must exist in the checkpoint with the same global shape.
+
+    The vocabulary tensors may differ in their first (padded vocabulary) dimension
+    only: the padding depends on TP. The vocabulary itself is checked apart.
+    """
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
     problems = []
     for item in nested_values(model_sd):
-        if not isinstance(item, ShardedTensor) or item.allow_shape_mismatch:
+        if not isinstance(item, ShardedTensor):
             continue
         if item.key not in saved:
             problems.append(f"{item.key}: not in the checkpoint")
             continue
         want, have = tuple(item.global_shape), tuple(saved[item.key].global_shape)
-        if want != have:
+        compared = (want[1:], have[1:]) if item.allow_shape_mismatch else (want, have)
+        if compared[0] != compared[1]:
             problems.append(f"{item.key}: checkpoint has shape {have}, this model needs {want}")
     if problems:
         shown = sorted(set(problems))
@@ -289,6 +315,33 @@ def _check_shapes(path: Path, model_sd: dict[str, Any], saved: dict[str, Any]) -
             + "\n(check --num-layers, --hidden-size, --ffn-hidden-size, heads/groups, --swiglu, "
             "--untie-embeddings-and-output-weights and --position-embedding-type against the saved run)"
         )
+
+
+def _optimizer_metadata(cfg: TrainingConfig) -> dict[str, Any]:
+    """Megatron-Core's sharded-state-dict metadata for the optimizer format chosen by the flags."""
+    run = cfg.run
+    return {
+        "distrib_optim_sharding_type": "fully_reshardable"
+        if run.dist_ckpt_optim_fully_reshardable
+        else "dp_reshardable",
+        "distrib_optim_fully_reshardable_mem_efficient": run.distrib_optim_fully_reshardable_mem_efficient,
+    }
+
+
+def _optimizer_has_state(optimizer: Any, *, device: torch.device) -> bool:
+    """Whether every rank's optimizer has taken a step (torch's Adam creates its state then).
+
+    A rank whose shard holds no parameters has nothing to wait for.
+    """
+    mine = all(
+        bool(opt.optimizer.state.get(param))
+        for opt in getattr(optimizer, "chained_optimizers", [optimizer])
+        for group in opt.optimizer.param_groups
+        for param in group["params"]
+    )
+    flag = torch.tensor([1 if mine else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def _layout_record(cfg: TrainingConfig) -> dict[str, int]:
@@ -312,13 +365,41 @@ def _iteration_dirs(root: Path) -> dict[int, Path]:
 
 
 def _remove_incomplete(root: Path, *, also: Path) -> None:
-    """Delete directories of saves that never completed: newer than the tracker
-    (a save killed before its tracker update) and the one about to be written."""
-    latest = read_tracker(root)
-    for iteration, path in _iteration_dirs(root).items():
-        if path == also or latest is None or iteration > latest:
+    """Delete directories of saves that never completed (killed before their
+    manifest was written), and whatever is in the way of the one about to be
+    written: a complete one there belongs to a run that went further than the
+    one resumed (its tracker was rolled back)."""
+    for path in _iteration_dirs(root).values():
+        if not is_complete(path):
             log.warning("removing incomplete checkpoint %s", path)
             shutil.rmtree(path)
+        elif path == also:
+            log.warning("replacing checkpoint %s, left by a run that went further than this one", path)
+            shutil.rmtree(path)
+
+
+def check_save_directory(root: str | Path, *, start_iteration: int, announce: bool = True) -> None:
+    """Refuse a --save directory whose checkpoints this run would overwrite.
+
+    A run continues from ``start_iteration``; a tracker beyond it means the
+    directory holds a further run (e.g. ``--finetune`` into the pretraining
+    directory), whose checkpoints would be replaced as this one reaches them.
+    """
+    latest = read_tracker(root)
+    if latest is not None and latest > start_iteration:
+        raise CheckpointError(
+            f"--save {root} already holds checkpoints up to iteration {latest}, beyond this run's start "
+            f"({start_iteration}); saving there would replace them. Use another --save directory, or "
+            f"--load {root} to continue that run"
+        )
+    newer = sorted(i for i, p in _iteration_dirs(Path(root)).items() if i > start_iteration and is_complete(p))
+    if newer and announce:
+        log.warning(
+            "--save %s holds complete checkpoints beyond iteration %d (%s): they are replaced as training reaches them",
+            root,
+            start_iteration,
+            ", ".join(map(str, newer)),
+        )
 
 
 def _prune(root: Path, *, keep: int) -> None:
@@ -326,7 +407,7 @@ def _prune(root: Path, *, keep: int) -> None:
     latest = read_tracker(root)
     if latest is None:
         return
-    complete = sorted(i for i in _iteration_dirs(root) if i <= latest)
+    complete = sorted(i for i, path in _iteration_dirs(root).items() if i <= latest and is_complete(path))
     for iteration in complete[:-keep]:
         shutil.rmtree(checkpoint_dir(root, iteration))
         log.info("removed old checkpoint %s (--keep-last-checkpoints %d)", checkpoint_dir(root, iteration), keep)
@@ -361,34 +442,36 @@ def save_checkpoint(
 
     model_sd = _model_sharded_state_dict(chunks)
     state: dict[str, Any] = dict(model_sd)
-    # Before the first step the optimizer has no state yet (a seed checkpoint).
-    has_optimizer = iteration > 0
+    metadata = _optimizer_metadata(cfg)
+    # No optimizer state before the first successful step: a seed checkpoint, or
+    # a run whose steps were all skipped (non-finite losses, fp16 overflows).
+    has_optimizer = _optimizer_has_state(optimizer, device=next(chunks[0].parameters()).device)
     if has_optimizer:
-        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False, metadata=_OPTIM_METADATA)
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False, metadata=metadata)
     state["has_optimizer_state"] = has_optimizer
+    state["optimizer_format"] = metadata["distrib_optim_sharding_type"]
     state["opt_param_scheduler"] = scheduler.state_dict()
     state["rng_state"] = _rng_sharded_object(cfg)
     state["iteration"] = iteration
     state["consumed_samples"] = consumed_samples
     state["layout"] = _layout_record(cfg)
+    state["vocab_size"] = cfg.vocab_size
     state["checkpoint_version"] = 3.0
 
     def publish() -> None:
         # Runs on every rank once all files are written (also for async saves).
-        _write_checksums(target)
+        _write_checksums(target, enabled=not cfg.run.no_checkpoint_checksums)
         if dist.get_rank() == 0:
             _write_tracker(root, iteration)
             if cfg.run.keep_last_checkpoints > 0:
                 _prune(root, keep=cfg.run.keep_last_checkpoints)
 
     if async_queue is not None:
-        request = dist_checkpointing.save(
-            state, str(target), content_metadata=dict(_OPTIM_METADATA), async_sharded_save=True
-        )
+        request = dist_checkpointing.save(state, str(target), content_metadata=metadata, async_sharded_save=True)
         request.add_finalize_fn(publish)
         async_queue.schedule_async_request(request)
         return target
-    dist_checkpointing.save(state, str(target), content_metadata=dict(_OPTIM_METADATA))
+    dist_checkpointing.save(state, str(target), content_metadata=metadata)
     dist.barrier()
     publish()
     dist.barrier()
@@ -422,12 +505,19 @@ def load_checkpoint(
         raise CheckpointError(f"{root}/{TRACKER_FILENAME} names iteration {iteration} but {path} does not exist")
 
     saved_tensors = _check_files(path)
-    _verify_checksums(path)
+    if not run.no_checkpoint_checksums:
+        _verify_checksums(path)
     try:
         common = dist_checkpointing.load_common_state_dict(str(path))
     except Exception as exc:
         raise CheckpointError(f"{path}/common.pt cannot be read ({type(exc).__name__}: {exc})") from exc
     saved_layout = common.get("layout", {})
+    saved_vocab = common.get("vocab_size")
+    if saved_vocab is not None and saved_vocab != cfg.vocab_size:
+        raise CheckpointError(
+            f"{path} was trained with a vocabulary of {saved_vocab:,} tokens and this run's tokenizer has "
+            f"{cfg.vocab_size:,}; use the tokenizer (or --vocab-size) of the saved run"
+        )
     model_sd = _model_sharded_state_dict(chunks)
     request: dict[str, Any] = dict(model_sd)
     load_optim = not (run.no_load_optim or run.finetune) and bool(common.get("has_optimizer_state", True))
@@ -441,9 +531,22 @@ def load_checkpoint(
             f"{'with' if cfg.layout.use_distributed_optimizer else 'without'} it; use the same setting, "
             "or pass --no-load-optim to load only the model"
         )
+    saved_format = common.get("optimizer_format", "fully_reshardable")
+    if load_optim and cfg.layout.use_distributed_optimizer and saved_format == "dp_reshardable":
+        changed = [k for k in ("tp", "pp", "vp") if saved_layout.get(k) != getattr(cfg.layout, k)]
+        if changed:
+            was = " × ".join(f"{k.upper()} {saved_layout.get(k)}" for k in changed)
+            now = " × ".join(f"{k.upper()} {getattr(cfg.layout, k)}" for k in changed)
+            raise CheckpointError(
+                f"{path}: its distributed-optimizer state was saved per rank (loadable under another DP only) "
+                f"with {was}, and this run has {now}. Resume once with the saved layout and "
+                "--dist-ckpt-optim-fully-reshardable, or pass --no-load-optim to load only the model"
+            )
     if load_optim:
         _prepare_distributed_optimizer_for_load(optimizer)
-        request["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=_OPTIM_METADATA)
+        request["optimizer"] = optimizer.sharded_state_dict(
+            model_sd, is_loading=True, metadata={"distrib_optim_sharding_type": saved_format}
+        )
     same_grid = saved_layout.get("tp") == cfg.layout.tp and saved_layout.get("pp") == cfg.layout.pp
     load_rng = not (run.no_load_rng or run.finetune) and same_grid
     if not load_rng and not (run.no_load_rng or run.finetune):
@@ -454,17 +557,26 @@ def load_checkpoint(
     _check_shapes(path, model_sd, saved_tensors)
     try:
         loaded = dist_checkpointing.load(request, str(path))
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
         raise CheckpointError(
             f"{path} could not be loaded ({type(exc).__name__}: {str(exc)[:2000]}); "
             "if its files are damaged, resume from an earlier checkpoint"
         ) from exc
     for i, chunk in enumerate(chunks):
-        getattr(chunk, "module", chunk).load_state_dict(loaded[_model_key(i, len(chunks))])
+        unwrap(chunk).load_state_dict(loaded[_model_key(i, len(chunks))])
     if load_optim:
-        optimizer.load_state_dict(loaded["optimizer"])
+        # Copies into main parameters that require grad (fp32 training): not a graph operation.
+        with torch.no_grad():
+            optimizer.load_state_dict(loaded["optimizer"])
         _unshare_adam_steps(optimizer)
-        scheduler.load_state_dict(common["opt_param_scheduler"])
+        try:
+            scheduler.load_state_dict(common["opt_param_scheduler"])
+        except AssertionError as exc:
+            raise CheckpointError(
+                f"{path}: the learning-rate schedule differs from the checkpoint's ({exc}); pass "
+                "--override-opt_param-scheduler to use this run's flags or --use-checkpoint-opt_param-scheduler "
+                "to keep the checkpoint's"
+            ) from exc
     if load_rng:
         _restore_rng(loaded["rng_state"])
     if run.finetune:

@@ -153,7 +153,8 @@ def make_iterator(
             dataset,
             batch_sampler=sampler,
             num_workers=cfg.data.num_workers,
-            pin_memory=False,
+            # Page-locked batches make the forward step's non_blocking copies asynchronous.
+            pin_memory=cfg.run.device != "cpu" and torch.cuda.is_available(),
             persistent_workers=cfg.data.num_workers > 0,
             # Its own generator: creating an iterator draws a worker seed, which
             # from the global RNG would shift dropout after a resume.

@@ -80,15 +80,20 @@ def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> Transfo
         bias_activation_fusion=on_gpu
         and (not m.no_bias_swiglu_fusion if m.swiglu else not (m.no_bias_gelu_fusion or m.disable_bias_linear)),
         bias_dropout_fusion=on_gpu and not m.no_bias_dropout_fusion,
-        masked_softmax_fusion=on_gpu,
+        # Megatron-Core's own attention softmax kernels come with apex; without them
+        # the fused path raises instead of falling back.
+        masked_softmax_fusion=on_gpu and _has_softmax_kernels(),
         cross_entropy_loss_fusion=on_gpu and m.cross_entropy_loss_fusion,
         cross_entropy_fusion_impl="native",
         # With TE, Megatron-Core turns this into TE's backend switches; the local
         # spec's SDPA kernel choice is made in layer_spec().
         attention_backend=AttnBackend[m.attention_backend] if te else AttnBackend.local,
-        apply_rope_fusion=False,
+        # TE's fused rope and its weight-gradient GEMM accumulating into the fp32
+        # main_grad buffer; the local spec's versions need apex's CUDA extensions.
+        apply_rope_fusion=te and m.position_embedding_type == "rope",
         persist_layer_norm=False,
-        gradient_accumulation_fusion=False,
+        gradient_accumulation_fusion=te
+        or (on_gpu and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None),
         # Frees a stage's output right after its (asynchronous) send. Safe with
         # NCCL's stream ordering; gloo reads the buffer later from its own thread,
         # so on CPU the output must live until the send completes.
@@ -99,8 +104,14 @@ def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> Transfo
     )
 
 
+def _has_softmax_kernels() -> bool:
+    return all(
+        importlib.util.find_spec(name) is not None
+        for name in ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda", "scaled_softmax_cuda")
+    )
+
+
 def layer_spec(cfg: TrainingConfig, device: torch.device):  # -> ModuleSpec
-    from megatron.core.models.backends import HAVE_APEX
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
@@ -119,11 +130,10 @@ def layer_spec(cfg: TrainingConfig, device: torch.device):  # -> ModuleSpec
         spec.submodules.self_attention.submodules.core_attention = functools.partial(
             SDPAttention, kernels=sdpa_kernels(backend)
         )
-    if HAVE_APEX:
-        return spec
-    # Without apex Megatron-Core's torch norms refuse sequence parallelism; ours
-    # mark their weights for the TP gradient sum. The final norm is the block's,
-    # so the block is spelled out (same number of layers per model chunk).
+    # PyTorch's norms (fused kernels on GPU), marked for the TP gradient sum of
+    # sequence parallelism, whether or not apex is installed: Megatron-Core's
+    # fallbacks refuse sequence parallelism (torch) or RMSNorm (apex). The final
+    # norm is the block's, so the block is spelled out (same layers per chunk).
     spec.submodules.input_layernorm = TorchNorm
     spec.submodules.pre_mlp_layernorm = TorchNorm
     return TransformerBlockSubmodules(layer_specs=[spec] * cfg.layout.layers_per_virtual_stage, layer_norm=TorchNorm)
@@ -136,6 +146,7 @@ def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: 
     """One model chunk per virtual stage of this pipeline rank, wrapped in Megatron DDP."""
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.transformer.module import Float16Module
 
     layout = cfg.layout
     chunks = []
@@ -147,6 +158,10 @@ def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: 
             vp_stage=vp_arg,
         )
         chunk.to(device)
+        if cfg.optim.bf16 or cfg.optim.fp16:
+            # As Megatron-LM: every parameter in half precision (the optimizer keeps
+            # fp32 main copies), half-precision inputs, fp32 outputs on the last stage.
+            chunk = Float16Module(chunk.config, chunk)
         chunks.append(chunk)
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=cfg.optim.bf16 or cfg.optim.fp16,
@@ -165,6 +180,13 @@ def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: 
         )
         for index, chunk in enumerate(chunks)
     ]
+
+
+def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside the DDP (and Float16Module) wrappers."""
+    from megatron.core.utils import unwrap_model
+
+    return unwrap_model(chunk)
 
 
 def count_parameters(chunks: list[torch.nn.Module]) -> int:

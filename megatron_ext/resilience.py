@@ -17,7 +17,8 @@ Exit codes of ``pretrain_gpt.py`` (kept through ``python -m megatron_ext.launch`
 3       a checkpoint could not be used (missing, corrupted, wrong shape)
 4       too many consecutive non-finite losses (``--max-consecutive-skipped``)
 75      stopped early with a checkpoint saved (signal, time limit, exit
-        interval): run the same command again to continue (EX_TEMPFAIL)
+        interval): run the same command again to continue (EX_TEMPFAIL);
+        without ``--save`` such a stop exits 0 (nothing to continue from)
 143     (launcher only) SIGTERM reached torchrun, which shut the workers
         down; with ``--exit-signal-handler`` they saved if they could
 ======  ==================================================================

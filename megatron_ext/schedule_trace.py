@@ -53,7 +53,9 @@ class ScheduleRecorder:
                 return forward_step(data_iterator, model)
             from megatron.core import parallel_state
 
-            chunk = getattr(model, "module", model)
+            from megatron_ext.model import unwrap
+
+            chunk = unwrap(model)
             index = int(chunk.vp_stage or 0)
             microbatch = int(chunk.decoder.layers[0].current_microbatch)
             if self.pipeline_rank is None:

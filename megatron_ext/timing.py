@@ -93,6 +93,8 @@ class BubbleReport:
             "bubble_measured_per_rank": list(self.per_rank),
             "bubble_idle_share_per_rank": list(self.idle_share_per_rank),
             "bubble_predicted_share": self.predicted_share,
+            "bubble_compute_s": list(self.compute_s),
+            "bubble_pipeline_s": list(self.pipeline_s),
         }
 
     def describe(self) -> str:

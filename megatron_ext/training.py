@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -27,7 +28,7 @@ from megatron_ext.data import Datasets, chunk_iterators
 from megatron_ext.flops import flops_per_step, peak_flops_for
 from megatron_ext.layout import LayoutError
 from megatron_ext.metrics import MetricsWriter
-from megatron_ext.model import build_model_chunks, count_parameters
+from megatron_ext.model import build_model_chunks, count_parameters, unwrap
 
 log = logging.getLogger("megatron_ext")
 
@@ -56,7 +57,9 @@ def pretrain(
     argv: Sequence[str] | None = None,
 ) -> int:
     """Entry point of ``pretrain_gpt.py``; returns the process exit code."""
-    rank = int(__import__("os").environ.get("RANK", "0"))
+    # --exit-duration-in-mins counts from here: start-up and loading use the job's time too.
+    started = time.monotonic()
+    rank = int(os.environ.get("RANK", "0"))
     _configure_logging(rank)
     try:
         cfg = parse_args(argv)
@@ -88,7 +91,7 @@ def pretrain(
             forward_step=forward_step,
             datasets_provider=datasets_provider,
         )
-        return trainer.train(signal_flag=signal_flag)
+        return trainer.train(signal_flag=signal_flag, started=started)
     except checkpointing.CheckpointError as exc:
         log.error("checkpoint error: %s", exc)
         return resilience.EXIT_CHECKPOINT
@@ -105,8 +108,37 @@ class StepResult:
     """Token-mean loss over the global batch (NaN when not finite)."""
     grad_norm: float | None
     skipped: bool
+    """No update: a non-finite loss, or (fp16) gradients overflowed at this loss scale."""
     lr: float
     """Learning rate this step used."""
+
+    @property
+    def non_finite(self) -> bool:
+        return not math.isfinite(self.loss)
+
+
+@dataclass
+class LogWindow:
+    """The iterations since the last logged one (Megatron-LM averages the loss over them)."""
+
+    iterations: int = 0
+    seconds: float = 0.0
+    """Training-step time only (evaluation and saving are timed apart)."""
+    loss_sum: float = 0.0
+    finite_losses: int = 0
+    skipped: int = 0
+
+    def add(self, result: StepResult, seconds: float) -> None:
+        self.iterations += 1
+        self.seconds += seconds
+        self.skipped += int(result.skipped)
+        if not result.non_finite:
+            self.loss_sum += result.loss
+            self.finite_losses += 1
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.finite_losses if self.finite_losses else math.nan
 
 
 class Trainer:
@@ -170,9 +202,14 @@ class Trainer:
             lr_decay_style=o.lr_decay_style,
             start_wd=o.weight_decay,
             end_wd=o.weight_decay,
-            wd_incr_steps=max(cfg.run.train_iters, 1) * gbs,
+            # Weight decay is constant here: its increment length only has to be
+            # valid, and tying it to the decay keeps --train-iters free to grow.
+            wd_incr_steps=max(o.lr_decay_iters or 0, 1) * gbs,
             wd_incr_style="constant",
-            use_checkpoint_opt_param_scheduler=True,
+            # Megatron-LM's semantics: a schedule that differs from the checkpoint's
+            # is an error unless one of the two flags says which wins.
+            use_checkpoint_opt_param_scheduler=cfg.run.use_checkpoint_opt_param_scheduler,
+            override_opt_param_scheduler=cfg.run.override_opt_param_scheduler,
         )
 
         config = get_model_config(self.chunks[0])
@@ -208,6 +245,8 @@ class Trainer:
             self.iteration, self.consumed_samples = state.iteration, state.consumed_samples
             if state.path is not None:
                 log.info("loaded checkpoint %s (iteration %d)", state.path, state.iteration)
+        if cfg.run.save:
+            checkpointing.check_save_directory(cfg.run.save, start_iteration=self.iteration, announce=ctx.rank == 0)
 
         self.datasets = datasets_provider(cfg)
         self.needs_data = [self._unwrapped(c).pre_process or self._unwrapped(c).post_process for c in self.chunks]
@@ -234,7 +273,7 @@ class Trainer:
     # ------------------------------------------------------------------ utils
     @staticmethod
     def _unwrapped(chunk: torch.nn.Module) -> Any:
-        return getattr(chunk, "module", chunk)
+        return unwrap(chunk)
 
     def _log_start(self) -> None:
         if self.ctx.rank == 0:
@@ -360,14 +399,28 @@ class Trainer:
             log.info("%s checkpoint %s", "writing in the background" if self.async_queue else "saved", path)
 
     # ------------------------------------------------------------------- loop
-    def train(self, *, signal_flag: resilience.SignalFlag | None = None) -> int:
-        """Train to --train-iters (exit code 0) or until told to stop early (75)."""
+    def train(self, *, signal_flag: resilience.SignalFlag | None = None, started: float | None = None) -> int:
+        """Train to --train-iters (exit code 0) or until told to stop early (75, with a checkpoint).
+
+        ``started`` (``time.monotonic()``) is when the process started, for
+        ``--exit-duration-in-mins``; default now.
+        """
+        try:
+            return self._train(signal_flag=signal_flag, started=started)
+        except resilience.NonFiniteLossError:
+            # Every rank raises at the same iteration: a save still in flight is
+            # from before the trouble and worth keeping.
+            self.finish_async_saves()
+            raise
+
+    def _train(self, *, signal_flag: resilience.SignalFlag | None, started: float | None) -> int:
         cfg, run = self.cfg, self.cfg.run
         stop_policy = resilience.StopPolicy(
             exit_interval=run.exit_interval,
             exit_duration_minutes=run.exit_duration_in_mins,
             signal_flag=signal_flag,
             device=self.ctx.device,
+            start_time=started,
         )
         stop: resilience.StopReason | None = None
         consecutive_skipped = 0
@@ -375,33 +428,34 @@ class Trainer:
         tokens_per_step = gbs * cfg.model.seq_length
         data_iterator = self._iterators(self.datasets.train, self.consumed_samples)
         last_saved = self.iteration if run.load else None
-        # Throughput counts training steps only: evaluation and saving are timed apart.
-        step_seconds = 0.0
-        window_iters = 0
+        window = LogWindow()
         if self.ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         while self.iteration < run.train_iters:
             start = time.perf_counter()
             result = self.train_step(data_iterator)
-            step_seconds += time.perf_counter() - start
+            window.add(result, time.perf_counter() - start)
             self.iteration += 1
             self.consumed_samples += gbs
-            window_iters += 1
-            if result.skipped:
-                self.skipped_iterations += 1
+            self.skipped_iterations += int(result.skipped)
+            # fp16 overflows are the loss scaler searching downwards; they count
+            # against the run only once the scale cannot go lower.
+            if result.non_finite or (result.skipped and self._loss_scale_at_minimum()):
                 consecutive_skipped += 1
             else:
                 consecutive_skipped = 0
             if self.iteration % run.log_interval == 0 or self.iteration == run.train_iters:
-                per_rank = self.timers.collect()
-                self._log_iteration(result, step_seconds / window_iters, tokens_per_step, per_rank, window_iters)
-                step_seconds, window_iters = 0.0, 0
+                self._log_iteration(
+                    result=result, window=window, tokens_per_step=tokens_per_step, per_rank_timers=self.timers.collect()
+                )
+                window = LogWindow()
             if run.eval_iters > 0 and run.eval_interval > 0 and self.iteration % run.eval_interval == 0:
                 self._log_eval(self.evaluate("valid"))
             if consecutive_skipped > run.max_consecutive_skipped:
                 raise resilience.NonFiniteLossError(
                     f"{consecutive_skipped} consecutive iterations (up to {self.iteration}) had a non-finite "
-                    f"loss or overflowed; stopping instead of training on garbage (--max-consecutive-skipped "
+                    f"loss or overflowed at the minimum loss scale; stopping instead of training on garbage "
+                    f"(--max-consecutive-skipped "
                     f"{run.max_consecutive_skipped}). Lower --lr, check the data, or resume from an earlier "
                     "checkpoint."
                 )
@@ -426,16 +480,19 @@ class Trainer:
         self.finish_async_saves()
         self.metrics.close()
         if stop is not None:
+            # 75 promises a checkpoint to continue from; without --save there is none,
+            # and a requeue would start over.
+            code = resilience.EXIT_SAVED_AND_STOPPED if run.save else resilience.EXIT_OK
             if self.ctx.is_logging_rank:
-                saved = f"checkpoint of iteration {self.iteration} saved" if run.save else "nothing saved (no --save)"
-                log.info(
-                    "stopping early at iteration %d: %s; %s; exit code %d (run again to continue)",
-                    self.iteration,
-                    stop.message,
-                    saved,
-                    resilience.EXIT_SAVED_AND_STOPPED,
+                saved = (
+                    f"checkpoint of iteration {self.iteration} saved (run again to continue)"
+                    if run.save
+                    else "nothing saved (no --save)"
                 )
-            return resilience.EXIT_SAVED_AND_STOPPED
+                log.info(
+                    "stopping early at iteration %d: %s; %s; exit code %d", self.iteration, stop.message, saved, code
+                )
+            return code
         if self.ctx.is_logging_rank:
             log.info("done: %d iterations, %d skipped", self.iteration, self.skipped_iterations)
         return resilience.EXIT_OK
@@ -451,26 +508,33 @@ class Trainer:
             log.info("%s", report.describe())
         self.metrics.write({"iteration": self.iteration, "run_summary": True, **report.as_record()})
 
+    def _loss_scale_at_minimum(self) -> bool:
+        scale = float(self.optimizer.get_loss_scale())
+        return scale <= self.optimizer.config.min_loss_scale
+
     def _log_iteration(
         self,
+        *,
         result: StepResult,
-        seconds: float,
+        window: LogWindow,
         tokens_per_step: int,
         per_rank_timers: list[dict[str, float]],
-        iterations: int,
     ) -> None:
+        """One line and one metrics record for the window; lr and grad norm are the last step's."""
         lr = result.lr
+        seconds = window.seconds / window.iterations
+        loss = window.mean_loss
         tflops = self.flops_per_step / seconds / self.ctx.world_size / 1e12
         record: dict[str, Any] = {
             "iteration": self.iteration,
             "consumed_samples": self.consumed_samples,
-            "lm_loss": result.loss,
+            "lm_loss": loss,
             "lr": lr,
             "grad_norm": result.grad_norm,
             "tokens_per_sec": tokens_per_step / seconds,
             "tflops_per_gpu": tflops,
             "elapsed_ms": seconds * 1000.0,
-            "skipped": result.skipped,
+            "skipped": window.skipped,
             "skipped_total": self.skipped_iterations,
         }
         if self.ctx.device.type == "cuda":
@@ -478,14 +542,14 @@ class Trainer:
             if self.peak_flops:
                 record["mfu"] = tflops * 1e12 / self.peak_flops
         if per_rank_timers:
-            record["time_ms"] = timing.breakdown_ms(per_rank_timers, iterations=iterations)
+            record["time_ms"] = timing.breakdown_ms(per_rank_timers, iterations=window.iterations)
             bubble = timing.measure_bubble(per_rank_timers, predicted=self.cfg.layout.bubble_fraction)
             if bubble is not None:
                 record.update(bubble.as_record())
         if self.ctx.is_logging_rank:
             parts = [
                 f"iteration {self.iteration:>6}/{self.cfg.run.train_iters}",
-                f"lm loss {result.loss:.6e}",
+                f"lm loss {loss:.6e}",
                 f"lr {lr:.3e}",
                 f"grad norm {result.grad_norm:.3f}" if result.grad_norm is not None else "grad norm -",
                 f"{record['tokens_per_sec']:,.0f} tokens/s",
@@ -496,8 +560,10 @@ class Trainer:
                 parts.append(f"MFU {record['mfu']:.1%}")
             if "peak_memory_gb" in record:
                 parts.append(f"peak mem {record['peak_memory_gb']:.1f} GiB")
-            if result.skipped:
-                parts.append(f"SKIPPED (non-finite loss or overflow; {self.skipped_iterations} so far)")
+            if window.skipped:
+                parts.append(
+                    f"skipped {window.skipped} (non-finite loss or fp16 overflow; {self.skipped_iterations} in all)"
+                )
             log.info(" | ".join(parts))
             if "time_ms" in record:
                 log.info("  time per iteration (ms, max over ranks): %s", _format_times(record["time_ms"]))

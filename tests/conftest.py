@@ -68,6 +68,12 @@ def train_losses(path: Path) -> dict[int, float]:
     return {r["iteration"]: r["lm_loss"] for r in read_metrics(path) if "lm_loss" in r}
 
 
+def grad_norms(path: Path) -> dict[int, float]:
+    """Per-iteration gradient norms: with Adam and clipping the loss barely notices a
+    wrongly scaled gradient (a DP sum instead of a mean), the norm does."""
+    return {r["iteration"]: r["grad_norm"] for r in read_metrics(path) if "lm_loss" in r}
+
+
 @pytest.fixture(scope="session")
 def seed_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Initial weights of the tiny GPT, saved once (TP1·PP1) and loaded by every layout."""
@@ -105,10 +111,38 @@ def train_from_seed(
 
 
 @pytest.fixture(scope="session")
-def baseline(seed_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
-    """Per-iteration losses of TP1·PP1·DP1 from the seed checkpoint."""
-    losses = train_from_seed(seed_checkpoint, tmp_path_factory.mktemp("baseline") / "m.jsonl", 1, [])
+def baseline_metrics(seed_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Metrics of TP1·PP1·DP1 trained from the seed checkpoint."""
+    metrics = tmp_path_factory.mktemp("baseline") / "m.jsonl"
+    losses = train_from_seed(seed_checkpoint, metrics, 1, [])
     assert sorted(losses) == list(range(1, ITERS + 1))
     # The mock data is learnable: the baseline itself must be training.
     assert losses[ITERS] < losses[1] - 0.1
-    return losses
+    return metrics
+
+
+@pytest.fixture(scope="session")
+def baseline(baseline_metrics: Path) -> dict[int, float]:
+    """Per-iteration losses of the baseline."""
+    return train_losses(baseline_metrics)
+
+
+@pytest.fixture(scope="session")
+def baseline_grad_norms(baseline_metrics: Path) -> dict[int, float]:
+    """Per-iteration gradient norms of the baseline."""
+    return grad_norms(baseline_metrics)
+
+
+def assert_matches_baseline(
+    metrics: Path, losses: dict[int, float], norms: dict[int, float], *, name: str, first: int = 1
+) -> None:
+    """Loss and gradient norm of every iteration from ``first`` to ITERS agree to REL_TOL."""
+    got_losses, got_norms = train_losses(metrics), grad_norms(metrics)
+    assert sorted(got_losses) == list(range(first, ITERS + 1)), f"{name}: iterations {sorted(got_losses)}"
+    for it in range(first, ITERS + 1):
+        assert got_losses[it] == pytest.approx(losses[it], rel=REL_TOL), (
+            f"{name}: iteration {it} loss {got_losses[it]!r} != baseline {losses[it]!r}"
+        )
+        assert got_norms[it] == pytest.approx(norms[it], rel=REL_TOL), (
+            f"{name}: iteration {it} grad norm {got_norms[it]!r} != baseline {norms[it]!r}"
+        )

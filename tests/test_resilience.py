@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_ext.checkpointing import TRACKER_FILENAME, read_tracker
+from megatron_ext.checkpointing import CHECKSUMS_FILENAME, TRACKER_FILENAME, read_tracker
 from megatron_ext.resilience import EXIT_CHECKPOINT, EXIT_NON_FINITE, EXIT_SAVED_AND_STOPPED
 from tests.conftest import REPO, TINY_MODEL, _env, launch_command, read_metrics, run_pretrain, train_losses
 
@@ -153,6 +153,7 @@ def test_kill_9_during_saves_leaves_a_loadable_checkpoint(tmp_path: Path, uninte
     partial = save / f"iter_{latest + 1:07d}"
     if not partial.exists():
         shutil.copytree(save / f"iter_{latest:07d}", partial)
+        (partial / CHECKSUMS_FILENAME).unlink()  # a killed save never wrote its manifest
         for shard in partial.glob("*.distcp"):
             shard.write_bytes(shard.read_bytes()[:100])
     _resume_and_compare(save, metrics, uninterrupted)
@@ -217,3 +218,62 @@ def test_repeated_non_finite_losses_stop_the_run(tmp_path: Path) -> None:
         expect=EXIT_NON_FINITE,
     )
     assert "3 consecutive iterations (up to 3) had a non-finite loss" in proc.stdout
+
+
+def test_vocabulary_mismatch_is_a_clear_error(tmp_path: Path) -> None:
+    save = _saved_run(tmp_path)
+    # The embedding's padded rows may differ with TP, so the shapes alone cannot tell.
+    args = [a if a != "255" else "300" for a in RUN]  # --vocab-size 255 -> 300 (both pad to 384)
+    proc = run_pretrain([*args, "--load", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    assert "was trained with a vocabulary of 256 tokens and this run's tokenizer has 301" in proc.stdout
+
+
+def test_learning_rate_schedule_change_needs_a_choice(tmp_path: Path, uninterrupted: dict[int, float]) -> None:
+    save = _saved_run(tmp_path)
+    longer = [a if a != "40" else "80" for a in RUN]  # --lr-decay-iters 40 -> 80 (and --train-iters)
+    proc = run_pretrain([*longer, "--load", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    assert "the learning-rate schedule differs from the checkpoint's" in proc.stdout
+    assert "--override-opt_param-scheduler" in proc.stdout
+
+    def first_resumed_lr(*flag: str) -> float:
+        metrics = tmp_path / f"lr{len(flag)}{flag[0][2:6] if flag else ''}.jsonl"
+        run_pretrain(
+            [*longer, "--train-iters", "4", "--load", str(save), *flag, "--metrics-file", str(metrics)], nproc=2
+        )
+        return read_metrics(metrics)[0]["lr"]
+
+    kept, overridden = (
+        first_resumed_lr("--use-checkpoint-opt_param-scheduler"),
+        first_resumed_lr("--override-opt-param-scheduler"),
+    )
+    assert overridden > kept  # decaying over 80 iterations instead of 40: a higher lr at iteration 4
+
+
+def test_finetuning_into_the_pretraining_directory_is_refused(tmp_path: Path) -> None:
+    save = _saved_run(tmp_path, "--save-interval", "1")
+    proc = run_pretrain([*RUN, "--finetune", "--load", str(save), "--save", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    assert f"--save {save} already holds checkpoints up to iteration 3" in proc.stdout
+    assert sorted(p.name for p in save.glob("iter_*")) == ["iter_0000001", "iter_0000002", "iter_0000003"]
+
+
+@pytest.mark.parametrize("optimizer", ["regular", "distributed"])
+def test_save_before_any_successful_step_is_loadable(optimizer: str, tmp_path: Path) -> None:
+    # Every loss is non-finite, so the optimizer never steps and has no state to save.
+    flags = [*TINY_MODEL, "--init-method-std", "1e30", "--max-consecutive-skipped", "10"]
+    if optimizer == "distributed":
+        flags.append("--use-distributed-optimizer")
+    save = tmp_path / "ckpt"
+    run_pretrain(
+        [*flags, "--train-iters", "4", "--save", str(save), "--exit-interval", "2"],
+        nproc=2,
+        expect=EXIT_SAVED_AND_STOPPED,
+    )
+    assert read_tracker(save) == 2
+    proc = run_pretrain([*flags, "--train-iters", "3", "--load", str(save)], nproc=2)
+    assert "loaded checkpoint" in proc.stdout
+
+
+def test_stopping_early_without_save_is_not_a_requeue(tmp_path: Path) -> None:
+    # 75 means "a checkpoint is there, run again": without --save it would loop from scratch.
+    proc = run_pretrain([*TINY_MODEL, "--train-iters", "4", "--exit-interval", "2"])
+    assert "stopping early at iteration 2" in proc.stdout and "nothing saved" in proc.stdout
