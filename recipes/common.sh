@@ -137,7 +137,8 @@ if ((in_job)); then
   fi
   NNODES="${allocated}"
   if [[ "${DEVICE}" != cpu && -n "${SLURM_GPUS_ON_NODE:-}" && "${SLURM_GPUS_ON_NODE}" != "${GPUS_PER_NODE}" ]]; then
-    log "warning: the allocation has ${SLURM_GPUS_ON_NODE} GPUs per node, GPUS_PER_NODE is ${GPUS_PER_NODE}"
+    # The layout was chosen for GPUS_PER_NODE: refuse now rather than fail after start-up.
+    die "the allocation has ${SLURM_GPUS_ON_NODE} GPUs per node and GPUS_PER_NODE is ${GPUS_PER_NODE}; set GPUS_PER_NODE=${SLURM_GPUS_ON_NODE} (and a layout that fits it) or ask sbatch for ${GPUS_PER_NODE}"
   fi
   : "${MASTER_PORT:=$((10000 + SLURM_JOB_ID % 50000))}"
   if [[ -z "${MASTER_ADDR:-}" ]]; then
@@ -250,7 +251,8 @@ srun_common=(srun --nodes "${NNODES}" --kill-on-bad-exit=0 --output "${job_log_d
   "${container[@]}" "${srun_extra[@]}")
 case "${LAUNCHER}" in
   torchrun)
-    job_launch=("${srun_common[@]}" --ntasks-per-node 1 --cpus-per-task "${cpus_on_node}"
+    # --ntasks explicitly: sbatch exports SLURM_NTASKS, which srun would otherwise obey.
+    job_launch=("${srun_common[@]}" --ntasks "${NNODES}" --ntasks-per-node 1 --cpus-per-task "${cpus_on_node}"
       "${node_task[@]}" "${PYTHON}" "${torchrun_args[@]}" "${pretrain[@]}")
     # shellcheck disable=SC2016  # shown as written: each task has its own value
     per_task=("${PYTHON}" -m megatron_ext.launch "${torchrun_args[@]}" --node-rank '$SLURM_NODEID' "${pretrain[@]}")
@@ -258,7 +260,8 @@ case "${LAUNCHER}" in
   srun)
     cpus_per_task=$((cpus_on_node / GPUS_PER_NODE))
     ((cpus_per_task >= 1)) || cpus_per_task=1
-    job_launch=("${srun_common[@]}" --ntasks-per-node "${GPUS_PER_NODE}" --cpus-per-task "${cpus_per_task}"
+    job_launch=("${srun_common[@]}" --ntasks "${WORLD_SIZE}" --ntasks-per-node "${GPUS_PER_NODE}"
+      --cpus-per-task "${cpus_per_task}"
       "${gpu_task[@]}" srun-task "${PYTHON}" "${pretrain[@]}")
     # shellcheck disable=SC2016  # shown as written: each task has its own value
     per_task=(RANK='$SLURM_PROCID' LOCAL_RANK='$SLURM_LOCALID' WORLD_SIZE='$SLURM_NTASKS' "${PYTHON}" "${pretrain[@]}")
@@ -374,9 +377,10 @@ validate 2>&1 | tee "${job_log_dir}/validation.txt"
 rc="${PIPESTATUS[0]}"
 ((rc == 0)) || exit "${rc}"
 
+tracker="${CHECKPOINT_DIR}/latest_checkpointed_iteration.txt"
+resumed_from="$(cat "${tracker}" 2>/dev/null || echo 0)"
 if ((in_job)) && [[ "${SLURM_RESTART_COUNT:-0}" != 0 ]]; then
-  tracker="${CHECKPOINT_DIR}/latest_checkpointed_iteration.txt"
-  log "restart ${SLURM_RESTART_COUNT} of job ${SLURM_JOB_ID}: resuming from iteration $(cat "${tracker}" 2>/dev/null || echo '0 (no checkpoint yet)') under ${CHECKPOINT_DIR}"
+  log "restart ${SLURM_RESTART_COUNT} of job ${SLURM_JOB_ID}: resuming from iteration ${resumed_from} under ${CHECKPOINT_DIR}"
 fi
 log "logs: ${job_log_dir}"
 
@@ -409,7 +413,12 @@ if ((in_job)); then
 fi
 
 if ((rc == EXIT_SAVED_AND_STOPPED)); then
-  if ((in_job)) && [[ "${REQUEUE}" == 1 ]]; then
+  saved_at="$(cat "${tracker}" 2>/dev/null || echo 0)"
+  if ((saved_at <= resumed_from)); then
+    # Requeueing would only wait in the queue to make no progress again.
+    log "stopped early but the checkpoint did not advance (iteration ${saved_at}): not requeueing;" \
+      "give the job more time than start-up + one iteration + a save (--time, --signal=USR1@N)"
+  elif ((in_job)) && [[ "${REQUEUE}" == 1 ]]; then
     if scontrol requeue "${SLURM_JOB_ID}"; then
       log "stopped early with a checkpoint: job ${SLURM_JOB_ID} requeued, it resumes from ${CHECKPOINT_DIR}"
     else

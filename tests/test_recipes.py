@@ -96,7 +96,8 @@ def test_dry_run_at_the_intended_node_count(recipe: Path, tmp_path: Path) -> Non
     assert f"{recipe.stem}: {nodes} node{'s' if nodes > 1 else ''} × {gpus} = {nodes * gpus} processes" in out
     # The resolved job command: srun, one task per node, our torchrun over all nodes.
     assert f"srun --nodes {nodes} " in out
-    assert "--ntasks-per-node 1 " in out
+    # The task counts explicitly: sbatch exports SLURM_NTASKS, which srun would obey.
+    assert f"--ntasks {nodes} --ntasks-per-node 1 " in out
     assert f"--nnodes {nodes} --nproc-per-node {gpus} " in out
     assert 'megatron_ext.launch --node-rank "${SLURM_NODEID}"' in out
     assert f"{REPO}/pretrain_gpt.py --num-layers" in out
@@ -149,7 +150,7 @@ def test_per_gpu_tasks_and_a_container_when_asked(tmp_path: Path) -> None:
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert "--container-image 'nvcr.io#nvidia/pytorch:25.01-py3' --container-mounts /lustre:/lustre" in out
-    assert "--mpi=pmix --network=sn_all --ntasks-per-node 8 " in out
+    assert "--mpi=pmix --network=sn_all --ntasks 32 --ntasks-per-node 8 " in out
     assert "RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS python" in out
     assert "--no-load-rng" in out
     assert "outside SLURM this machine runs" not in out  # pyxis needs srun
@@ -206,7 +207,7 @@ def test_outside_slurm_one_machine_runs_stops_and_resumes(tmp_path: Path) -> Non
     assert len(logs) == 2 and all((d / "command.sh").exists() and (d / "environment.txt").exists() for d in logs)
 
 
-SHELL_SCRIPTS = [*RECIPES_DIR.glob("*.sh"), REPO / "scripts" / "test.sh", REPO / "scripts" / "setup_system.sh"]
+SHELL_SCRIPTS = [*RECIPES_DIR.glob("*.sh"), *(REPO / "scripts").glob("*.sh")]
 
 
 @pytest.mark.unit

@@ -200,12 +200,21 @@ def test_time_limit_signal_saves_requeues_and_resumes(cluster: SlurmCluster, pla
 
 
 def test_one_task_per_gpu_launcher(cluster: SlurmCluster, tmp_path: Path) -> None:
-    """``LAUNCHER=srun``: srun starts every rank itself (here one per node), no torchrun."""
-    job = submit(cluster, tmp_path, LAUNCHER="srun", TRAIN_ITERS="6", EVAL_ITERS="0")
-    run = Job(job, tmp_path, cluster.wait_for_job(job, timeout=180))
+    """``LAUNCHER=srun``: srun starts every rank itself (two per node, PP 2 × DP 2), no torchrun.
+
+    Submitted as a site would for this launcher (``--ntasks-per-node=2``); the
+    step must get 2 tasks on each node whatever task count sbatch exported.
+    """
+    job = submit(
+        cluster, tmp_path, "--ntasks-per-node=2", LAUNCHER="srun", GPUS_PER_NODE="2", TRAIN_ITERS="6", EVAL_ITERS="0"
+    )
+    run = Job(job, tmp_path, cluster.wait_for_job(job, timeout=240))
     assert (run.record["JobState"], run.record["ExitCode"]) == ("COMPLETED", "0:0"), run.output
     assert "RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS" in run.output
+    assert "--ntasks 4 --ntasks-per-node 2" in run.output
     assert "megatron_ext.launch" not in (tmp_path / "logs" / f"{job}.0" / "command.sh").read_text()
     logs = run.node_logs(0)
-    assert "rank 0] saved checkpoint" in logs[0] and "rank 1] iteration      6/6" in logs[1]
+    # Ranks 0-1 (pipeline stage 0) on the first node, 2-3 (stage 1, the logging rank 3) on the second.
+    assert "rank 0] saved checkpoint" in logs[0] and "rank 3] iteration      6/6" in logs[1]
+    assert "world size: 4 = TP 1 × PP 2 × DP 2" in logs[0]
     assert [r["iteration"] for r in read_metrics(tmp_path / "metrics.jsonl") if "lm_loss" in r] == list(range(1, 7))
