@@ -120,7 +120,9 @@ class PretrainingSampler:
         self.dp_size = data_parallel_size
 
     def __len__(self) -> int:
-        return self.total_samples
+        """Micro-batches this rank will yield (a batch sampler counts batches)."""
+        block = self.micro_batch_size * self.dp_size
+        return max(self.total_samples - self.consumed_samples, 0) // block
 
     def __iter__(self) -> Iterator[list[int]]:
         block = self.micro_batch_size * self.dp_size

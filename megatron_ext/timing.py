@@ -22,6 +22,12 @@ p stages, v model chunks per stage, m microbatches). Its share of the step is
 and any imbalance between stages as idle, so it is an upper bound of the
 schedule's own bubble; the difference is the communication that did not
 overlap.
+
+``p2p-wait`` sums Megatron-Core's send/receive timers. They time the blocking
+calls only: with the interleaved schedule's overlapped communication (our
+default for VP > 1) the calls just post the transfers, and the waits for
+them happen later, untimed, inside the schedule; they show up as idle time
+in the bubble, not in ``p2p-wait``.
 """
 
 from __future__ import annotations
