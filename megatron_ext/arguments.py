@@ -463,6 +463,7 @@ def make_config(*, world_size: int | None = None, **groups: dict[str, Any]) -> T
         num_layers=model.num_layers,
         num_attention_heads=model.num_attention_heads,
         num_query_groups=model.effective_num_query_groups,
+        ffn_hidden_size=model.effective_ffn_hidden_size,
         seq_length=model.seq_length,
     )
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)

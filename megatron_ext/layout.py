@@ -63,6 +63,8 @@ class ParallelLayout:
     """Attention heads of the model."""
     num_query_groups: int | None = None
     """Key/value groups (grouped-query attention); None means one per head."""
+    ffn_hidden_size: int | None = None
+    """MLP hidden size (checked against TP when known: both MLP linears split it)."""
     seq_length: int | None = None
     """Sequence length (checked against TP when sequence parallel is on)."""
     gpus_per_node: int | None = None
@@ -263,6 +265,16 @@ class ParallelLayout:
                 )
             if groups % tp:
                 p.append(f"num_query_groups={groups} is not divisible by tensor({tp}); use TP in {_divisors(groups)}")
+        ffn = self.ffn_hidden_size
+        if ffn is not None and ffn % tp:
+            # Megatron-Core's MLP: fc2 (row-parallel) asserts divide(ffn_hidden_size, TP) at model build.
+            # SwiGLU doubles fc1's (column-parallel) outputs but does not relax it: each rank holds
+            # [gate, up] halves of ffn_hidden_size / TP rows.
+            ok_tp = [d for d in _divisors(ffn) if d <= max(2 * tp, 8)]
+            p.append(
+                f"ffn_hidden_size={ffn} is not divisible by tensor({tp}); use TP in {ok_tp} "
+                f"or an ffn_hidden_size of {_nearest_multiples(ffn, tp)}"
+            )
         if self.sequence_parallel:
             if tp == 1:
                 p.append("sequence_parallel needs tensor parallelism: use TP > 1 or drop --sequence-parallel")

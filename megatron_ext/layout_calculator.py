@@ -284,6 +284,7 @@ def evaluate_layout_from_flags(
         num_layers=m.num_layers,
         num_attention_heads=m.num_attention_heads,
         num_query_groups=m.effective_num_query_groups,
+        ffn_hidden_size=m.effective_ffn_hidden_size,
         seq_length=m.seq_length,
         gpus_per_node=cluster.gpus_per_node,
     )

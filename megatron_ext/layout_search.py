@@ -5,13 +5,13 @@ generates candidates, asks the layout whether each is valid, and attaches the
 memory (``memory_model.py``) and step-time (``step_time.py``) estimates.
 
 The enumeration generates only candidates that can pass the divisibility
-rules: TP among the divisors of the GPU count that divide the heads and fit in
-a node, PP among the divisors of the rest that divide the layers, VP among the
-divisors of the layers per stage, micro-batch sizes among the divisors of the
-sequences per data-parallel rank. Each is then validated by
-``ParallelLayout.check`` (the interleaved schedule's microbatch rule,
-sequence-parallel divisibility, …). Memory grows with the micro-batch size,
-so the first micro-batch size that does not fit ends that branch.
+rules: TP among the divisors of the GPU count that divide the heads and the
+MLP width and fit in a node, PP among the divisors of the rest that divide
+the layers, VP among the divisors of the layers per stage, micro-batch sizes
+among the divisors of the sequences per data-parallel rank. Each is then
+validated by ``ParallelLayout.check`` (the interleaved schedule's microbatch
+rule, sequence-parallel divisibility, …). Memory grows with the micro-batch
+size, so the first micro-batch size that does not fit ends that branch.
 """
 
 from __future__ import annotations
@@ -220,7 +220,8 @@ def search(
     estimates: list[LayoutEstimate] = []
     candidates = 0
     first_problems: list[str] = []
-    tps = [t for t in _divisors(world) if t <= cluster.gpus_per_node and model.num_attention_heads % t == 0]
+    heads, ffn = model.num_attention_heads, model.effective_ffn_hidden_size
+    tps = [t for t in _divisors(world) if t <= cluster.gpus_per_node and heads % t == 0 and ffn % t == 0]
     for t in _options(tps, tp):
         for p in _options((p for p in _divisors(world // t) if layers % p == 0), pp):
             dp = world // (t * p) if world % (t * p) == 0 else 0
@@ -240,6 +241,7 @@ def search(
                         num_layers=layers,
                         num_attention_heads=model.num_attention_heads,
                         num_query_groups=model.effective_num_query_groups,
+                        ffn_hidden_size=model.effective_ffn_hidden_size,
                         seq_length=model.seq_length,
                         gpus_per_node=cluster.gpus_per_node,
                     )

@@ -34,10 +34,26 @@ Engine's userbuffers, which we do not model).
 ``(m + (p−1)/v)·T``: the bubble is ``(p−1)/(v·m)`` of the ideal ``m·T``
 (Narayanan et al. 2021, §2.2). Point-to-point: every stage boundary moves
 ``b·s·h`` activations (``/t`` with sequence parallelism) forward and the same
-gradients backward, over InfiniBand when the pipeline spans nodes. The fill
-and drain transfers ``2·(p−1)`` are exposed; the steady-state ones too under
-1F1B (Megatron-Core sends and receives there synchronously), but not under
-the interleaved schedule, whose p2p overlaps compute (``overlap_p2p_comm``).
+gradients backward, over InfiniBand when the pipeline spans nodes; one
+message takes ``x``. Interleaving multiplies these messages by ``v``
+(Narayanan et al. 2021, §2.2.2), and the link is a resource
+(``pipeline_p2p_exposed``):
+
+* 1F1B (Megatron-Core sends and receives synchronously, batched): every
+  transfer is exposed, ``2·(p−1)`` to fill and drain plus one exchange after
+  each forward and each backward pass, ``2·m`` (``m`` when ``p = 2``, whose
+  two stages are both end stages).
+* Interleaved 1F1B (``overlap_p2p_comm``, on in ``model.py`` as in
+  Megatron-LM): ``max(2·(p·v − 1)·x, S·x + (p − 1)·(T + 2·x) − (m + (p − 1)/v)·T)``.
+  The first term is the latency of the fill and drain: a microbatch crosses
+  ``p·v − 1`` stage boundaries each way, each on the critical path. The
+  second is the link's throughput: the busiest rank sends ``S = 2·v·m``
+  messages (``(2v − 1)·m`` when ``p = 2``) through its one NIC, which cannot
+  start before the pipeline has filled nor finish before it has drained;
+  what does not fit behind the compute is exposed.
+
+Both agree with an event simulation of Megatron-Core's order with one link
+per rank (``tests/test_layout_calculator_pipeline.py``).
 
 **Data parallelism.** Gradients are reduced in fp32 (``grad_reduce_in_fp32``):
 an all-reduce ``2·(DP−1)/DP · 4·P`` bytes, or with the distributed optimizer
@@ -107,6 +123,27 @@ def _ring(n: int) -> float:
     return (n - 1) / n
 
 
+def pipeline_p2p_exposed(*, pp: int, vp: int, num_microbatches: int, stage_time: float, transfer_time: float) -> float:
+    """Exposed pipeline point-to-point time of one step, seconds (formulas in the module docstring).
+
+    ``stage_time`` (T) is one microbatch's forward and backward pass on one
+    stage, ``transfer_time`` (x) one activation or gradient message over the
+    slowest stage boundary.
+    """
+    p, v, m, T, x = pp, vp, num_microbatches, stage_time, transfer_time
+    if p == 1 or x == 0:
+        return 0.0
+    if v == 1:
+        # 1F1B: every send/receive blocks; p − 1 each way to fill and drain, then one exchange after
+        # each forward and each backward pass (after only one of them on the two end stages).
+        return (2 * (p - 1) + (m if p == 2 else 2 * m)) * x
+    # Interleaved, overlap_p2p_comm: the fill and drain's latency or the busiest link's throughput.
+    latency = 2 * (p * v - 1) * x
+    sends = (2 * v - 1) * m if p == 2 else 2 * v * m
+    link_bound = sends * x + (p - 1) * (T + 2 * x) - (m + (p - 1) / v) * T
+    return max(latency, link_bound)
+
+
 def estimate_step_time(
     workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, gpus_per_node: int, rank_parameters: int
 ) -> StepTimeEstimate:
@@ -172,8 +209,9 @@ def estimate_step_time(
     if p > 1:
         link = gpu.intra_node_bandwidth if t * dp * p <= gpus_per_node else gpu.inter_node_bandwidth
         p2p_bytes = b * s * h * e / (t if sp or workload.p2p_scatter_gather else 1)
-        transfers = 2 * (p - 1) + (0 if layout.interleaved else 2 * mbs)
-        pp_comm = transfers * p2p_bytes / link
+        pp_comm = pipeline_p2p_exposed(
+            pp=p, vp=v, num_microbatches=mbs, stage_time=mb_time, transfer_time=p2p_bytes / link
+        )
     else:
         pp_comm = 0.0
 

@@ -38,6 +38,19 @@ def test_invalid_interleaving_is_refused() -> None:
     assert "num_layers_per_virtual_pipeline_stage=5 does not divide" in proc.stderr
 
 
+def test_mlp_width_not_divisible_by_tp_is_refused_before_launch() -> None:
+    """Megatron-Core's ColumnParallelLinear would assert divide(171, 2) at model build, after the queue wait."""
+    proc = run_script(
+        "--mock-data --num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 171 "
+        "--tensor-model-parallel-size 2 --world-size 8 --dry-run".split()
+    )
+    assert proc.returncode == 2, proc.stdout
+    assert (
+        "ffn_hidden_size=171 is not divisible by tensor(2); use TP in [1, 3] or an ffn_hidden_size of 170 or 172"
+        in proc.stderr
+    )
+
+
 def test_world_size_from_environment_variable() -> None:
     import os
     import subprocess

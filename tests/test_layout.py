@@ -90,6 +90,21 @@ def test_heads_and_query_groups_vs_tp() -> None:
     assert any("num_attention_heads=10 is not divisible by tensor(4)" in m for m in msgs)
 
 
+def test_mlp_width_vs_tp() -> None:
+    """Megatron-Core's fc1/fc2 split ffn_hidden_size over TP (SwiGLU doubles fc1, not the divisor)."""
+    (msg,) = problems(ffn_hidden_size=171, tensor_model_parallel_size=2)
+    assert (
+        msg == "ffn_hidden_size=171 is not divisible by tensor(2); use TP in [1, 3] or an ffn_hidden_size of 170 or 172"
+    )
+    (msg,) = problems(ffn_hidden_size=11006, tensor_model_parallel_size=8)
+    assert (
+        msg
+        == "ffn_hidden_size=11006 is not divisible by tensor(8); use TP in [1, 2] or an ffn_hidden_size of 11000 or 11008"
+    )
+    assert make(ffn_hidden_size=11008, tensor_model_parallel_size=8).tp == 8
+    assert make(ffn_hidden_size=None, tensor_model_parallel_size=8).tp == 8  # unknown: not checked
+
+
 def test_global_batch_not_divisible() -> None:
     (msg,) = problems(global_batch_size=20, micro_batch_size=2, world_size=8)
     assert "global_batch_size=20 is not divisible by micro_batch(2) × data_parallel(8) = 16" in msg

@@ -79,6 +79,16 @@ RULE_CASES = [
         "--seq-length 64 --tp 2",
         8,
     ),
+    (
+        "MLP width by TP",
+        "--num-layers 8 --hidden-size 768 --num-attention-heads 12 --ffn-hidden-size 171 --seq-length 64 --tp 2",
+        8,
+    ),
+    (
+        "SwiGLU MLP width by TP",
+        "--num-layers 8 --hidden-size 768 --num-attention-heads 12 --swiglu --ffn-hidden-size 2050 --seq-length 64 --tp 4",
+        8,
+    ),
     ("SP without TP", f"{SHAPE_13B} --sequence-parallel --pp 2", 8),
     (
         "sequence by TP with SP",
@@ -189,6 +199,7 @@ def test_search_enumerates_every_valid_layout_and_nothing_else(sequence_parallel
             world_size=world, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=vp if vp > 1 else None, micro_batch_size=mbs,
             global_batch_size=gbs, num_layers=12, num_attention_heads=12, num_query_groups=12, seq_length=96,
+            ffn_hidden_size=model.effective_ffn_hidden_size,
             sequence_parallel=sequence_parallel and tp > 1, gpus_per_node=8,
         )  # fmt: skip
         if not problems:
@@ -209,6 +220,20 @@ def test_search_ranks_fitting_layouts_by_step_time_then_the_rest_by_memory() -> 
     fitting = [e.time.step_s for e in result.estimates if e.fits]
     rest = [e.memory.total_bytes for e in result.estimates if not e.fits]
     assert fitting == sorted(fitting) and rest == sorted(rest)
+
+
+def test_search_offers_only_tp_sizes_that_divide_the_mlp_width() -> None:
+    """ffn 170 with 4 heads: TP 4 divides the heads but not fc1/fc2, so only TP 1 and 2 are searched."""
+    model = ModelArgs(num_layers=8, hidden_size=128, num_attention_heads=4, ffn_hidden_size=170, seq_length=64,
+                      vocab_size=500)  # fmt: skip
+    result = search(Workload(model=model, precision="bf16"), Cluster(gpus=8, gpus_per_node=8, gpu=get_profile("h100-sxm")),
+                    global_batch_size=16)  # fmt: skip
+    assert {e.layout.tp for e in result.estimates} == {1, 2}
+    code, _, err = calc("--gpus 8 --num-layers 8 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 170 "
+                        "--seq-length 64 --global-batch-size 16 --tp 4 --bf16")  # fmt: skip
+    assert code == EXIT_INVALID
+    assert listed(err) == ["ffn_hidden_size=170 is not divisible by tensor(4); use TP in [1, 2, 5] or an ffn_hidden_size "
+                           "of 168 or 172"]  # fmt: skip
 
 
 # ------------------------------------------------------------------ exit codes, JSON, emitted settings

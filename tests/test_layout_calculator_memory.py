@@ -374,8 +374,30 @@ def test_pipeline_p2p_is_exposed_under_1f1b_and_overlapped_when_interleaved() ->
     plain = estimate_step_time(w, layout(128, tp=8, pp=16, gbs=32), gpu, gpus_per_node=8, rank_parameters=1)
     message = 2048 * 12288 * 2 / gpu.inter_node_bandwidth
     assert plain.pp_comm_s == pytest.approx((2 * 15 + 2 * 32) * message)
+    # Interleaved, compute-bound: only the fill and drain, which cross p·v − 1 stage boundaries each way.
     inter = estimate_step_time(w, layout(128, tp=8, pp=16, vp=2, gbs=32), gpu, gpus_per_node=8, rank_parameters=1)
-    assert inter.pp_comm_s == pytest.approx(2 * 15 * message)
+    assert inter.pp_comm_s == pytest.approx(2 * (16 * 2 - 1) * message)
+    # Two stages are both end stages: one exchange per microbatch under 1F1B.
+    two = estimate_step_time(w, layout(16, tp=8, pp=2, gbs=32), gpu, gpus_per_node=8, rank_parameters=1)
+    assert two.pp_comm_s == pytest.approx((2 * 1 + 32) * message)
+
+
+def test_interleaved_p2p_is_bound_by_the_link_when_messages_outlast_the_compute() -> None:
+    """v·2m messages through one NIC per GPU (Narayanan et al. 2021, §2.2.2): a slow link exposes them."""
+    w = Workload(model=gpt(), precision="bf16")
+    lay = layout(128, tp=8, pp=16, vp=2, gbs=32)
+    fast = estimate_step_time(w, lay, get_profile("h100-sxm"), gpus_per_node=8, rank_parameters=1)
+    slow_gpu = get_profile("h100-sxm").with_overrides(inter_node_gbps=0.5)
+    slow = estimate_step_time(w, lay, slow_gpu, gpus_per_node=8, rank_parameters=1)
+    message = 2048 * 12288 * 2 / slow_gpu.inter_node_bandwidth
+    stage = slow.microbatch_compute_s + slow.microbatch_tp_comm_s
+    assert 2 * message > stage / 2  # a pair of transfers outlasts a chunk's forward and backward
+    # The busiest rank's 2·v·m sends, plus filling and draining the pipeline around them.
+    link_bound = 2 * 2 * 32 * message + 15 * (stage + 2 * message)
+    assert slow.step_s - slow.dp_comm_s - slow.optimizer_s == pytest.approx(link_bound)
+    assert slow.pp_comm_s > 2 * 2 * 32 * message - 32 * stage > 0
+    # At the profile's 46 GB/s the same layout is compute-bound: the fill and drain only.
+    assert fast.pp_comm_s == pytest.approx(2 * 31 * 2048 * 12288 * 2 / get_profile("h100-sxm").inter_node_bandwidth)
 
 
 def test_estimate_reports_consistent_throughput() -> None:
