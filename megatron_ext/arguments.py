@@ -423,7 +423,10 @@ def make_config(*, world_size: int | None = None, **groups: dict[str, Any]) -> T
     from megatron_ext import data_sources
 
     try:
-        tokenizer_vocab_size = data_sources.resolve(data, vocab_size=model.vocab_size)
+        # Full dataset checks where one process can afford them (--dry-run, global
+        # rank 0); constant-time ones on the other ranks of a large job.
+        full = run.dry_run or int(os.environ.get("RANK", "0")) == 0
+        tokenizer_vocab_size = data_sources.resolve(data, vocab_size=model.vocab_size, full=full)
     except data_sources.DataError as exc:
         raise ConfigError(str(exc)) from exc
     if run.train_iters < 0:

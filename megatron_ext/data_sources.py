@@ -1,16 +1,34 @@
 """What ``--data-path`` and the tokenizer flags name, checked before anything starts.
 
-``make_config`` calls :func:`resolve` so that a wrong prefix, a missing
-``.bin``/``.idx``, a truncated file or a dataset made with another tokenizer
-is a configuration error (exit code 2, one line per problem) instead of a
-traceback from every rank after the model has been built. The checks cost
-O(1) per dataset plus a bounded sample of tokens (``_SAMPLE_TOKENS`` from the
-start and from the end of each ``.bin``).
+``make_config`` calls :func:`resolve` on every rank, so that a wrong prefix, a
+missing ``.bin``/``.idx``, a truncated file or a dataset made with another
+tokenizer is a configuration error (exit code 2, one line per problem)
+instead of a traceback from every rank after the model has been built.
+
+What each rank reads, per dataset:
+
+* every rank: the ``.idx`` header, its size against its counts, the first and
+  last document index and the last sequence's pointer and length against the
+  ``.bin`` size (:meth:`~megatron_ext.indexed.IndexedDatasetFiles.quick_check`):
+  O(1), a few hundred bytes, whatever the size of the dataset or the number of
+  ranks on a shared filesystem;
+* global rank 0 only (environment ``RANK``, default 0, so also
+  ``pretrain_gpt.py --dry-run`` and any single-process run): in addition every
+  pointer and document index (:meth:`~megatron_ext.indexed.IndexedDatasetFiles.verify`,
+  O(number of sequences)) and a sample of ``_SAMPLE_TOKENS`` tokens from the
+  start and from the end of the ``.bin`` against the vocabulary (up to 2 × 8 MB
+  read for uint16 tokens). A problem found there stops rank 0 with exit code 2
+  before any process group exists; the launcher (torchrun) then ends the other
+  ranks. The recipes also run ``--dry-run`` (rank 0's checks) before launching.
+
+``tools/inspect_dataset.py --verify`` checks every element and, with a
+tokenizer, every token.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -102,35 +120,64 @@ def blends(data: Any) -> dict[str, Blend | None]:
     }
 
 
-def check_dataset(prefix: str, tokenizer: Tokenizer) -> IndexedDatasetFiles:
-    """Raise :class:`DataError` if ``prefix`` is missing, damaged, or made with another tokenizer."""
+def _full_checks_here() -> bool:
+    """True on global rank 0 (``RANK``, default 0): the rank that does the O(#sequences) checks."""
+    try:
+        return int(os.environ.get("RANK", "0")) == 0
+    except ValueError:
+        return True
+
+
+def _can_hold(dtype: np.dtype, vocab_size: int) -> bool:
+    """Whether every id in ``[0, vocab_size)`` fits in ``dtype`` (an integer type)."""
+    return dtype.kind in "iu" and int(np.iinfo(dtype).max) >= vocab_size - 1
+
+
+def check_dataset(prefix: str, tokenizer: Tokenizer, *, full: bool | None = None) -> IndexedDatasetFiles:
+    """Raise :class:`DataError` if ``prefix`` is missing, damaged, or made with another tokenizer.
+
+    ``full`` (default: on global rank 0 only) adds the O(#sequences) index
+    verification and the token sample; otherwise only O(1) checks are made.
+    """
+    if full is None:
+        full = _full_checks_here()
     try:
         files = IndexedDatasetFiles.open(prefix)
     except IndexedDatasetError as exc:
         raise DataError(str(exc)) from exc
-    problems = files.verify()
+    problems = files.quick_check()
+    if not problems and full:
+        problems = files.verify()
     if problems:
         raise DataError(f"dataset {prefix}: {problems[0]}")
     if files.num_sequences == 0:
         raise DataError(f"dataset {prefix} holds no tokens")
-    expected = np.dtype(optimal_dtype(tokenizer.vocab_size))
-    if files.dtype != expected:
+    # Any integer dtype that holds the vocabulary is valid (e.g. int32 for a small vocabulary, as other
+    # tools write); this tokenizer would itself write optimal_dtype(vocab_size).
+    if not _can_hold(files.dtype, tokenizer.vocab_size):
         raise DataError(
-            f"dataset {prefix} stores {files.dtype} tokens, but {tokenizer.describe()} would store {expected}: it was "
-            "made with a different tokenizer; preprocess it again with this one, or pass the tokenizer it was made with"
+            f"dataset {prefix} stores {files.dtype} tokens, which cannot hold the ids of {tokenizer.describe()} "
+            f"(up to {tokenizer.vocab_size - 1:,}): it was made with a different tokenizer; preprocess it again "
+            f"with this one (it writes {np.dtype(optimal_dtype(tokenizer.vocab_size))}), or pass the tokenizer it "
+            "was made with"
         )
-    data = np.memmap(bin_path(prefix), mode="r", dtype=files.dtype)
-    for sample in (data[:_SAMPLE_TOKENS], data[-_SAMPLE_TOKENS:]):
-        if sample.size and int(sample.max()) >= tokenizer.vocab_size:
-            raise DataError(
-                f"dataset {prefix} holds token id {int(sample.max())}, beyond the vocabulary of {tokenizer.describe()}: "
-                "it was made with a different tokenizer"
-            )
+    if full:
+        data = np.memmap(bin_path(prefix), mode="r", dtype=files.dtype)
+        for sample in (data[:_SAMPLE_TOKENS], data[-_SAMPLE_TOKENS:]):
+            if sample.size and (int(sample.max()) >= tokenizer.vocab_size or int(sample.min()) < 0):
+                bad = int(sample.max()) if int(sample.max()) >= tokenizer.vocab_size else int(sample.min())
+                raise DataError(
+                    f"dataset {prefix} holds token id {bad}, beyond the vocabulary of {tokenizer.describe()}: "
+                    "it was made with a different tokenizer"
+                )
     return files
 
 
-def resolve(data: Any, *, vocab_size: int | None) -> int:
-    """Check the tokenizer and every dataset; return the tokenizer's (unpadded) vocabulary size."""
+def resolve(data: Any, *, vocab_size: int | None, full: bool | None = None) -> int:
+    """Check the tokenizer and every dataset; return the tokenizer's (unpadded) vocabulary size.
+
+    ``full``: see :func:`check_dataset` (default: full checks on global rank 0 only).
+    """
     if data.tokenizer_type == "NullTokenizer" and vocab_size is None:
         raise DataError("--tokenizer-type NullTokenizer needs --vocab-size N")
     # As in Megatron-LM, --vocab-size only sizes the NullTokenizer; other tokenizers bring their own.
@@ -138,5 +185,5 @@ def resolve(data: Any, *, vocab_size: int | None) -> int:
     if not data.mock_data:
         for blend in blends(data).values():
             for prefix in blend.prefixes if blend is not None else ():
-                check_dataset(prefix, tokenizer)
+                check_dataset(prefix, tokenizer, full=full)
     return tokenizer.vocab_size

@@ -12,23 +12,37 @@ The format (Megatron-Core ``megatron/core/datasets/indexed_dataset.py``)::
 Megatron-Core's ``IndexedDatasetBuilder`` keeps the lengths and document
 indices in Python lists until ``finalize``; :class:`IndexedWriter` writes the
 same bytes but spills both arrays to anonymous temporary files as it goes, so
-its memory does not grow with the corpus. Outputs are written to unnamed files
-(``O_TMPFILE``) in the destination directory and linked to their final names
-only by :meth:`IndexedWriter.commit`: a run that dies, even by ``kill -9``,
-leaves nothing behind.
+its memory does not grow with the corpus.
+
+Outputs are written to unnamed files (``O_TMPFILE``) in the destination
+directory where the filesystem has them, otherwise to hidden
+``.NAME.tmp-OWNER-PID`` files (OWNER: host name and PID namespace), and are
+published by :func:`commit_all` in two phases: every file of every writer is
+first completed and synced while still unnamed, then given its hidden
+temporary name (all that can fail for lack of space or a filesystem refusal
+happens here, before any final name is touched); then all are renamed to their
+final names with SIGINT, SIGTERM and SIGHUP held, and a rename that fails
+undoes the ones before it (restoring older files from hard-link backups where
+the filesystem has hard links). Only ``kill -9`` or a crash between the naming
+and the last rename (milliseconds) can publish some outputs and not others or
+leave hidden temporaries; those of dead runs are removed by the next run on the
+same output name on the same host (see :func:`_remove_stale`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
+import socket
 import struct
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -71,11 +85,69 @@ def idx_path(prefix: str | os.PathLike[str]) -> Path:
 
 
 # ----------------------------------------------------------------- writing
-class _PendingFile:
-    """A file written without a name in ``directory``; :meth:`link` gives it one.
+def _owner_tag() -> str:
+    """This host and PID namespace, as written into temporary names: a PID is only meaningful there.
 
-    Uses ``O_TMPFILE`` where the filesystem has it (nothing can be left behind),
-    otherwise a hidden ``.NAME.tmp-PID`` removed on :meth:`discard`.
+    On a shared filesystem, another host's temporaries (or another container's on
+    this host) are never taken for a dead run's.
+    """
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "localhost"
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return host
+    return f"{host}.{namespace}"
+
+
+_OWNER = _owner_tag()
+_TEMP_KINDS = ("tmp", "old")  # a file being written or staged; a backup of an older output while publishing
+
+
+def _temp_path(final: Path, kind: str, pid: int | None = None) -> Path:
+    """``.NAME.KIND-OWNER-PID`` next to ``final``."""
+    return final.parent / f".{final.name}.{kind}-{_OWNER}-{os.getpid() if pid is None else pid}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    return True
+
+
+def _remove_stale(directory: Path, name: str) -> None:
+    """Remove temporaries that runs on this host (and PID namespace) left for ``name`` when they died.
+
+    Only ``.NAME.tmp-OWNER-PID`` / ``.NAME.old-OWNER-PID`` files whose OWNER is
+    ours and whose PID is no longer alive are removed: another host's live
+    temporary on a shared filesystem is never touched (its OWNER differs), and
+    neither is a live run's here.
+    """
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    prefixes = [f".{name}.{kind}-{_OWNER}-" for kind in _TEMP_KINDS]
+    for entry in entries:
+        for prefix in prefixes:
+            if not entry.name.startswith(prefix):
+                continue
+            pid = entry.name[len(prefix) :]
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+class _PendingFile:
+    """A file written without a name in ``directory``; :meth:`name` gives it a hidden one.
+
+    Uses ``O_TMPFILE`` where the filesystem has it (nothing is left if the
+    process dies before :meth:`name`), otherwise a hidden
+    ``.NAME.tmp-OWNER-PID`` removed on :meth:`discard` (left behind by
+    ``kill -9``, then removed by the next run that writes ``NAME`` on this host).
     """
 
     def __init__(self, final: Path) -> None:
@@ -86,22 +158,23 @@ class _PendingFile:
         try:
             fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
         except (AttributeError, OSError):
-            self.named = directory / f".{final.name}.tmp-{os.getpid()}"
+            self.named = _temp_path(final, "tmp")
             fd = os.open(self.named, os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_CLOEXEC, 0o644)
         self.file: BinaryIO = os.fdopen(fd, "wb", buffering=1 << 20)
 
-    def link(self) -> None:
-        """Give the finished file its final name (replacing an older one atomically)."""
+    def sync(self) -> None:
+        """Write the file's data to disk (fsync); it keeps whatever name it has."""
         self.file.flush()
         os.fsync(self.file.fileno())
+
+    def name(self) -> None:
+        """Give an unnamed file its hidden temporary name (after :meth:`sync`); the final name is untouched."""
         if self.named is None:
-            staging = self.final.parent / f".{self.final.name}.tmp-{os.getpid()}"
+            staging = _temp_path(self.final, "tmp")
             with contextlib.suppress(FileNotFoundError):
                 staging.unlink()
+            self.named = staging  # set first: a copy that fails half-way is removed by discard()
             _link_unnamed(self.file, staging)
-            self.named = staging
-        os.replace(self.named, self.final)
-        self.named = None
         self.file.close()
 
     def discard(self) -> None:
@@ -113,24 +186,9 @@ class _PendingFile:
             self.named = None
 
 
-def _remove_stale(directory: Path, name: str) -> None:
-    """Remove ``.NAME.tmp-PID`` files of runs that died before naming their output (PID not alive)."""
-    for stale in directory.glob(f".{name}.tmp-*"):
-        pid = stale.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            with contextlib.suppress(OSError):
-                stale.unlink()
-        except PermissionError:
-            pass  # alive, someone else's
-
-
 def _link_unnamed(file: BinaryIO, target: Path) -> None:
     """Name an ``O_TMPFILE`` file: ``linkat`` of its /proc fd path (Python's os.link does not follow it),
-    or a copy where that is refused."""
+    or a copy (synced) where that is refused."""
     import ctypes
 
     at_fdcwd, at_symlink_follow = -100, 0x400
@@ -143,26 +201,128 @@ def _link_unnamed(file: BinaryIO, target: Path) -> None:
         with open(src, "rb") as data:
             while block := data.read(16 << 20):
                 out.write(block)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM while final names are given, so a .bin never appears without its .idx."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    """Hold SIGINT/SIGTERM/SIGHUP while final names are given, so a .bin never appears without its .idx.
+
+    The signals are blocked for this thread and, in the main thread, their
+    Python handlers are replaced by ones that only record them (a signal the
+    kernel hands to another thread still runs its Python handler in the main
+    thread). On exit the old handlers and mask come back and the held signals
+    are delivered to them.
+    """
+    caught: list[int] = []
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    old_handlers: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in HELD_SIGNALS:
+            old_handlers[sig] = signal.signal(sig, lambda signum, _frame: caught.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # signals pending in the kernel arrive here
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
+
+
+def _fsync_directory(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _publish(files: Sequence[_PendingFile]) -> None:
+    """Rename every staged file to its final name: all of them, or (on an error) none.
+
+    An older file at a final name is first hard-linked to ``.NAME.old-OWNER-PID``
+    so that a failed rename can put it back; where the filesystem has no hard
+    links, a failed rename removes the new files published before it (the older
+    ones they replaced are gone). The backups are removed at the end.
+    """
+    backups: dict[Path, Path] = {}
+    published: list[_PendingFile] = []
+    try:
+        for f in files:
+            if os.path.lexists(f.final):
+                backup = _temp_path(f.final, "old")
+                with contextlib.suppress(FileNotFoundError):
+                    backup.unlink()
+                try:
+                    os.link(f.final, backup, follow_symlinks=False)
+                except OSError:
+                    continue
+                backups[f.final] = backup
+        for f in files:
+            assert f.named is not None, "name() first"
+            os.replace(f.named, f.final)
+            f.named = None
+            published.append(f)
+    except BaseException:
+        for f in reversed(published):
+            with contextlib.suppress(OSError):
+                if f.final in backups:
+                    os.replace(backups.pop(f.final), f.final)
+                else:
+                    os.unlink(f.final)
+        raise
+    finally:
+        for backup in backups.values():
+            with contextlib.suppress(OSError):
+                backup.unlink()
+    for directory in dict.fromkeys(f.final.parent for f in files):
+        _fsync_directory(directory)
 
 
 def commit_all(writers: Sequence[IndexedWriter]) -> None:
-    """Finish every writer's index, then link all outputs to their final names at once."""
-    for w in writers:
-        w.finish()
-    with _signals_deferred():
+    """Publish every writer's ``.bin`` and ``.idx``, all or nothing as far as the filesystem allows.
+
+    Finishes every index, syncs every file while it is still unnamed, gives
+    each its hidden temporary name, then renames them all with
+    SIGINT/SIGTERM/SIGHUP held (see :func:`_publish`).
+    On any error every writer is discarded and nothing new is left at the
+    final names. A signal that arrived during the renames is delivered after
+    them; its exception then carries ``published = True`` (the outputs are
+    complete and stay).
+    """
+    try:
         for w in writers:
-            w.link()
+            w.finish()
+        files = [f for w in writers for f in w.pending_files()]
+        for f in files:  # the slow part, while the files have no name (nothing to leave behind)
+            f.sync()
+        for f in files:  # then quickly, hidden names: a rename is all that is left to do
+            f.name()
+        for w in writers:
+            w.close_spills()
+        published = False
+        try:
+            with _signals_deferred():
+                _publish(files)
+                published = True
+        except BaseException as exc:
+            if published:
+                exc.published = True  # type: ignore[attr-defined]
+                for w in writers:
+                    w.published()
+            raise
+        for w in writers:
+            w.published()
+    except BaseException:
+        for w in writers:
+            w.discard()
+        raise
 
 
 class IndexedWriter:
@@ -253,11 +413,13 @@ class IndexedWriter:
         for block in _read_blocks(self._doc_ends, np.int64):
             out.write(block.data)
 
-    def link(self) -> None:
+    def pending_files(self) -> list[_PendingFile]:
         assert self._idx is not None, "finish() first"
-        self._bin.link()
-        self._idx.link()
-        self._close_spills()
+        return [self._bin, self._idx]
+
+    def published(self) -> None:
+        """Both files now have their final names: nothing is left to discard."""
+        self.close_spills()
         self._closed = True
 
     def commit(self) -> None:
@@ -271,10 +433,10 @@ class IndexedWriter:
         self._bin.discard()
         if self._idx is not None:
             self._idx.discard()
-        self._close_spills()
+        self.close_spills()
         self._closed = True
 
-    def _close_spills(self) -> None:
+    def close_spills(self) -> None:
         for f in (self._lengths, self._doc_ends):
             with contextlib.suppress(OSError):
                 f.close()
@@ -346,6 +508,38 @@ class IndexedDatasetFiles:
         documents_arr = np.frombuffer(mm, dtype=np.int64, count=documents, offset=HEADER_BYTES + 12 * sequences)
         return cls(prefix, dtype, lengths, pointers, documents_arr, binf.stat().st_size)
 
+    def _bin_size_problem(self, needed: int) -> str:
+        what = "truncated" if self.bin_bytes < needed else "longer than its index says"
+        return f"{bin_path(self.prefix)} is {self.bin_bytes:,} bytes but the index needs {needed:,}: the .bin is {what}"
+
+    def quick_check(self) -> list[str]:
+        """The inconsistencies found in O(1) (a few elements of the index, whatever its size).
+
+        Besides what :meth:`open` checks (header, ``.idx`` size against its
+        counts): the first and last document index, the first pointer, and
+        that the last sequence ends exactly at the end of the ``.bin``
+        (pointer + length × itemsize), which catches a truncated or
+        overlong ``.bin``. :meth:`verify` checks every element.
+        """
+        problems: list[str] = []
+        docs = self.document_indices
+        if docs.size == 0 or docs[0] != 0:
+            problems.append("document indices must start at 0")
+        elif docs[-1] != self.num_sequences:
+            problems.append(f"the last document index is {int(docs[-1])} but there are {self.num_sequences} sequences")
+        if self.num_sequences == 0:
+            if self.bin_bytes:
+                problems.append(self._bin_size_problem(0))
+            return problems
+        first, last, length = int(self.pointers[0]), int(self.pointers[-1]), int(self.lengths[-1])
+        if first != 0:
+            problems.append(f"sequence 0: pointer {first} but the lengths before it put it at 0")
+        elif length < 0 or last < 0:
+            problems.append(f"sequence {self.num_sequences - 1}: negative length or pointer")
+        elif not problems and last + length * self.dtype.itemsize != self.bin_bytes:
+            problems.append(self._bin_size_problem(last + length * self.dtype.itemsize))
+        return problems
+
     def verify(self, *, max_token: int | None = None) -> list[str]:
         """Every inconsistency between ``.idx`` and ``.bin`` (empty when the dataset is sound).
 
@@ -378,10 +572,7 @@ class IndexedDatasetFiles:
                 break
             total += int(nbytes.sum())
         if not problems and total != self.bin_bytes:
-            what = "truncated" if self.bin_bytes < total else "longer than its index says"
-            problems.append(
-                f"{bin_path(self.prefix)} is {self.bin_bytes:,} bytes but the index needs {total:,}: the .bin is {what}"
-            )
+            problems.append(self._bin_size_problem(total))
         if not problems and max_token is not None and self.bin_bytes:
             data = np.memmap(bin_path(self.prefix), mode="r", dtype=self.dtype)
             for start in range(0, data.size, 16 * _BLOCK):

@@ -15,6 +15,11 @@ How the work is split (why it is fast):
   and spills lengths and document boundaries to temporary files
   (:class:`~megatron_ext.indexed.IndexedWriter`). At most ``2 × workers + 2``
   chunks are in flight, so memory does not grow with the corpus.
+* Each worker has its own task queue and result pipe (:class:`WorkerPool`), so
+  the parent knows which chunk every worker holds, sees a worker that dies
+  (OOM killer, segfault) at once through its process sentinel, and can stop
+  the others without any lock they share: a dead worker is a prompt error that
+  names it, its signal and the file it was encoding, never a hang.
 
 The bytes written equal Megatron-LM's ``tools/preprocess_data.py`` for the
 same input, tokenizer and flags (see ``docs/data.md`` for the few deliberate
@@ -24,20 +29,23 @@ index is written; order is kept with ``--partitions``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import gzip
 import json
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import re
 import signal
 import sys
+import traceback
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -56,8 +64,16 @@ class PreprocessError(RuntimeError):
     """Bad input or options; the message names the file, the line and the fix."""
 
 
+class WorkerDied(PreprocessError):
+    """A worker process ended without being asked to (killed by a signal, or crashed)."""
+
+
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM/SIGHUP, handled like Ctrl-C: clean up, write nothing."""
+    """SIGTERM/SIGHUP, handled like Ctrl-C: clean up, write nothing. ``signum`` is the signal."""
+
+    def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
+        super().__init__(message)
+        self.signum = signum
 
 
 @dataclass(frozen=True)
@@ -160,9 +176,11 @@ def expand_inputs(patterns: Sequence[str]) -> list[Path]:
     for pattern in patterns:
         if glob.has_magic(pattern):
             matches = sorted(glob.glob(pattern))
-            if not matches:
-                raise PreprocessError(f"--input {pattern!r} matches no file")
-            files.extend(Path(m) for m in matches if Path(m).is_file())
+            found = [Path(m) for m in matches if Path(m).is_file()]
+            if not found:
+                what = f"only directories ({', '.join(matches[:3])}{', …' if len(matches) > 3 else ''})"
+                raise PreprocessError(f"--input {pattern!r} matches {what if matches else 'nothing'}, no file")
+            files.extend(found)
         else:
             path = Path(pattern)
             if not path.is_file():
@@ -228,13 +246,173 @@ def _set_parent_death_signal() -> None:
 
 
 def _worker_init(spec: TokenizerSpec, files: list[str], opts: Options, dtype: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and terminates us
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Stopping is the parent's job (it kills us with SIGKILL; we die with it by PR_SET_PDEATHSIG): a
+    # Ctrl-C, hang-up or scancel that signals the whole process group must not look like a crashed worker.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     _set_parent_death_signal()
     if _W.get("spec") != spec:  # inherited through fork when possible
         _W["tokenizer"] = spec.build()
         _W["spec"] = spec
     _W.update(files=files, opts=opts, dtype=dtype)
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a RuntimeError with its text."""
+    try:
+        from multiprocessing.reduction import ForkingPickler
+
+        ForkingPickler.loads(ForkingPickler.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _worker_main(tasks: Any, results: Any, spec: TokenizerSpec, files: list[str], opts: Options, dtype: Any) -> None:
+    """A worker: chunks from its own queue, one result (or the exception) per chunk on its own pipe."""
+    try:
+        _worker_init(spec, files, opts, dtype)
+        while (chunk := tasks.get()) is not None:
+            results.send(("ok", process_chunk(chunk)))
+    except BaseException as exc:  # sent to the parent, which raises it
+        with contextlib.suppress(Exception):
+            results.send(("error", _picklable(exc), traceback.format_exc()))
+
+
+def _death_message(pid: int, exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        num = -exitcode
+        try:
+            name = signal.Signals(num).name
+        except ValueError:
+            name = f"signal {num}"
+        why = {
+            signal.SIGKILL: "likely out of memory: the kernel's OOM killer sends SIGKILL",
+            signal.SIGSEGV: "a crash in native code",
+            signal.SIGBUS: "a crash in native code, or an input file truncated while being read",
+            signal.SIGABRT: "a crash in native code",
+        }.get(num, "sent by another process")
+        return f"worker pid {pid} died with signal {num} ({name}, {why})"
+    return f"worker pid {pid} exited unexpectedly with code {exitcode}"
+
+
+@dataclass
+class _Worker:
+    process: Any
+    tasks: Any
+    results: Any
+    held: deque[Chunk] = field(default_factory=deque)
+    """Chunks sent to this worker whose result has not come back, oldest first."""
+
+
+class WorkerPool:
+    """Worker processes, each with its own task queue and result pipe.
+
+    Unlike ``multiprocessing.Pool`` nothing is shared between workers (no
+    common queue, no lock), so a worker killed at any moment cannot block the
+    others or the parent; the parent waits on the result pipes and the process
+    sentinels together, so a death is seen at once, and it knows which chunks
+    the dead worker held. Results come back in any order; the caller orders
+    them by ``seq``.
+    """
+
+    def __init__(self, ctx: Any, workers: int, files: list[Path], init: tuple[Any, ...], per_worker: int = 2) -> None:
+        self.files = files
+        self.per_worker = per_worker
+        self.workers: list[_Worker] = []
+        try:
+            for _ in range(workers):
+                tasks = ctx.Queue()  # its feeder thread: the parent never blocks on a full pipe
+                receive, send = ctx.Pipe(duplex=False)
+                process = ctx.Process(target=_worker_main, args=(tasks, send, *init), daemon=True)
+                process.start()
+                send.close()  # the worker holds the only write end: EOF as soon as it dies
+                self.workers.append(_Worker(process, tasks, receive))
+        except BaseException:
+            self.kill()
+            raise
+
+    def submit(self, chunk: Chunk) -> bool:
+        """Send ``chunk`` to the least busy worker; False when every worker already holds ``per_worker``."""
+        worker = min(self.workers, key=lambda w: len(w.held))
+        if len(worker.held) >= self.per_worker:
+            return False
+        worker.held.append(chunk)
+        worker.tasks.put(chunk)
+        return True
+
+    def collect(self, timeout: float | None = None) -> list[ChunkResult]:
+        """The results that have arrived (waiting up to ``timeout`` for one); raise if a worker died or failed."""
+        pipes = {w.results: w for w in self.workers if w.held}
+        sentinels = {w.process.sentinel: w for w in self.workers}
+        ready = mp.connection.wait([*pipes, *sentinels], timeout)
+        results: list[ChunkResult] = []
+        for obj in ready:
+            if obj in pipes:
+                worker = pipes[obj]
+                try:
+                    message = obj.recv()
+                except (EOFError, OSError):
+                    self._died(worker)
+                result = self._result(worker, message)
+                done = worker.held.popleft()
+                assert done.seq == result.seq, (done.seq, result.seq)
+                results.append(result)
+        for obj in ready:
+            if obj in sentinels:
+                self._died(sentinels[obj])
+        return results
+
+    @staticmethod
+    def _result(worker: _Worker, message: tuple[Any, ...]) -> ChunkResult:
+        if message[0] == "error":
+            _, exc, text = message
+            raise exc from RuntimeError(f"in worker pid {worker.process.pid}:\n{text}")
+        return message[1]
+
+    def _died(self, worker: _Worker) -> NoReturn:
+        with contextlib.suppress(EOFError, OSError):
+            if worker.results.poll(0):  # an exception it sent before exiting (e.g. while starting)
+                self._result(worker, worker.results.recv())
+        worker.process.join(5)
+        message = _death_message(worker.process.pid, worker.process.exitcode)
+        if worker.held:
+            chunk = worker.held[0]
+            path = self.files[chunk.file_id]
+            where = f"bytes {chunk.start:,}-{chunk.end:,}" if chunk.data is None else "a block of its decompressed text"
+            message += f" while encoding {path} ({where})"
+        else:
+            message += " while idle"
+        raise WorkerDied(
+            f"{message}. Nothing was written. If memory is short, run with fewer --workers or a smaller --chunk-mb"
+        )
+
+    def close(self) -> None:
+        """Let every worker finish and exit (all results have been collected)."""
+        for w in self.workers:
+            w.tasks.put(None)
+        for w in self.workers:
+            w.tasks.close()
+            w.tasks.join_thread()
+        for w in self.workers:
+            w.process.join(30)
+            if w.process.exitcode is None:
+                w.process.kill()
+                w.process.join()
+            w.results.close()
+        self.workers = []
+
+    def kill(self) -> None:
+        """Stop every worker now (SIGKILL) and release the queues without waiting on them."""
+        for w in self.workers:
+            if w.process.exitcode is None:
+                w.process.kill()
+        for w in self.workers:
+            w.process.join()
+            w.tasks.cancel_join_thread()  # a feeder blocked on a dead worker's pipe must not hold up exit
+            w.tasks.close()
+            w.results.close()
+        self.workers = []
 
 
 def _decode_lines(data: bytes) -> list[str | UnicodeDecodeError]:
@@ -392,7 +570,7 @@ def output_prefix_for(output_prefix: str, key: str, level: str = "document") -> 
 
 
 def _raise_on_signal(signum: int, frame: Any) -> None:
-    raise Interrupted(f"stopped by signal {signal.Signals(signum).name}")
+    raise Interrupted(f"stopped by signal {signal.Signals(signum).name}", signum)
 
 
 def run(spec: TokenizerSpec, opts: Options) -> Summary:
@@ -421,7 +599,7 @@ def run(spec: TokenizerSpec, opts: Options) -> Summary:
 
     old_handlers = {s: signal.signal(s, _raise_on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     writers: dict[str, IndexedWriter] = {}
-    pool = None
+    pool: WorkerPool | None = None
     try:
         writers = {
             key: IndexedWriter(output_prefix_for(opts.output_prefix, key, opts.level), dtype) for key in opts.json_keys
@@ -430,16 +608,14 @@ def run(spec: TokenizerSpec, opts: Options) -> Summary:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         _W.update(tokenizer=tokenizer, spec=spec)  # inherited by forked workers
-        pool = ctx.Pool(opts.workers, initializer=_worker_init, initargs=(spec, [str(f) for f in files], opts, dtype))
+        pool = WorkerPool(ctx, opts.workers, files, (spec, [str(f) for f in files], opts, dtype))
         summary = _drive(pool, files, opts, writers, progress)
         pool.close()
-        pool.join()
         pool = None
         commit_all(list(writers.values()))
     except BaseException:
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            pool.kill()
         for w in writers.values():
             w.discard()
         raise
@@ -456,29 +632,34 @@ def run(spec: TokenizerSpec, opts: Options) -> Summary:
 
 
 def _drive(
-    pool: Any, files: list[Path], opts: Options, writers: dict[str, IndexedWriter], progress: Progress
+    pool: WorkerPool, files: list[Path], opts: Options, writers: dict[str, IndexedWriter], progress: Progress
 ) -> Summary:
     lines_before = [0] * len(files)
     skipped: Counter[str] = Counter()
     examples: list[dict[str, Any]] = []
     empty: Counter[str] = Counter()
     documents = lines = nbytes = 0
-    window: deque[tuple[Chunk, Any]] = deque()
+    window: deque[Chunk] = deque()  # sent, not yet written; in input order
+    arrived: dict[int, ChunkResult] = {}
     chunks = plan_chunks(files, opts.chunk_bytes)
     depth = 2 * opts.workers + 2
+    upcoming: Chunk | None = next(chunks, None)
 
-    def submit() -> bool:
-        chunk = next(chunks, None)
-        if chunk is None:
-            return False
-        window.append((chunk, pool.apply_async(process_chunk, (chunk,))))
-        return True
+    def submit() -> None:
+        nonlocal upcoming
+        while upcoming is not None and len(window) < depth and pool.submit(upcoming):
+            window.append(upcoming)
+            upcoming = next(chunks, None)
 
-    while len(window) < depth and submit():
-        pass
+    submit()
     while window:
-        chunk, pending = window.popleft()
-        result: ChunkResult = pending.get()
+        chunk = window[0]
+        while chunk.seq not in arrived:
+            for got in pool.collect():
+                arrived[got.seq] = got
+            submit()
+        window.popleft()
+        result = arrived.pop(chunk.seq)
         first_line = lines_before[chunk.file_id]
         for n, reason, detail in result.examples:
             where = f"{files[chunk.file_id]}:{first_line + n + 1}"

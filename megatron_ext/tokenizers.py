@@ -31,8 +31,6 @@ import itertools
 import json
 import os
 import re
-import sys
-import unicodedata
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -295,37 +293,18 @@ def bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
-def _char_class(predicate: Any) -> str:
-    """A regular-expression character class of every code point that satisfies ``predicate``."""
-    ranges: list[tuple[int, int]] = []
-    for cp in range(sys.maxunicode + 1):
-        if predicate(cp):
-            if ranges and ranges[-1][1] == cp - 1:
-                ranges[-1] = (ranges[-1][0], cp)
-            else:
-                ranges.append((cp, cp))
-    return "".join(re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges)
-
-
-# Unicode White_Space (what the `regex` module's \s matches; Python's \s also matches U+001C–U+001F).
-_WHITE_SPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# Megatron-LM's (and OpenAI's GPT-2) pre-tokenisation pattern, compiled with the `regex` module as
+# Megatron-LM's gpt2_tokenization.py does: \p{L}/\p{N}/\s follow regex's Unicode tables, not the
+# interpreter's, so the split (and the ids) do not depend on the Python version.
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
 @functools.lru_cache(maxsize=1)
-def gpt2_pattern() -> re.Pattern[str]:
-    r"""GPT-2's pre-tokenisation pattern with the stdlib ``re``.
+def gpt2_pattern() -> Any:
+    """GPT-2's pre-tokenisation pattern, compiled with ``regex`` exactly as Megatron-LM compiles it."""
+    import regex
 
-    ``'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+``
-    needs Unicode property classes, which ``re`` lacks: they are spelled out
-    from ``unicodedata`` (general category L* and N*) once per process.
-    """
-    letters = _char_class(lambda cp: unicodedata.category(chr(cp))[0] == "L")
-    numbers = _char_class(lambda cp: unicodedata.category(chr(cp))[0] == "N")
-    ws = _WHITE_SPACE
-    return re.compile(
-        rf"'s|'t|'re|'ve|'m|'ll|'d| ?[{letters}]+| ?[{numbers}]+| ?[^{ws}{letters}{numbers}]+"
-        rf"|[{ws}]+(?![^{ws}])|[{ws}]+"
-    )
+    return regex.compile(GPT2_PATTERN)
 
 
 class GPT2BPETokenizer(Tokenizer):
@@ -408,7 +387,7 @@ class GPT2BPETokenizer(Tokenizer):
 
     def tokenize(self, text: str) -> list[int]:
         ids: list[int] = []
-        for piece in gpt2_pattern().findall(text):  # compiled on first use (about 1 s), then cached
+        for piece in gpt2_pattern().findall(text):
             ids.extend(self._ids_of_piece(piece))
         return ids
 

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +18,7 @@ from megatron_ext.indexed import (
     IndexedDatasetError,
     IndexedDatasetFiles,
     IndexedWriter,
+    commit_all,
     merge_datasets,
     optimal_dtype,
 )
@@ -151,3 +158,135 @@ def test_verify_names_each_kind_of_damage(tmp_path: Path) -> None:
 
     with pytest.raises(IndexedDatasetError, match="missing"):
         IndexedDatasetFiles.open(tmp_path / "absent")
+
+
+# ------------------------------------------------------------- publishing
+def two_writers(tmp_path: Path, seed: int) -> list[IndexedWriter]:
+    writers = []
+    for key in ("text", "title"):
+        w = IndexedWriter(tmp_path / f"ds_{key}_document", np.uint16)
+        docs = random_documents(seed, 20, 1000)
+        w.add_documents(np.array([t for d in docs for t in d], dtype=np.int64), np.array([len(d) for d in docs]))
+        writers.append(w)
+    return writers
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+@pytest.mark.parametrize("older", [False, True], ids=["fresh", "replacing"])
+def test_several_keys_are_published_all_or_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, older: bool
+) -> None:
+    """A rename that fails half-way through publishing undoes the renames before it: no key is published,
+    an older dataset at the same paths is put back byte for byte, and no temporary is left."""
+    import megatron_ext.indexed as indexed
+
+    if older:
+        commit_all(two_writers(tmp_path, seed=1))
+    before = snapshot(tmp_path)
+    real_replace = os.replace
+    calls = []
+
+    def failing_replace(src: object, dst: object) -> None:
+        calls.append(dst)
+        if len(calls) == 3:  # the second key's .bin
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(indexed.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="No space left"):
+        commit_all(two_writers(tmp_path, seed=2))
+    monkeypatch.setattr(indexed.os, "replace", real_replace)
+    assert snapshot(tmp_path) == before
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_stop_signals_are_held_while_outputs_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals
+) -> None:
+    """A stop signal that arrives between the renames is delivered after all of them: every .bin has its
+    .idx, and the exception says the outputs were published."""
+    import megatron_ext.indexed as indexed
+
+    class Stopped(BaseException):
+        pass
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    real_replace = os.replace
+
+    def replace_then_signal(src: object, dst: object) -> None:
+        real_replace(src, dst)
+        os.kill(os.getpid(), sig)  # after the first rename: the .bin is named, its .idx not yet
+
+    old = signal.signal(sig, stop)
+    try:
+        monkeypatch.setattr(indexed.os, "replace", replace_then_signal)
+        with pytest.raises(Stopped) as stopped:
+            commit_all(two_writers(tmp_path, seed=3))
+    finally:
+        signal.signal(sig, old)
+    assert getattr(stopped.value, "published", False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ds_text_document.bin",
+        "ds_text_document.idx",
+        "ds_title_document.bin",
+        "ds_title_document.idx",
+    ]
+
+
+def test_stale_temporaries_only_of_dead_runs_on_this_host(tmp_path: Path) -> None:
+    """On a shared filesystem another host's temporary is never removed (its PID means nothing here);
+    this host's are removed when their PID is dead, kept while it is alive."""
+    from megatron_ext.indexed import _OWNER
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        names = {
+            "ours_dead": f".x.bin.tmp-{_OWNER}-{dead.pid}",
+            "ours_dead_backup": f".x.bin.old-{_OWNER}-{dead.pid}",
+            "ours_alive": f".x.bin.tmp-{_OWNER}-{alive.pid}",
+            "other_host_same_pid": f".x.bin.tmp-othernode-{dead.pid}",
+            "other_host_like_ours": f".x.bin.tmp-{_OWNER}-1-{dead.pid}",
+            "older_format": f".x.bin.tmp-{dead.pid}",
+        }
+        for name in names.values():
+            (tmp_path / name).write_bytes(b"partial")
+        writer = IndexedWriter(tmp_path / "x", np.uint16)
+        writer.discard()
+        kept = {p.name for p in tmp_path.iterdir()}
+    finally:
+        alive.kill()
+        alive.wait()
+    assert kept == {n for k, n in names.items() if k not in ("ours_dead", "ours_dead_backup")}
+
+
+def test_without_o_tmpfile_temporaries_name_host_and_pid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the filesystem has no O_TMPFILE (NFS, some Lustre), the partial files are named
+    ``.NAME.tmp-HOST…-PID`` while written; commit and discard leave none."""
+    from megatron_ext.indexed import _OWNER
+
+    real_open = os.open
+
+    def open_without_tmpfile(path: object, flags: int, *args: object, **kw: object) -> int:
+        if hasattr(os, "O_TMPFILE") and flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", open_without_tmpfile)
+    docs = random_documents(8, 50, 1000)
+    writer = IndexedWriter(tmp_path / "a", np.uint16)
+    assert leftovers(tmp_path) == [f".a.bin.tmp-{_OWNER}-{os.getpid()}"]
+    assert socket.gethostname().split(".")[0] in _OWNER
+    writer.discard()
+    assert list(tmp_path.iterdir()) == []
+    ours(tmp_path / "b", docs, np.uint16)
+    megatron_builder(tmp_path / "ref", docs, np.uint16)
+    assert same_files(tmp_path / "b", tmp_path / "ref")
+    assert leftovers(tmp_path) == []

@@ -150,6 +150,50 @@ def test_workers_partitions_chunks_gzip_and_globs_give_the_same_bytes(data: dict
     assert bad.returncode == 2 and "multiple of --partitions" in bad.stderr
 
 
+def test_input_glob_without_files_is_an_error(data: dict[str, Path], tmp_path: Path) -> None:
+    (tmp_path / "shard0.jsonl").mkdir()  # a directory that looks like an input
+    out = tmp_path / "out"
+    out.mkdir()
+    dirs = preprocess(str(tmp_path / "shard*.jsonl"), out / "ds", data["model"], check=False)
+    assert dirs.returncode == 1 and "matches only directories" in dirs.stderr and "shard0.jsonl" in dirs.stderr
+    none = preprocess(str(tmp_path / "nothing*.jsonl"), out / "ds", data["model"], check=False)
+    assert none.returncode == 1 and "matches nothing" in none.stderr
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--vocab-extra-ids", "0"],
+        ["--legacy-tokenizer"],
+        ["--trust-remote-code"],
+        ["--tokenizer-metadata", "m.json"],
+        ["--tiktoken-pattern", "v2"],
+        ["--padded-vocab-size", "1024"],
+        ["--find-optimal-num-workers"],
+        ["--performance-dir", "perf"],
+        ["--tokenizer-type", "Llama2Tokenizer"],
+        ["--split-sentences"],
+    ],
+    ids=lambda f: f[-1] if f[0] == "--tokenizer-type" else f[0],
+)
+def test_unsupported_megatron_lm_flags_are_refused(tmp_path: Path, flag: list[str]) -> None:
+    """The Megatron-LM flags listed in docs/data.md as not supported stop the tool (exit code 2)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("preprocess_data_tool", REPO / "tools" / "preprocess_data.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = ["--input", "x.jsonl", "--output-prefix", str(tmp_path / "x"), "--tokenizer-type", "NullTokenizer"]
+    try:
+        code = module.main([*args, "--vocab-size", "10", *flag])
+    except SystemExit as exc:  # argparse: unknown flag or choice
+        code = exc.code
+    assert code == 2
+    assert not any(tmp_path.iterdir())
+
+
 BAD_LINES = {
     "not_json": b'{"text": "unterminated\n',
     "missing_key": b'{"body": "no text key here"}\n',
@@ -218,10 +262,10 @@ def test_skip_bad_lines_counts_and_keeps_the_rest(data: dict[str, Path], tmp_pat
     assert same_files(ref["text"], tmp_path / "ds_text_document")
 
 
-def _start_slow_run(data: dict[str, Path], tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
-    big = tmp_path / "big.jsonl"
+def _start_slow_run(data: dict[str, Path], tmp_path: Path, *, gz: bool = False) -> tuple[subprocess.Popen[str], Path]:
+    big = tmp_path / ("big.jsonl.gz" if gz else "big.jsonl")
     corpus = data["corpus"].read_bytes()
-    with open(big, "wb") as f:
+    with gzip.open(big, "wb", compresslevel=1) if gz else open(big, "wb") as f:
         for _ in range(30):
             f.write(corpus)
     out = tmp_path / "out"
@@ -261,15 +305,20 @@ def _start_slow_run(data: dict[str, Path], tmp_path: Path) -> tuple[subprocess.P
     return proc, out
 
 
-@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGKILL"])
-def test_interrupted_run_leaves_nothing(data: dict[str, Path], tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize(
+    ("how", "code"),
+    [("SIGINT", 130), ("SIGTERM", 143), ("SIGTERM-group", 143), ("SIGHUP-group", 129), ("SIGKILL", -9)],
+)
+def test_interrupted_run_leaves_nothing(data: dict[str, Path], tmp_path: Path, how: str, code: int) -> None:
     proc, out = _start_slow_run(data, tmp_path)
-    if how == "SIGINT":  # Ctrl-C reaches the whole foreground process group
-        os.killpg(proc.pid, signal.SIGINT)
+    sig = getattr(signal, how.split("-")[0])
+    # Ctrl-C and a terminal hang-up reach the whole process group, as SLURM's scancel reaches every process
+    if how == "SIGINT" or how.endswith("-group"):
+        os.killpg(proc.pid, sig)
     else:
-        proc.send_signal(getattr(signal, how))
+        proc.send_signal(sig)
     proc.wait(timeout=30)
-    assert proc.returncode != 0
+    assert proc.returncode == code  # 128 + the signal, as a shell reports it
     time.sleep(0.2)
     assert list(out.iterdir()) == [], f"left behind after {how}: {leftovers(out)}"
     # no orphaned workers keep running either
@@ -277,6 +326,47 @@ def test_interrupted_run_leaves_nothing(data: dict[str, Path], tmp_path: Path, h
     while time.time() < deadline and _session_alive(proc.pid):
         time.sleep(0.1)
     assert not _session_alive(proc.pid)
+
+
+def _workers(parent: int) -> list[int]:
+    """The worker processes of a running tool: its children that run its own command line."""
+    own = (Path("/proc") / str(parent) / "cmdline").read_bytes()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if ppid == parent and (entry / "cmdline").read_bytes() == own:
+                    found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return sorted(found)
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_worker_killed_by_the_system_is_a_prompt_error(data: dict[str, Path], tmp_path: Path, gz: bool) -> None:
+    """A worker that dies on its own (the OOM killer's SIGKILL) stops the run at once with an error that
+    names it, its signal and the file; the other workers are stopped and nothing is written."""
+    proc, out = _start_slow_run(data, tmp_path, gz=gz)
+    workers = _workers(proc.pid)
+    assert len(workers) == 2, workers
+    os.kill(workers[0], signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("preprocess_data.py hung after one of its workers was killed")
+    assert proc.returncode == 1, err
+    assert f"worker pid {workers[0]} died with signal 9 (SIGKILL, likely out of memory" in err, err
+    assert (
+        f"while encoding {tmp_path / ('big.jsonl.gz' if gz else 'big.jsonl')}" in err and "Nothing was written" in err
+    )
+    assert list(out.iterdir()) == [], f"left behind: {leftovers(out)}"
+    deadline = time.time() + 5
+    while time.time() < deadline and _session_alive(proc.pid):
+        time.sleep(0.1)
+    assert not _session_alive(proc.pid), "the other worker was left running"
 
 
 def _session_alive(sid: int) -> bool:

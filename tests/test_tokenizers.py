@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from megatron_ext.tokenizers import (
+    GPT2_PATTERN,
     GPT2BPETokenizer,
     GPTSentencePieceTokenizer,
     HuggingFaceTokenizer,
@@ -58,11 +59,38 @@ def test_gpt2_pattern_splits_like_gpt2() -> None:
     assert pat.findall("a\x1cb") == ["a", "\x1c", "b"]
 
 
-def test_gpt2_pattern_equals_regex_module() -> None:
-    regex = pytest.importorskip("regex")
-    reference = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
-    text = "It's 3.14 — naïve café ½ Ⅻ 日本語\t\u2003x  y\r\n\x1c\x85 ﬁ ẞ 🙂 'LL 'll" * 3
-    assert gpt2_pattern().findall(text) == reference.findall(text)
+def test_gpt2_pattern_uses_newer_unicode_like_megatron_lm() -> None:
+    """Letters and digits of Unicode 15-16 split as Megatron-LM's `regex` splits them, whatever the
+    interpreter's own Unicode version (Python 3.11's unicodedata is 14.0 and has them unassigned)."""
+    text = (
+        "a\U0001e030b"  # U+1E030 MODIFIER LETTER CYRILLIC SMALL A (Lm, Unicode 15): inside a word
+        " \U00011f04\U00011f05"  # two Kawi letters (Lo, Unicode 15)
+        " \U00011f50\U00011f51"  # KAWI DIGIT ZERO, ONE (Nd, Unicode 15): a number
+        " \u1c89x"  # U+1C89 CYRILLIC CAPITAL LETTER TJE (Lu, Unicode 16)
+        " 1\U0001ccf0"  # U+1CCF0 OUTLINED DIGIT ZERO (Nd, Unicode 16)
+    )
+    assert gpt2_pattern().findall(text) == [
+        "a\U0001e030b",
+        " \U00011f04\U00011f05",
+        " \U00011f50\U00011f51",
+        " \u1c89x",
+        " 1\U0001ccf0",
+    ]
+    assert GPT2_PATTERN == r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def test_gpt2_bpe_merges_across_a_newer_letter(tmp_path: Path) -> None:
+    """A merge of 'a' with the first UTF-8 byte of U+1E030 (a letter since Unicode 15) applies, because
+    the word is one pre-token for Megatron-LM's `regex` pattern."""
+    byte_chars = list(bytes_to_unicode().values())
+    first = bytes_to_unicode()[0xF0]  # U+1E030 is F0 9E 80 B0 in UTF-8
+    vocab = {c: i for i, c in enumerate([*byte_chars, "a" + first, "<|endoftext|>"])}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (tmp_path / "merges.txt").write_text(f"#version: 0.2\na {first}\n", encoding="utf-8")
+    tok = GPT2BPETokenizer(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    rest = [vocab[bytes_to_unicode()[b]] for b in (0x9E, 0x80, 0xB0)]
+    assert tok.tokenize("a\U0001e030") == [vocab["a" + first], *rest]
+    assert tok.detokenize(tok.tokenize("a\U0001e030")) == "a\U0001e030"
 
 
 def test_gpt2_bpe_ids_by_hand(gpt2_files: tuple[Path, Path]) -> None:
@@ -189,7 +217,12 @@ def test_gpt2_bpe_equals_huggingface_byte_level_bpe(tmp_path: Path, sp_model: Pa
     tk.train_from_iterator(texts, trainer)
     tk.model.save(str(tmp_path))
     ours = GPT2BPETokenizer(tmp_path / "vocab.json", tmp_path / "merges.txt")
-    probe = [*texts[:50], "It's 3.14 — naïve café ½ 日本語\t x  y\r\n 🙂 'LL"]
+    # The last probe has letters and digits of Unicode 15-16, which `tokenizers` also knows.
+    probe = [
+        *texts[:50],
+        "It's 3.14 — naïve café ½ 日本語\t x  y\r\n 🙂 'LL",
+        "a\U0001e030b \U00011f50 \u1c89x 1\U0001ccf0",
+    ]
     for text in probe:
         assert ours.tokenize(text) == tk.encode(text).ids
         assert ours.detokenize(ours.tokenize(text)) == text

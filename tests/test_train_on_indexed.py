@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from megatron_ext import data_sources
 from megatron_ext.arguments import ConfigError, parse_args
+from megatron_ext.indexed import IndexedDatasetFiles, IndexedWriter
+from megatron_ext.tokenizers import NullTokenizer
 from tests.conftest import read_metrics, run_pretrain, run_script
 from tests.data_helpers import shared_data, tool
 
@@ -100,6 +104,128 @@ def test_damaged_dataset_is_a_config_error(datasets: dict[str, Path], tmp_path: 
     assert proc.returncode == 2 and "the .bin is truncated" in proc.stderr
 
 
+def write_dataset(prefix: Path, dtype: type, *, vocab: int = 1000, docs: int = 200, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 50, size=docs)
+    writer = IndexedWriter(prefix, dtype)
+    writer.add_documents(rng.integers(0, vocab, size=int(lengths.sum())), lengths)
+    writer.commit()
+    return prefix
+
+
+def corrupt_pointer(prefix: Path, sequence: int) -> None:
+    """Overwrite one sequence pointer in the middle of the index (the ends stay consistent)."""
+    files = IndexedDatasetFiles.open(prefix)
+    offset = 34 + 4 * files.num_sequences + 8 * sequence
+    del files
+    with open(f"{prefix}.idx", "r+b") as f:
+        f.seek(offset)
+        f.write(np.int64(12345).tobytes())
+
+
+@pytest.mark.unit
+def test_ranks_other_than_0_check_datasets_in_constant_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank checks header, sizes and the end of the last sequence against the .bin size; only
+    global rank 0 (RANK, default 0) verifies every pointer and samples token ids."""
+    tok = NullTokenizer(999)  # ids 0..999
+    good = write_dataset(tmp_path / "good", np.uint16)
+    bad_pointer = write_dataset(tmp_path / "bad_pointer", np.uint16)
+    corrupt_pointer(bad_pointer, 100)
+    truncated = write_dataset(tmp_path / "truncated", np.uint16)
+    with open(f"{truncated}.bin", "r+b") as f:
+        f.truncate(f.seek(0, 2) - 2)
+    other_tokenizer = write_dataset(tmp_path / "other_tokenizer", np.uint16, vocab=30000)
+
+    monkeypatch.setenv("RANK", "7")
+    for prefix in (good, bad_pointer, other_tokenizer):  # what only the full checks can see passes here
+        data_sources.check_dataset(str(prefix), tok)
+    with pytest.raises(data_sources.DataError, match=r"the \.bin is truncated"):
+        data_sources.check_dataset(str(truncated), tok)
+    reads: list[str] = []
+    monkeypatch.setattr(IndexedDatasetFiles, "verify", lambda self, **kw: reads.append("verify") or [])
+    data_sources.check_dataset(str(good), tok)
+    assert reads == []
+
+    monkeypatch.undo()
+    for rank in ("0", None):
+        if rank is None:
+            monkeypatch.delenv("RANK", raising=False)
+        else:
+            monkeypatch.setenv("RANK", rank)
+        data_sources.check_dataset(str(good), tok)
+        with pytest.raises(data_sources.DataError, match="sequence 100: pointer 12345"):
+            data_sources.check_dataset(str(bad_pointer), tok)
+        with pytest.raises(data_sources.DataError, match=r"holds token id \d+, beyond the vocabulary"):
+            data_sources.check_dataset(str(other_tokenizer), tok)
+
+
+@pytest.mark.unit
+def test_full_dataset_checks_in_dry_run(datasets: dict[str, Path], tmp_path: Path) -> None:
+    """pretrain_gpt.py --dry-run (one process, no RANK) runs the full checks: a bad pointer in the middle of
+    the index is an error there, while a non-zero rank's start-up check lets it pass."""
+    for ext in ("bin", "idx"):
+        (tmp_path / f"ptr.{ext}").write_bytes(Path(f"{datasets['a']}.{ext}").read_bytes())
+    corrupt_pointer(tmp_path / "ptr", 50)
+    proc = run_script([*MODEL, "--data-path", str(tmp_path / "ptr"), *tokenizer_flags(datasets), "--dry-run"])
+    assert proc.returncode == 2 and "sequence 50: pointer 12345" in proc.stderr, proc.stderr
+
+
+@pytest.mark.unit
+def test_token_dtype_must_only_hold_the_vocabulary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """int32 tokens for a small vocabulary (as other tools write them) are valid; a dtype that cannot hold
+    every id of the tokenizer is not."""
+    monkeypatch.setenv("RANK", "0")
+    tok = NullTokenizer(999)
+    for dtype in (np.int32, np.int64, np.uint16, np.int16):
+        data_sources.check_dataset(str(write_dataset(tmp_path / np.dtype(dtype).name, dtype)), tok)
+    small = write_dataset(tmp_path / "uint8", np.uint8, vocab=200)
+    with pytest.raises(data_sources.DataError, match="uint8 tokens, which cannot hold the ids of NullTokenizer"):
+        data_sources.check_dataset(str(small), tok)
+    data_sources.check_dataset(str(small), NullTokenizer(255))  # 256 ids fit in uint8
+
+
+@pytest.mark.unit
+def test_blend_weights_reach_megatron_cores_blended_dataset(datasets: dict[str, Path]) -> None:
+    """'0.7 A 0.3 B' draws 70% of the training and validation samples from A, through Megatron-Core's
+    BlendedDataset.
+    No --data-cache-path: without a process group Megatron-Core builds the blend's indices in memory."""
+    from megatron.core.datasets.blended_dataset import BlendedDataset
+
+    from megatron_ext.data import build_datasets, build_tokenizer
+
+    cfg = parse_args(
+        [
+            *MODEL,
+            "--data-path",
+            "0.7",
+            str(datasets["a"]),
+            "0.3",
+            str(datasets["b"]),
+            "--split",
+            "90,8,2",
+            *tokenizer_flags(datasets),
+            "--train-iters",
+            "50",
+            "--eval-iters",
+            "4",
+        ]
+    )
+    built = build_datasets(cfg, build_tokenizer(cfg))
+    # Weights ignored would give 50% (equal) or A's share of the tokens (by size): both far from 70%.
+    sizes = [int(IndexedDatasetFiles.open(datasets[k]).lengths.sum()) for k in ("a", "b")]
+    assert abs(sizes[0] / sum(sizes) - 0.7) > 0.05
+    for split, expected_samples in ((built.train, 50 * 8), (built.valid, 4 * 8)):
+        assert isinstance(split, BlendedDataset)
+        assert [d.dataset.path_prefix for d in split.datasets] == [str(datasets["a"]), str(datasets["b"])]
+        assert len(split) >= expected_samples
+        counts = np.bincount(np.asarray(split.dataset_index), minlength=2)
+        assert abs(counts[0] / counts.sum() - 0.7) < 0.01, counts
+        # Every sample is one of that source's own samples.
+        for i in range(0, len(split), 37):
+            source, index = int(split.dataset_index[i]), int(split.dataset_sample_index[i])
+            assert np.array_equal(split[i]["tokens"], split.datasets[source][index]["tokens"])
+
+
 @pytest.mark.distributed
 def test_pipeline_trains_on_a_weighted_blend(datasets: dict[str, Path], tmp_path: Path) -> None:
     """PP2 × VP2 on '0.7 A 0.3 B' with a 90/8/2 split: the loss goes down, validation and test run."""
@@ -150,3 +276,7 @@ def test_pipeline_trains_on_a_weighted_blend(datasets: dict[str, Path], tmp_path
     assert test["iteration"] == 16 and test["test_loss"] < losses[0]
     # Megatron-Core built its sample/shuffle indices once (rank 0) into --data-cache-path.
     assert any(cache.rglob("*shuffle_index.npy"))
+    # The training run's own blend (the train split's BlendedDataset index in the cache) is 0.7 / 0.3.
+    (train_index,) = [np.load(p) for p in cache.rglob("*-BlendedDataset-train-dataset_index.npy")]
+    counts = np.bincount(train_index, minlength=2)
+    assert abs(counts[0] / counts.sum() - 0.7) < 0.01, counts

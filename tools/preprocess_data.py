@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """JSON Lines → Megatron indexed dataset (``PREFIX_KEY_document.bin/.idx``).
 
-A drop-in for Megatron-LM's ``tools/preprocess_data.py`` (same flags, same
-output bytes) that needs only ``megatron.core``, streams in bounded memory,
-reports bad lines with file and line number, and leaves nothing at the
-output paths unless it finishes::
+A drop-in for Megatron-LM's ``tools/preprocess_data.py`` for GPT data (its
+flags except sentence splitting, the worker-count search and the options of
+tokenizers not implemented here, see docs/data.md; the same output bytes) that
+needs only ``megatron.core``, streams in bounded memory, reports bad lines with
+file and line number, and leaves nothing at the output paths unless it
+finishes. Exit codes: 0 done, 1 bad input or a failed worker, 2 bad options,
+128 + N when stopped by signal N (130 Ctrl-C, 143 SIGTERM)::
 
     python tools/preprocess_data.py --input 'corpus/*.jsonl.gz' --output-prefix data/corpus \\
         --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model tok.model --append-eod --workers 8
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -102,8 +106,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
-        print(f"\ninterrupted ({exc or 'Ctrl-C'}): nothing was written", file=sys.stderr)
-        return 130
+        # The shell's convention: 128 + the signal (130 for Ctrl-C/SIGINT, 143 for SIGTERM, 129 for SIGHUP).
+        signum = getattr(exc, "signum", signal.SIGINT)
+        if getattr(exc, "published", False):
+            outputs = ", ".join(preprocess.output_prefix_for(args.output_prefix, k) for k in args.json_keys)
+            print(
+                f"\ninterrupted ({exc or 'Ctrl-C'}) while the finished outputs were being named; they are complete "
+                f"and were kept ({outputs}), the report was not written",
+                file=sys.stderr,
+            )
+        else:
+            print(f"\ninterrupted ({exc or 'Ctrl-C'}): nothing was written", file=sys.stderr)
+        return 128 + int(signum)
     report = preprocess.report_path(args.output_prefix)
     preprocess.write_report(summary, report)
     if not args.quiet:
