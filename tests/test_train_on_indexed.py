@@ -184,6 +184,11 @@ def test_token_dtype_must_only_hold_the_vocabulary(tmp_path: Path, monkeypatch: 
     data_sources.check_dataset(str(small), NullTokenizer(255))  # 256 ids fit in uint8
 
 
+def blend_flags(datasets: dict[str, Path]) -> list[str]:
+    """'0.7 A 0.3 B' with a 90/8/2 split."""
+    return ["--data-path", "0.7", str(datasets["a"]), "0.3", str(datasets["b"]), "--split", "90,8,2"]
+
+
 @pytest.mark.unit
 def test_blend_weights_reach_megatron_cores_blended_dataset(datasets: dict[str, Path]) -> None:
     """'0.7 A 0.3 B' draws 70% of the training and validation samples from A, through Megatron-Core's
@@ -196,13 +201,7 @@ def test_blend_weights_reach_megatron_cores_blended_dataset(datasets: dict[str, 
     cfg = parse_args(
         [
             *MODEL,
-            "--data-path",
-            "0.7",
-            str(datasets["a"]),
-            "0.3",
-            str(datasets["b"]),
-            "--split",
-            "90,8,2",
+            *blend_flags(datasets),
             *tokenizer_flags(datasets),
             "--train-iters",
             "50",
@@ -234,13 +233,7 @@ def test_pipeline_trains_on_a_weighted_blend(datasets: dict[str, Path], tmp_path
     run_pretrain(
         [
             *MODEL,
-            "--data-path",
-            "0.7",
-            str(datasets["a"]),
-            "0.3",
-            str(datasets["b"]),
-            "--split",
-            "90,8,2",
+            *blend_flags(datasets),
             "--data-cache-path",
             str(cache),
             *tokenizer_flags(datasets),
