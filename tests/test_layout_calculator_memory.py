@@ -236,6 +236,28 @@ MEGATRON_CASES = [
 ]
 
 
+def _megatron_lm_for(workload: Workload, lay: ParallelLayout, *, sequence_parallel_and_selective: bool) -> tuple:
+    """The reference accounting for the model and layout under test."""
+    model = workload.model
+    return megatron_lm_theoretical_memory(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        ffn_hidden_size=model.effective_ffn_hidden_size,
+        seq_length=model.seq_length,
+        padded_vocab_size=workload.padded_vocab_size(lay.tp),
+        untie=model.untie_embeddings_and_output_weights,
+        tp=lay.tp,
+        pp=lay.pp,
+        vp=lay.vp if lay.vp > 1 else None,
+        dp=lay.dp,
+        distributed_optimizer=lay.use_distributed_optimizer,
+        micro_batch_size=lay.micro_batch_size,
+        num_microbatches=lay.num_microbatches,
+        sequence_parallel_and_selective=sequence_parallel_and_selective,
+    )
+
+
 @pytest.mark.parametrize("case", MEGATRON_CASES, ids=[c[0] for c in MEGATRON_CASES])
 def test_agrees_with_megatron_lm_theoretical_memory_within_2_percent(case: tuple) -> None:
     """Sequence parallel + selective recomputation: where Megatron-LM's accounting applies (first stage).
@@ -248,23 +270,7 @@ def test_agrees_with_megatron_lm_theoretical_memory_within_2_percent(case: tuple
     workload = Workload(model=model, precision="bf16", recompute_granularity="selective")
     lay = layout(world, tp, pp, vp, mbs, gbs, model=model, sequence_parallel=True, use_distributed_optimizer=dist_opt)
     mem = estimate_memory(workload, lay)
-    ref_weights, ref_act = megatron_lm_theoretical_memory(
-        num_layers=model.num_layers,
-        hidden_size=model.hidden_size,
-        num_attention_heads=model.num_attention_heads,
-        ffn_hidden_size=model.effective_ffn_hidden_size,
-        seq_length=model.seq_length,
-        padded_vocab_size=workload.padded_vocab_size(tp),
-        untie=model.untie_embeddings_and_output_weights,
-        tp=tp,
-        pp=pp,
-        vp=vp if vp > 1 else None,
-        dp=lay.dp,
-        distributed_optimizer=dist_opt,
-        micro_batch_size=mbs,
-        num_microbatches=lay.num_microbatches,
-        sequence_parallel_and_selective=True,
-    )
+    ref_weights, ref_act = _megatron_lm_for(workload, lay, sequence_parallel_and_selective=True)
     first = mem.first
     assert first.weights_and_optimizer_bytes == pytest.approx(ref_weights, rel=0.02)
     # Megatron-LM keeps no a·s² scores under selective recomputation; our fused-attention statistics are extra.
@@ -290,23 +296,7 @@ def test_agrees_with_megatron_lm_without_sequence_parallel_up_to_its_5_percent_m
     model = gpt(attention_backend="unfused", position_embedding_type="rope", **overrides)
     workload = Workload(model=model, precision="bf16", recompute_granularity="selective")
     lay = layout(world, tp, pp, vp, mbs, gbs, model=model, use_distributed_optimizer=dist_opt)
-    _, ref_act = megatron_lm_theoretical_memory(
-        num_layers=model.num_layers,
-        hidden_size=model.hidden_size,
-        num_attention_heads=model.num_attention_heads,
-        ffn_hidden_size=model.effective_ffn_hidden_size,
-        seq_length=model.seq_length,
-        padded_vocab_size=workload.padded_vocab_size(tp),
-        untie=False,
-        tp=tp,
-        pp=pp,
-        vp=vp if vp > 1 else None,
-        dp=lay.dp,
-        distributed_optimizer=dist_opt,
-        micro_batch_size=mbs,
-        num_microbatches=lay.num_microbatches,
-        sequence_parallel_and_selective=False,
-    )
+    _, ref_act = _megatron_lm_for(workload, lay, sequence_parallel_and_selective=False)
     assert estimate_memory(workload, lay).first.activations_bytes * 1.05 == pytest.approx(ref_act, rel=0.02)
 
 
