@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_ext.checkpointing import CHECKSUMS_FILENAME, TRACKER_FILENAME, read_tracker
+from megatron_ext.checkpointing import CHECKSUMS_FILENAME, TRACKER_FILENAME, is_complete, read_tracker
 from megatron_ext.resilience import EXIT_CHECKPOINT, EXIT_NON_FINITE, EXIT_SAVED_AND_STOPPED
 from tests.conftest import REPO, TINY_MODEL, _env, launch_command, read_metrics, run_pretrain, train_losses
 
@@ -149,15 +149,23 @@ def test_kill_9_during_saves_leaves_a_loadable_checkpoint(tmp_path: Path, uninte
     _kill_9_everything(proc)
     latest = read_tracker(save)
     assert latest is not None
-    # Whatever the kill interrupted, also leave a save that certainly did not finish.
+    # The kill may land anywhere: inside a save (an unfinished directory), or between a
+    # save's manifest and its tracker update (a complete directory the tracker does
+    # not name yet, which stays: it is a valid checkpoint of the same run). Also leave
+    # a save that certainly did not finish.
     partial = save / f"iter_{latest + 1:07d}"
+    if partial.exists() and is_complete(partial):
+        partial = save / f"iter_{latest + 2:07d}"
     if not partial.exists():
         shutil.copytree(save / f"iter_{latest:07d}", partial)
         (partial / CHECKSUMS_FILENAME).unlink()  # a killed save never wrote its manifest
         for shard in partial.glob("*.distcp"):
             shard.write_bytes(shard.read_bytes()[:100])
     _resume_and_compare(save, metrics, uninterrupted)
-    assert not partial.exists()  # the resumed run's save removed the unfinished one
+    # The resumed run's save removed every unfinished directory.
+    assert not partial.exists()
+    assert [p.name for p in save.glob("iter_*") if not is_complete(p)] == []
+    assert read_tracker(save) == ITERS
 
 
 def _saved_run(tmp_path: Path, *extra: str) -> Path:
