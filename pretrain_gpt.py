@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pretrain a GPT with Megatron-Core: TP × interleaved-1F1B PP × DP.
 
-The providers below say *what* is trained; ``megatron_ext.training.pretrain``
+The providers below say *what* is trained; ``megatron_ext.training.loop.pretrain``
 does the rest. The same script rehearses a layout on CPU processes (gloo) and
 trains on GPUs (NCCL):
 
@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from megatron_ext.arguments import TrainingConfig
-from megatron_ext.data import Datasets, build_datasets, build_tokenizer
-from megatron_ext.model import layer_spec, transformer_config, unwrap
-from megatron_ext.training import pretrain
+from megatron_ext.config.arguments import TrainingConfig
+from megatron_ext.training.datasets import Datasets, build_datasets, build_tokenizer
+from megatron_ext.training.loop import pretrain
+from megatron_ext.training.model import layer_spec, transformer_config, unwrap
 
 
 def model_provider(

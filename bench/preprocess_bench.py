@@ -16,7 +16,7 @@ both are compared byte for byte::
     python bench/preprocess_bench.py --corpus-mb 50 --vocab-size 32000 --workers 2 --runs 3
     python bench/preprocess_bench.py --reference-tool ~/Megatron-LM/tools/preprocess_data.py
 
-The corpus (``megatron_ext.corpus``) and the tokenizer are cached under ``--work-dir``.
+The corpus (``megatron_ext.data.corpus``) and the tokenizer are cached under ``--work-dir``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from megatron_ext.corpus import build_corpus  # noqa: E402
+from megatron_ext.data.corpus import build_corpus  # noqa: E402
 
 
 def _secs(values: Any) -> str:
@@ -110,7 +110,7 @@ def tokenizer_alone(corpus: Path, model: Path, tokenizer_type: str, cores: int) 
     code = f"""
 import json, os, resource, sys, time
 sys.path.insert(0, {str(REPO)!r})
-from megatron_ext.tokenizers import build_tokenizer
+from megatron_ext.data.tokenizers import build_tokenizer
 sp = build_tokenizer({tokenizer_type!r}, tokenizer_model={str(model)!r}).sp
 texts = [json.loads(line)["text"] for line in open({str(corpus)!r}, encoding="utf-8")]
 cores = {cores}

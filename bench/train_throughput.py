@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training throughput of a named model and layout: tokens/s, TFLOP/s, MFU, where the time goes.
 
-Runs ``pretrain_gpt.py`` (through ``megatron_ext.launch``) for warm-up plus
+Runs ``pretrain_gpt.py`` (through ``megatron_ext.cli.launch``) for warm-up plus
 measured iterations on mock data, with Megatron-Core's timers on, and reports
 over the measured iterations only:
 
@@ -48,9 +48,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from megatron_ext.launch import local_command  # noqa: E402
-from megatron_ext.model_presets import PRESETS  # noqa: E402
-from megatron_ext.timing import COMPUTE_TIMERS  # noqa: E402
+from megatron_ext.cli.launch import local_command  # noqa: E402
+from megatron_ext.config.presets import PRESETS  # noqa: E402
+from megatron_ext.training.timing import COMPUTE_TIMERS  # noqa: E402
 
 TINY = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64, "vocab_size": 1023}
 """A CPU-sized GPT so that the benchmark itself is exercised by the tests."""

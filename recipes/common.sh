@@ -2,7 +2,7 @@
 # The one launcher every recipe sources: resolve the job's geometry, validate
 # the layout before anything starts, launch pretrain_gpt.py with srun + torchrun
 # (or torchrun alone outside SLURM), and requeue the job when training stopped
-# early with a checkpoint (exit code 75, see megatron_ext/resilience.py).
+# early with a checkpoint (exit code 75, see megatron_ext/training/resilience.py).
 #
 # A recipe sets the model shape and hyper-parameters (arrays MODEL and
 # TRAINING) and the defaults of the layout variables below, then sources this
@@ -236,7 +236,7 @@ torchrun_args=(--nnodes "${NNODES}" --nproc-per-node "${GPUS_PER_NODE}"
 # Per-task values (SLURM_NODEID, SLURM_PROCID, ...) exist only inside each srun
 # task, so a one-line shim expands them there, on the task's own node.
 # shellcheck disable=SC2016
-node_task=(bash -c 'exec "$0" -m megatron_ext.launch --node-rank "${SLURM_NODEID}" "$@"')
+node_task=(bash -c 'exec "$0" -m megatron_ext.cli.launch --node-rank "${SLURM_NODEID}" "$@"')
 # shellcheck disable=SC2016
 gpu_task=(bash -c 'export RANK="${SLURM_PROCID}" LOCAL_RANK="${SLURM_LOCALID}" WORLD_SIZE="${SLURM_NTASKS}"; exec "$@"')
 
@@ -255,7 +255,7 @@ case "${LAUNCHER}" in
     job_launch=("${srun_common[@]}" --ntasks "${NNODES}" --ntasks-per-node 1 --cpus-per-task "${cpus_on_node}"
       "${node_task[@]}" "${PYTHON}" "${torchrun_args[@]}" "${pretrain[@]}")
     # shellcheck disable=SC2016  # shown as written: each task has its own value
-    per_task=("${PYTHON}" -m megatron_ext.launch "${torchrun_args[@]}" --node-rank '$SLURM_NODEID' "${pretrain[@]}")
+    per_task=("${PYTHON}" -m megatron_ext.cli.launch "${torchrun_args[@]}" --node-rank '$SLURM_NODEID' "${pretrain[@]}")
     ;;
   srun)
     cpus_per_task=$((cpus_on_node / GPUS_PER_NODE))
@@ -271,7 +271,7 @@ esac
 # Outside SLURM one machine runs torchrun itself; without a container only (pyxis needs srun).
 local_launch=()
 if ((!in_job && NNODES == 1)) && [[ -z "${CONTAINER_IMAGE}" ]]; then
-  local_launch=("${PYTHON}" -m megatron_ext.launch "${torchrun_args[@]}" "${pretrain[@]}")
+  local_launch=("${PYTHON}" -m megatron_ext.cli.launch "${torchrun_args[@]}" "${pretrain[@]}")
 fi
 if ((in_job)); then
   launch=("${job_launch[@]}")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment in .venv. Idempotent:
-# does nothing when the pinned requirements are already installed.
+# does nothing when the pinned requirements and pyproject.toml are unchanged
+# since the last run. Ends with `pip install --no-deps --editable .` (this package).
 #
 #   TORCH_SPEC   torch requirement to install when none is available (default torch==2.13.0)
 #   PYTHON       interpreter to build the venv from (default python3)
@@ -20,7 +21,7 @@ python="${PYTHON:-python3}"
 torch_spec="${TORCH_SPEC:-torch==2.13.0}"
 stamp="${venv}/.requirements.sha256"
 
-want="$(cat "${repo}/requirements.txt" "${repo}/requirements-dev.txt" | sha256sum | cut -d' ' -f1)"
+want="$(cat "${repo}/requirements.txt" "${repo}/requirements-dev.txt" "${repo}/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 if [[ -f "${stamp}" && "$(cat "${stamp}")" == "${want}" && -x "${venv}/bin/python" ]]; then
   exit 0
 fi
@@ -61,4 +62,7 @@ else
   echo "torch==${torch_version}" >"${constraints}"
   "${pip[@]}" -c "${constraints}" -r "${repo}/requirements-dev.txt"
 fi
+# This project itself, editable: the megatron_ext package and its console scripts (mcore-layout, ...).
+echo "setup: installing megatron_ext (editable)"
+"${pip[@]}" --no-deps --editable "${repo}"
 echo "${want}" >"${stamp}"

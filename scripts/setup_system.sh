@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages the tests use beyond Python: SLURM's controller and
-# node daemons with munge (tests/test_slurm.py starts a two-node cluster on this
-# machine) and shellcheck (tests/test_recipes.py lints the recipes).
+# node daemons with munge (tests/recipes/test_slurm.py starts a two-node cluster on this
+# machine) and shellcheck (tests/recipes/test_recipes.py lints the recipes).
 # Idempotent: does nothing when they are installed. Needs root and apt-get;
 # without them it says what is missing and leaves it to the tests to skip.
 #

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_ext.launch import free_port as _free_port  # noqa: F401 - shared with tests
-from megatron_ext.launch import local_command
+from megatron_ext.cli.launch import free_port as _free_port  # noqa: F401 - shared with tests
+from megatron_ext.cli.launch import local_command
 
 REPO = Path(__file__).resolve().parent.parent
 PRETRAIN = REPO / "pretrain_gpt.py"

@@ -1,41 +1,9 @@
 #!/usr/bin/env python3
-"""Build a real-text JSON Lines corpus from text already on this machine.
+"""Build a real-text JSON Lines corpus from text already on this machine. (entry point: megatron_ext/cli/build_corpus.py; `--help` for the flags)."""
 
-Python docstrings (standard library, then installed packages) and
-``/usr/share/doc``; nothing is downloaded and nothing is stored in the
-repository::
-
-    python tools/build_corpus.py --output runs/corpus/stdlib.jsonl --target-mb 4 --sources stdlib
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from megatron_ext.corpus import SOURCES, build_corpus
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output", required=True, help="JSON Lines file to write.")
-    p.add_argument("--target-mb", type=float, default=4.0, help="Stop once this many MB are written.")
-    p.add_argument("--sources", nargs="+", default=list(SOURCES), choices=SOURCES, help="Where text comes from.")
-    p.add_argument("--workers", type=int, default=2, help="Processes that parse files.")
-    args = p.parse_args(argv)
-    start = time.perf_counter()
-    counts = build_corpus(args.output, target_mb=args.target_mb, sources=tuple(args.sources), workers=args.workers)
-    size = counts.pop("bytes")
-    docs = ", ".join(f"{n:,} from {s}" for s, n in counts.items())
-    print(f"wrote {args.output}: {size / 1e6:.1f} MB, {docs} ({time.perf_counter() - start:.1f} s)")
-    if size < args.target_mb * 1e6 * 0.5:
-        print(f"note: only {size / 1e6:.1f} MB of text found for --target-mb {args.target_mb}", file=sys.stderr)
-    return 0
-
+from megatron_ext.cli.build_corpus import main
 
 if __name__ == "__main__":
     sys.exit(main())

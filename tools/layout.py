@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from megatron_ext.layout_calculator import run
+from megatron_ext.cli.layout import main
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(main())

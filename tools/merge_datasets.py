@@ -1,61 +1,9 @@
 #!/usr/bin/env python3
-"""Merge Megatron indexed datasets into one, in the order given.
+"""Merge Megatron indexed datasets into one, in the order given. (entry point: megatron_ext/cli/merge_datasets.py; `--help` for the flags)."""
 
-The result is byte-identical to Megatron-Core's ``IndexedDatasetBuilder.add_index``
-over the same inputs (and so to Megatron-LM's ``tools/merge_datasets.py``).
-All inputs must store the same token dtype (the same tokenizer); the index
-arrays are streamed, so memory stays flat::
-
-    python tools/merge_datasets.py --input data/a_text_document data/b_text_document \\
-        --output-prefix data/ab_text_document
-    python tools/merge_datasets.py --input data/shards --output-prefix data/all_text_document
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from megatron_ext.indexed import IndexedDatasetError, merge_datasets
-
-
-def prefixes_of(inputs: list[str]) -> list[str]:
-    """Prefixes as given; a directory stands for every ``*.idx`` in it, sorted (Megatron-LM's form)."""
-    out: list[str] = []
-    for item in inputs:
-        path = Path(item)
-        if path.is_dir():
-            found = sorted(str(p.with_suffix("")) for p in path.glob("*.idx"))
-            if not found:
-                raise IndexedDatasetError(f"{path} holds no .idx files")
-            out.extend(found)
-        else:
-            out.append(item[:-4] if item.endswith((".bin", ".idx")) else item)
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", nargs="+", required=True, help="Dataset prefixes, or directories of them.")
-    p.add_argument("--output-prefix", required=True, help="Prefix of the merged .bin/.idx.")
-    args = p.parse_args(argv)
-    try:
-        prefixes = prefixes_of(args.input)
-        if args.output_prefix in prefixes:
-            raise IndexedDatasetError(f"--output-prefix {args.output_prefix} is also an input")
-        writer = merge_datasets(prefixes, args.output_prefix)
-    except IndexedDatasetError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(
-        f"merged {len(prefixes)} datasets into {args.output_prefix}: {writer.num_documents:,} documents, "
-        f"{writer.num_sequences:,} sequences, {writer.num_tokens:,} tokens ({writer.dtype})"
-    )
-    return 0
-
+from megatron_ext.cli.merge_datasets import main
 
 if __name__ == "__main__":
     sys.exit(main())

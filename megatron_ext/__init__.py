@@ -1,0 +1,20 @@
+"""Megatron-Core GPT pretraining recipes: our package on top of ``megatron-core``.
+
+One subpackage per product, each named for what it holds:
+
+* ``config``    the run's configuration: Megatron-LM's flags (one table), the
+                frozen ``ParallelLayout``, model presets, exit codes. Pure:
+                no torch, no file or environment access.
+* ``estimate``  the analytic models shared by ``--dry-run`` and the layout
+                calculator: parameters, FLOPs, memory, step time, hardware,
+                pipeline schedules (bubble, warm-up, simulation), search.
+* ``training``  the runtime behind ``pretrain_gpt.py``: model, parallel state,
+                the loop, checkpoints, resilience, timers.
+* ``data``      corpus to indexed dataset: tokenizers, preprocessing, the
+                ``.bin``/``.idx`` format, blends and their checks.
+* ``cli``       the command-line front ends (``tools/*.py`` and the console
+                scripts are thin entry points into these).
+
+Subpackages import nothing on their own: ``import megatron_ext.config`` does
+not pull in torch.
+"""

@@ -1,0 +1,606 @@
+"""Command line of ``tools/layout.py``: the 3D-parallel layout calculator.
+
+Search mode (default) enumerates every valid TP × PP × VP × DP × micro-batch
+layout for a GPU count and ranks those that fit in memory by estimated step
+time. Evaluate mode (any of ``--tp/--pp/--vp`` or their ``pretrain_gpt.py``
+names given) estimates one layout and explains it. Model and training flags
+are ``pretrain_gpt.py``'s, so a recipe passes the same ones to both.
+
+Exit codes (documented in ``docs/layout-model.md``):
+
+====  ==============================================================
+0     the layout (or, searching, at least one layout) is valid and fits
+2     invalid input or layout: the messages on stderr are the ones
+      ``pretrain_gpt.py`` prints for the same flags
+3     valid, but estimated not to fit in GPU memory (by how much and
+      what to change on stderr)
+====  ==============================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.layout import LayoutError, ParallelLayout
+from megatron_ext.config.presets import PRESETS, get_preset
+from megatron_ext.estimate.hardware import GIB, PROFILES, get_profile
+from megatron_ext.estimate.memory import stage_parameters
+from megatron_ext.estimate.search import (
+    DEFAULT_MEMORY_HEADROOM,
+    Cluster,
+    LayoutEstimate,
+    SearchResult,
+    evaluate,
+    pretrain_flags,
+    search,
+    slurm_counts,
+)
+from megatron_ext.estimate.workload import Workload
+
+EXIT_OK = 0
+EXIT_INVALID = 2
+EXIT_DOES_NOT_FIT = 3
+
+# pretrain_gpt.py flags the calculator models, by argument group (the help text is theirs).
+MODEL_FLAGS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "group_query_attention",
+    "num_query_groups",
+    "kv_channels",
+    "seq_length",
+    "max_position_embeddings",
+    "position_embedding_type",
+    "swiglu",
+    "normalization",
+    "untie_embeddings_and_output_weights",
+    "disable_bias_linear",
+    "hidden_dropout",
+    "attention_dropout",
+    "vocab_size",
+    "make_vocab_size_divisible_by",
+    "transformer_impl",
+    "attention_backend",
+)
+PARALLEL_FLAGS = {
+    "tensor_model_parallel_size": "--tp",
+    "pipeline_model_parallel_size": "--pp",
+    "virtual_pipeline_model_parallel_size": "--vp",
+    "num_layers_per_virtual_pipeline_stage": None,
+    "sequence_parallel": None,
+    "use_distributed_optimizer": None,
+    "overlap_grad_reduce": None,
+    "overlap_param_gather": None,
+}
+BATCH_FLAGS = ("micro_batch_size", "global_batch_size")
+TRAINING_FLAGS = ("bf16", "fp16", "recompute_granularity", "recompute_method", "recompute_num_layers")
+LAYOUT_FIELDS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "num_layers_per_virtual_pipeline_stage",
+)
+
+
+class CalculatorError(ValueError):
+    """Input the calculator cannot use; the message says what to give instead."""
+
+
+def _flag_type(annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return annotation
+
+
+def _add_dataclass_flags(
+    group: argparse._ArgumentGroup, cls: type, names: Sequence[str], aliases: dict[str, str | None] | None = None
+) -> None:
+    """Add ``cls``'s fields ``names`` as pretrain_gpt.py's flags (same names, types and help)."""
+    hints = typing.get_type_hints(cls)
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    for name in names:
+        f = by_name[name]
+        flags = ["--" + name.replace("_", "-")]
+        if aliases and aliases.get(name):
+            flags.append(aliases[name])  # type: ignore[arg-type]
+        kwargs: dict[str, Any] = {"dest": name, "help": f.metadata["help"], "default": None}
+        kind = _flag_type(hints[name])
+        if kind is bool:
+            kwargs["action"] = "store_true"
+            kwargs["default"] = False
+        else:
+            kwargs["type"] = kind
+            kwargs["metavar"] = name.split("_")[-1].upper() if kind is int else None
+            if f.metadata.get("choices"):
+                kwargs["choices"] = f.metadata["choices"]
+        if name == "vocab_size":
+            kwargs["help"] = "Tokenizer vocabulary, padded like Megatron (default 50257, GPT-2 BPE, unless --model)."
+        if name == "recompute_granularity":
+            kwargs["choices"] = ["none", "selective", "full"]
+            kwargs["help"] = "Activation recomputation: none (default), selective (attention core) or full."
+        group.add_argument(*flags, **kwargs)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        hint = ""
+        if "unrecognized arguments" in message:
+            hint = (
+                "\n  the calculator takes the pretrain_gpt.py flags it models (shape, layout, batch, precision, "
+                "recompute, overlap) and no others: remove the rest from its command line (see --help)"
+            )
+        self.exit(EXIT_INVALID, f"{self.prog}: error: {message}{hint}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="tools/layout.py",
+        description=(
+            "3D-parallel layout calculator for Megatron-Core GPT pretraining: enumerate, validate and rank "
+            "TP × PP × VP × DP × micro-batch layouts by estimated memory and step time, or evaluate one. "
+            "Exit codes: 0 fits, 2 invalid, 3 valid but does not fit."
+        ),
+        allow_abbrev=False,
+    )
+    cluster = parser.add_argument_group("cluster")
+    size = cluster.add_mutually_exclusive_group()
+    size.add_argument("--gpus", "--world-size", dest="gpus", type=int, help="Number of GPUs (world size).")
+    size.add_argument("--nodes", type=int, help="Number of nodes (GPUs = nodes × --gpus-per-node).")
+    cluster.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8).")
+    cluster.add_argument(
+        "--gpu", default="h100-sxm", help=f"Hardware profile: {', '.join(PROFILES)} (default h100-sxm)."
+    )
+    cluster.add_argument("--peak-tflops", type=float, help="Override the profile's dense bf16/fp16 peak, TFLOP/s.")
+    cluster.add_argument("--gpu-memory-gib", type=float, help="Override the profile's memory per GPU, GiB.")
+    cluster.add_argument("--hbm-gbps", type=float, help="Override the profile's memory bandwidth, GB/s.")
+    cluster.add_argument("--intra-node-gbps", type=float, help="Override the NVLink collective bandwidth, GB/s.")
+    cluster.add_argument("--inter-node-gbps", type=float, help="Override the per-GPU network bandwidth, GB/s.")
+    cluster.add_argument(
+        "--compute-efficiency", type=float, help="Override the calibrated fraction of peak the GEMMs reach."
+    )
+    cluster.add_argument(
+        "--memory-headroom",
+        type=float,
+        default=DEFAULT_MEMORY_HEADROOM,
+        help=f"Share of GPU memory kept free for CUDA context, NCCL, fragmentation (default {DEFAULT_MEMORY_HEADROOM}).",
+    )
+
+    model = parser.add_argument_group("model (pretrain_gpt.py flags)")
+    model.add_argument("--model", help=f"Preset shape: {', '.join(PRESETS)}; the flags below override its values.")
+    _add_dataclass_flags(model, ModelArgs, MODEL_FLAGS)
+
+    layout = parser.add_argument_group(
+        "layout (pretrain_gpt.py flags; giving TP, PP or VP evaluates that layout instead of searching)"
+    )
+    _add_dataclass_flags(layout, ParallelArgs, tuple(PARALLEL_FLAGS), PARALLEL_FLAGS)
+    batch = parser.add_argument_group("batch")
+    _add_dataclass_flags(batch, BatchArgs, BATCH_FLAGS)
+    training = parser.add_argument_group("precision and recomputation (default fp32, like pretrain_gpt.py)")
+    _add_dataclass_flags(training, OptimizerArgs, TRAINING_FLAGS)
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--top", type=int, default=10, help="Layouts to list in search mode (default 10).")
+    out.add_argument("--json", action="store_true", help="Print JSON instead of text.")
+    out.add_argument("--explain", action="store_true", help="Break memory and time down (the chosen layout).")
+    return parser
+
+
+# ---------------------------------------------------------------- inputs
+def _cluster(args: argparse.Namespace) -> Cluster:
+    try:
+        gpu = get_profile(args.gpu)
+    except ValueError as exc:
+        raise CalculatorError(str(exc)) from None
+    gpu = gpu.with_overrides(
+        peak_tflops=args.peak_tflops,
+        memory_gib=args.gpu_memory_gib,
+        hbm_gbps=args.hbm_gbps,
+        intra_node_gbps=args.intra_node_gbps,
+        inter_node_gbps=args.inter_node_gbps,
+        compute_efficiency=args.compute_efficiency,
+    )
+    if args.gpus is None and args.nodes is None:
+        raise CalculatorError("give the GPU count: --gpus N (or --world-size N), or --nodes N")
+    gpus = args.gpus if args.gpus is not None else args.nodes * args.gpus_per_node
+    cluster = Cluster(gpus=gpus, gpus_per_node=args.gpus_per_node, gpu=gpu, memory_headroom=args.memory_headroom)
+    problems = cluster.problems()
+    if problems:
+        raise CalculatorError("; ".join(problems))
+    return cluster
+
+
+def _workload(args: argparse.Namespace) -> tuple[Workload, int | None]:
+    """The model and training options, and the preset's global batch size (if a preset was given)."""
+    values: dict[str, Any] = {}
+    preset_batch = None
+    if args.model is not None:
+        try:
+            preset = get_preset(args.model)
+        except ValueError as exc:
+            raise CalculatorError(str(exc)) from None
+        values.update(preset.model_flags())
+        preset_batch = preset.global_batch_size
+    for name in MODEL_FLAGS:
+        value = getattr(args, name)
+        if value is not None and value is not False:
+            values[name] = value
+    missing = [
+        f"--{n.replace('_', '-')}" for n in ("num_layers", "hidden_size", "num_attention_heads") if n not in values
+    ]
+    if missing:
+        raise CalculatorError(f"give --model NAME or the model shape: {', '.join(missing)} missing")
+    if "seq_length" not in values:
+        raise CalculatorError("give --seq-length (tokens per sequence)")
+    values.setdefault("vocab_size", 50257)
+    if args.bf16 and args.fp16:
+        raise CalculatorError("--bf16 and --fp16 are mutually exclusive; choose one")
+    granularity = args.recompute_granularity or "none"
+    if args.recompute_method is not None and granularity != "full":
+        raise CalculatorError("--recompute-method is only used with --recompute-granularity full")
+    if args.overlap_param_gather and not args.use_distributed_optimizer:
+        raise CalculatorError("--overlap-param-gather needs --use-distributed-optimizer")
+    try:
+        model = ModelArgs(**values)
+        workload = Workload(
+            model=model,
+            precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+            recompute_granularity=granularity,
+            recompute_method=args.recompute_method or "uniform",
+            recompute_num_layers=args.recompute_num_layers or 1,
+            overlap_grad_reduce=args.overlap_grad_reduce,
+            overlap_param_gather=args.overlap_param_gather,
+        )
+    except (ConfigError, ValueError) as exc:
+        raise CalculatorError(str(exc)) from None
+    return workload, preset_batch
+
+
+def evaluate_layout_from_flags(
+    args: argparse.Namespace, workload: Workload, cluster: Cluster, batch: int | None
+) -> ParallelLayout:
+    """The layout of the given flags, built exactly as ``pretrain_gpt.py`` builds it (LayoutError if invalid)."""
+    m = workload.model
+    return ParallelLayout.from_flags(
+        world_size=cluster.gpus,
+        tensor_model_parallel_size=args.tensor_model_parallel_size or 1,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size or 1,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        num_layers_per_virtual_pipeline_stage=args.num_layers_per_virtual_pipeline_stage,
+        sequence_parallel=args.sequence_parallel,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        micro_batch_size=args.micro_batch_size or 1,
+        global_batch_size=batch,
+        num_layers=m.num_layers,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.effective_num_query_groups,
+        ffn_hidden_size=m.effective_ffn_hidden_size,
+        seq_length=m.seq_length,
+        gpus_per_node=cluster.gpus_per_node,
+    )
+
+
+# ---------------------------------------------------------------- report
+def _gib(value: float) -> str:
+    return f"{value / GIB:.1f}"
+
+
+def _describe_inputs(workload: Workload, cluster: Cluster, batch: int | None) -> list[str]:
+    m, gpu = workload.model, cluster.gpu
+    total = stage_parameters(workload, tp=1, pp=1).first
+    shape = f"{m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads"
+    if m.group_query_attention:
+        shape += f" ({m.num_query_groups} query groups)"
+    peak = gpu.peak_flops if workload.mixed_precision else gpu.peak_flops_fp32
+    lines = [
+        f"model: {shape}, sequence {m.seq_length}, vocabulary {m.vocab_size}: {total / 1e9:.2f}B parameters",
+        f"cluster: {cluster.gpus} × {gpu.name} ({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} × "
+        f"{min(cluster.gpus, cluster.gpus_per_node)}): {peak / 1e12:.0f} TFLOP/s {workload.precision} peak × "
+        f"{gpu.compute_efficiency:.3f} achievable, {_gib(gpu.memory_bytes)} GiB ({_gib(cluster.usable_memory_bytes)} "
+        f"usable), NVLink {gpu.intra_node_bandwidth / 1e9:.0f} GB/s, network {gpu.inter_node_bandwidth / 1e9:.0f} GB/s per GPU",
+    ]
+    options = [workload.precision if workload.mixed_precision else "fp32 (no --bf16/--fp16)"]
+    options.append(f"recompute {workload.recompute_granularity}")
+    if workload.recompute_granularity == "full":
+        options[-1] += f" ({workload.recompute_method}, {workload.recompute_num_layers} layer(s))"
+    options += [name for name in ("overlap_grad_reduce", "overlap_param_gather") if getattr(workload, name)]
+    if batch is not None:
+        options.append(f"global batch {batch} sequences ({batch * m.seq_length:,} tokens)")
+    lines.append("training: " + ", ".join(o.replace("_", "-") for o in options))
+    return lines
+
+
+def _table(estimates: list[LayoutEstimate]) -> list[str]:
+    header = (
+        f"{'TP':>3} {'PP':>3} {'VP':>3} {'DP':>5} {'MB':>3} {'#mb':>5} {'GiB/GPU':>8} {'fits':>4} "
+        f"{'bubble':>7} {'step s':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>6}"
+    )
+    rows = [header]
+    for e in estimates:
+        lay = e.layout
+        rows.append(
+            f"{lay.tp:>3} {lay.pp:>3} {lay.vp:>3} {lay.dp:>5} {lay.micro_batch_size:>3} {lay.num_microbatches:>5} "
+            f"{_gib(e.memory.total_bytes):>8} {'yes' if e.fits else 'NO':>4} "
+            f"{(lay.pp - 1) / (lay.vp * lay.num_microbatches):>7.1%} {e.time.step_s:>9.3f} "
+            f"{e.tokens_per_sec:>11,.0f} {e.tflops_per_gpu:>8.1f} {e.mfu:>6.1%}"
+        )
+    return rows
+
+
+def _explain(e: LayoutEstimate, workload: Workload) -> list[str]:
+    lay, mem, t, cluster = e.layout, e.memory, e.time, e.cluster
+    most = mem.most_loaded
+    per_w = most.weights_bytes / most.parameters
+    per_o = most.optimizer_bytes / most.parameters
+    opt_note = f"{per_o:.2f} bytes/param" + (
+        f" = {per_o * lay.dp:.0f} / DP {lay.dp}, distributed optimizer" if lay.use_distributed_optimizer else ""
+    )
+    other = mem.last if most is mem.first else mem.first
+    lines = [
+        f"memory on the most loaded GPU ({most.stage} pipeline stage):",
+        f"  parameters          {most.parameters:>16,}",
+        f"  weights             {_gib(most.weights_bytes):>12} GiB  ({per_w:.0f} bytes/param)",
+        f"  gradients           {_gib(most.gradients_bytes):>12} GiB  (4 bytes/param, fp32)",
+        f"  optimizer states    {_gib(most.optimizer_bytes):>12} GiB  ({opt_note})",
+        f"  activations         {_gib(most.activations_bytes):>12} GiB  ({mem.layer_activation_bytes / 2**20:.1f} MiB "
+        f"per layer and microbatch, {lay.layers_per_pipeline_stage} layers, {most.in_flight_microbatches:.2f} "
+        f"microbatches in flight, recompute {workload.recompute_granularity})",
+        f"  total               {_gib(most.total_bytes):>12} GiB  of {_gib(cluster.usable_memory_bytes)} usable "
+        f"({_gib(cluster.gpu.memory_bytes)} GiB × {1 - cluster.memory_headroom:.2f})",
+    ]
+    if other is not most:
+        lines.append(f"  ({other.stage} stage: {_gib(other.total_bytes)} GiB)")
+    lines += [
+        f"step time {t.step_s:.3f} s:",
+        f"  compute             {t.compute_s:>10.3f} s  ({lay.num_microbatches} microbatches × "
+        f"{t.microbatch_compute_s * 1e3:.2f} ms on the slowest stage)",
+        f"  tensor-parallel     {t.tp_comm_s:>10.3f} s  (all-reduce / all-gather + reduce-scatter, NVLink)",
+        f"  pipeline bubble     {t.bubble_s:>10.3f} s  ((p-1)/(v*m) = {lay.pp - 1}/({lay.vp}*{lay.num_microbatches}) = "
+        f"{(lay.pp - 1) / (lay.vp * lay.num_microbatches):.2%} of ideal, {t.bubble_share:.2%} of the step)",
+        f"  pipeline p2p        {t.pp_comm_s:>10.3f} s  (exposed)",
+        f"  data-parallel       {t.dp_comm_s:>10.3f} s  (exposed, of {t.dp_comm_total_s:.3f} s)",
+        f"  optimizer step      {t.optimizer_s:>10.3f} s",
+        f"throughput: {e.tokens_per_sec:,.0f} tokens/s, {e.tflops_per_gpu:.1f} model TFLOP/s per GPU "
+        f"({e.hardware_tflops_per_gpu:.1f} with recomputation), MFU {e.mfu:.1%}",
+    ]
+    return lines
+
+
+def _emit(e: LayoutEstimate, workload: Workload) -> list[str]:
+    counts = slurm_counts(e.cluster)
+    return [
+        "pretrain_gpt.py flags:",
+        "  " + " \\\n  ".join(pretrain_flags(workload, e.layout)),
+        f"SLURM: #SBATCH --nodes={counts['nodes']} --gpus-per-node={counts['gpus_per_node']}  "
+        f"(torchrun per node: --ntasks-per-node={counts['ntasks_per_node_torchrun']}; "
+        f"srun per GPU: --ntasks-per-node={counts['ntasks_per_node_srun']}); world size {counts['world_size']}",
+    ]
+
+
+def _record(e: LayoutEstimate, workload: Workload) -> dict[str, Any]:
+    record = e.to_json()
+    record["pretrain_flags"] = " ".join(pretrain_flags(workload, e.layout))
+    return record
+
+
+def _json_header(workload: Workload, cluster: Cluster, mode: str) -> dict[str, Any]:
+    gpu = cluster.gpu
+    return {
+        "mode": mode,
+        "gpu": {
+            "name": gpu.name,
+            "peak_tflops": (gpu.peak_flops if workload.mixed_precision else gpu.peak_flops_fp32) / 1e12,
+            "memory_bytes": gpu.memory_bytes,
+            "compute_efficiency": gpu.compute_efficiency,
+        },
+        "cluster": slurm_counts(cluster),
+        "precision": workload.precision,
+        "recompute_granularity": workload.recompute_granularity,
+    }
+
+
+def _does_not_fit_message(e: LayoutEstimate, workload: Workload, alternatives: SearchResult | None) -> str:
+    cluster = e.cluster
+    over = e.memory.total_bytes - cluster.usable_memory_bytes
+    lines = [
+        f"error: the layout is valid but needs an estimated {_gib(e.memory.total_bytes)} GiB per GPU "
+        f"({e.memory.most_loaded.stage} pipeline stage), {_gib(over)} GiB more than the "
+        f"{_gib(cluster.usable_memory_bytes)} GiB usable on {cluster.gpu.name} "
+        f"({_gib(cluster.gpu.memory_bytes)} GiB, {cluster.memory_headroom:.0%} headroom)"
+    ]
+    tips = []
+    for label, change in _memory_savers(e, workload):
+        tips.append(f"  - {label}: {_gib(change.memory.total_bytes)} GiB{'' if change.fits else ' (still too much)'}")
+    if alternatives is not None and alternatives.fitting:
+        best = alternatives.fitting[0]
+        lay = best.layout
+        tips.append(
+            f"  - or the calculator's best layout for {cluster.gpus} GPUs: TP {lay.tp} PP {lay.pp} VP {lay.vp} "
+            f"DP {lay.dp} micro-batch {lay.micro_batch_size}: {_gib(best.memory.total_bytes)} GiB, "
+            f"{best.time.step_s:.2f} s/step (run without --tp/--pp/--vp to see the ranking)"
+        )
+    if tips:
+        lines.append("what would change it (same GPUs):")
+        lines += tips
+    else:
+        lines.append("nothing simple fits on these GPUs: use more GPUs (--gpus/--nodes) or a GPU with more memory")
+    return "\n".join(lines)
+
+
+def _memory_savers(e: LayoutEstimate, workload: Workload) -> list[tuple[str, LayoutEstimate]]:
+    """The same layout with one memory-saving change each, that are valid."""
+    lay, out = e.layout, []
+    variants: list[tuple[str, Workload, dict[str, Any]]] = []
+    if not lay.use_distributed_optimizer and lay.dp > 1:
+        variants.append(("--use-distributed-optimizer", workload, {"use_distributed_optimizer": True}))
+    if lay.tp > 1 and not lay.sequence_parallel:
+        variants.append(("--sequence-parallel", workload, {"sequence_parallel": True}))
+    if workload.recompute_granularity == "none":
+        variants.append(
+            ("--recompute-granularity selective", dataclasses.replace(workload, recompute_granularity="selective"), {})
+        )
+    if workload.recompute_granularity != "full":
+        variants.append(
+            (
+                "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+                dataclasses.replace(workload, recompute_granularity="full"),
+                {},
+            )
+        )
+    if lay.micro_batch_size > 1:
+        variants.append(("--micro-batch-size 1", workload, {"micro_batch_size": 1}))
+    for label, w, change in variants:
+        values = {f.name: getattr(lay, f.name) for f in dataclasses.fields(lay)} | change
+        candidate, problems = ParallelLayout.check(**values)
+        if not problems:
+            out.append((label, evaluate(w, candidate, e.cluster)))
+    return out
+
+
+# ---------------------------------------------------------------- main
+def main(
+    argv: Sequence[str] | None = None, *, stdout: typing.TextIO | None = None, stderr: typing.TextIO | None = None
+) -> int:
+    """Parse, estimate, print; returns the exit code."""
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    args = build_parser().parse_args(argv)
+    try:
+        cluster = _cluster(args)
+        workload, preset_batch = _workload(args)
+        if args.top < 1:
+            raise CalculatorError(f"--top must be at least 1, got {args.top}")
+    except CalculatorError as exc:
+        print(f"error: {exc}", file=err)
+        return EXIT_INVALID
+    batch = args.global_batch_size if args.global_batch_size is not None else preset_batch
+    evaluate_mode = any(getattr(args, name) is not None for name in LAYOUT_FIELDS)
+    if evaluate_mode:
+        return _evaluate_mode(args, workload, cluster, batch, out, err)
+    return _search_mode(args, workload, cluster, batch, out, err)
+
+
+def _evaluate_mode(
+    args: argparse.Namespace,
+    workload: Workload,
+    cluster: Cluster,
+    batch: int | None,
+    out: typing.TextIO,
+    err: typing.TextIO,
+) -> int:
+    try:
+        layout = evaluate_layout_from_flags(args, workload, cluster, batch)
+    except LayoutError as exc:
+        print(f"error: {exc}", file=err)
+        if args.json:
+            print(
+                json.dumps(_json_header(workload, cluster, "evaluate") | {"layouts": [], "errors": exc.problems}),
+                file=out,
+            )
+        return EXIT_INVALID
+    estimate = evaluate(workload, layout, cluster)
+    if args.json:
+        doc = _json_header(workload, cluster, "evaluate") | {"layouts": [_record(estimate, workload)], "errors": []}
+        print(json.dumps(doc, indent=2), file=out)
+    else:
+        lines = _describe_inputs(workload, cluster, layout.global_batch_size)
+        lines += ["", *layout.describe(), "", *_table([estimate])]
+        if args.explain:
+            lines += ["", *_explain(estimate, workload)]
+        lines += ["", *_emit(estimate, workload)]
+        print("\n".join(lines), file=out)
+    if not estimate.fits:
+        alternatives = search(
+            workload,
+            cluster,
+            global_batch_size=layout.global_batch_size,
+            sequence_parallel=layout.sequence_parallel,
+            use_distributed_optimizer=layout.use_distributed_optimizer,
+        )
+        print(_does_not_fit_message(estimate, workload, alternatives), file=err)
+        return EXIT_DOES_NOT_FIT
+    return EXIT_OK
+
+
+def _search_mode(
+    args: argparse.Namespace,
+    workload: Workload,
+    cluster: Cluster,
+    batch: int | None,
+    out: typing.TextIO,
+    err: typing.TextIO,
+) -> int:
+    if batch is None:
+        print("error: searching needs --global-batch-size (or --model NAME, whose paper's batch is used)", file=err)
+        return EXIT_INVALID
+    result = search(
+        workload,
+        cluster,
+        global_batch_size=batch,
+        sequence_parallel=args.sequence_parallel,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        micro_batch_size=args.micro_batch_size,
+    )
+    if not result.estimates:
+        print(
+            f"error: no valid layout of {cluster.gpus} GPUs for this model and batch; the simplest candidate's "
+            "problems:\n" + "\n".join(f"  - {p}" for p in result.problems),
+            file=err,
+        )
+        if args.json:
+            print(
+                json.dumps(_json_header(workload, cluster, "search") | {"layouts": [], "errors": result.problems}),
+                file=out,
+            )
+        return EXIT_INVALID
+    shown = result.estimates[: args.top]
+    fitting = result.fitting
+    if args.json:
+        doc = _json_header(workload, cluster, "search") | {
+            "candidates": result.candidates,
+            "valid_layouts": len(result.estimates),
+            "fitting_layouts": len(fitting),
+            "layouts": [_record(e, workload) for e in shown],
+            "errors": [],
+        }
+        print(json.dumps(doc, indent=2), file=out)
+    else:
+        lines = _describe_inputs(workload, cluster, batch)
+        restricted = " (micro-batch fixed)" if args.micro_batch_size is not None else ""
+        if args.sequence_parallel:
+            restricted += " (sequence parallel where TP > 1)"
+        lines += [
+            "",
+            f"searched {result.candidates} candidates{restricted}: {len(result.estimates)} valid layouts, "
+            f"{len(fitting)} fit in memory; "
+            + (f"best {len(shown)} by estimated step time:" if fitting else "none fits; least memory first:"),
+            *_table(shown),
+        ]
+        best = shown[0]
+        if args.explain:
+            lines += ["", "best layout:", *_explain(best, workload)]
+        if best.fits:
+            lines += [""] + ([] if args.explain else ["best layout:"]) + _emit(best, workload)
+        print("\n".join(line for line in lines), file=out)
+    if not fitting:
+        best = result.estimates[0]
+        print(
+            f"error: none of the {len(result.estimates)} valid layouts fits in {_gib(cluster.usable_memory_bytes)} GiB "
+            f"per GPU; the smallest needs {_gib(best.memory.total_bytes)} GiB "
+            f"({_gib(best.memory.total_bytes - cluster.usable_memory_bytes)} GiB too much). Try "
+            "--use-distributed-optimizer, --sequence-parallel, --recompute-granularity selective or full, "
+            "more GPUs, or a GPU with more memory",
+            file=err,
+        )
+        return EXIT_DOES_NOT_FIT
+    return EXIT_OK

@@ -1,0 +1,138 @@
+"""JSON Lines → Megatron indexed dataset (``PREFIX_KEY_document.bin/.idx``).
+
+A drop-in for Megatron-LM's ``tools/preprocess_data.py`` for GPT data (its
+flags except sentence splitting, the worker-count search and the options of
+tokenizers not implemented here, see docs/data.md; the same output bytes) that
+needs only ``megatron.core``, streams in bounded memory, reports bad lines with
+file and line number, and leaves nothing at the output paths unless it
+finishes. Exit codes: 0 done, 1 bad input or a failed worker, 2 bad options,
+128 + N when stopped by signal N (130 Ctrl-C, 143 SIGTERM)::
+
+    python tools/preprocess_data.py --input 'corpus/*.jsonl.gz' --output-prefix data/corpus \\
+        --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model tok.model --append-eod --workers 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from megatron_ext.data.tokenizers import TOKENIZER_TYPES, TokenizerError
+from megatron_ext.data import preprocess
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("input data")
+    g.add_argument("--input", nargs="+", required=True, help="JSON Lines file(s) or glob(s); .gz is read as gzip.")
+    g.add_argument("--json-keys", nargs="+", default=["text"], help="Keys to extract; one dataset per key.")
+    g.add_argument("--split-sentences", action="store_true", help="Not supported (needs NLTK); refused.")
+    g.add_argument("--keep-newlines", action="store_true", help="Only with --split-sentences; refused.")
+    g = p.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES, help="Megatron-LM tokenizer name.")
+    g.add_argument("--tokenizer-model", help="SentencePiece .model file, or a local Hugging Face directory.")
+    g.add_argument("--vocab-file", help="GPT2BPETokenizer: vocab.json.")
+    g.add_argument("--merge-file", help="GPT2BPETokenizer: merges.txt.")
+    g.add_argument("--vocab-size", type=int, help="NullTokenizer: number of ids (eod is this number).")
+    g.add_argument("--append-eod", action="store_true", help="Append the end-of-document id to every document.")
+    g.add_argument("--lang", default="english", help="Accepted for compatibility (sentence splitting only).")
+    g = p.add_argument_group("output data")
+    g.add_argument("--output-prefix", required=True, help="Output path without _KEY_document.bin/.idx.")
+    g = p.add_argument_group("runtime")
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+        help="Worker processes that parse and tokenize (default: the CPUs available).",
+    )
+    g.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        help="Accepted for compatibility: must divide --workers; the output is the same for any value "
+        "(document order is always kept).",
+    )
+    g.add_argument("--keep-sequential-samples", action="store_true", help="Accepted; order is always kept.")
+    g.add_argument("--log-interval", type=int, default=1000, help="Documents between progress lines (no terminal).")
+    g.add_argument("--quiet", action="store_true", help="No progress output.")
+    g.add_argument(
+        "--skip-bad-lines",
+        action="store_true",
+        help="Skip lines that are not JSON objects, lack a key, hold a non-string or invalid UTF-8; count them "
+        "per reason (default: stop at the first one and write nothing).",
+    )
+    g.add_argument("--chunk-mb", type=float, default=1.0, help="Input read per task, in MB (whole lines).")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.split_sentences or args.keep_newlines:
+        print(
+            "error: --split-sentences/--keep-newlines are not supported (GPT pretraining uses documents)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.partitions < 1 or args.workers % args.partitions:
+        print(f"error: --workers {args.workers} must be a multiple of --partitions {args.partitions}", file=sys.stderr)
+        return 2
+    spec = preprocess.TokenizerSpec(
+        tokenizer_type=args.tokenizer_type,
+        tokenizer_model=args.tokenizer_model,
+        vocab_file=args.vocab_file,
+        merge_file=args.merge_file,
+        vocab_size=args.vocab_size,
+    )
+    opts = preprocess.Options(
+        inputs=tuple(args.input),
+        output_prefix=args.output_prefix,
+        json_keys=tuple(args.json_keys),
+        append_eod=args.append_eod,
+        workers=args.workers,
+        skip_bad_lines=args.skip_bad_lines,
+        chunk_bytes=max(int(args.chunk_mb * (1 << 20)), 4096),
+        log_interval=args.log_interval,
+        quiet=args.quiet,
+    )
+    try:
+        summary = preprocess.run(spec, opts)
+    except (preprocess.PreprocessError, TokenizerError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:
+        # The shell's convention: 128 + the signal (130 for Ctrl-C/SIGINT, 143 for SIGTERM, 129 for SIGHUP).
+        signum = getattr(exc, "signum", signal.SIGINT)
+        if getattr(exc, "published", False):
+            outputs = ", ".join(preprocess.output_prefix_for(args.output_prefix, k) for k in args.json_keys)
+            print(
+                f"\ninterrupted ({exc or 'Ctrl-C'}) while the finished outputs were being named; they are complete "
+                f"and were kept ({outputs}), the report was not written",
+                file=sys.stderr,
+            )
+        else:
+            print(f"\ninterrupted ({exc or 'Ctrl-C'}): nothing was written", file=sys.stderr)
+        return 128 + int(signum)
+    report = preprocess.report_path(args.output_prefix)
+    preprocess.write_report(summary, report)
+    if not args.quiet:
+        s = summary
+        rate = s.input_bytes / max(s.seconds, 1e-9) / 1e6
+        print(
+            f"done: {s.documents:,} documents, {sum(s.tokens.values()):,} tokens, {s.input_bytes / 1e6:,.1f} MB "
+            f"in {s.seconds:.1f} s ({rate:.1f} MB/s, {s.documents / max(s.seconds, 1e-9):,.0f} docs/s)",
+            file=sys.stderr,
+        )
+        for key, prefix in s.outputs.items():
+            print(f"  {key}: {prefix}.bin / .idx ({s.tokens[key]:,} tokens)", file=sys.stderr)
+        if any(s.empty_documents.values()):
+            print(f"  empty documents (no tokens, skipped): {s.empty_documents}", file=sys.stderr)
+        if any(s.skipped.values()):
+            counts = ", ".join(f"{r}: {n:,}" for r, n in s.skipped.items() if n)
+            print(f"  skipped bad lines: {counts} (see {report})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

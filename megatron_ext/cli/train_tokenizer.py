@@ -1,0 +1,162 @@
+"""Train a SentencePiece tokenizer (BPE or unigram) on JSON Lines, in bounded memory.
+
+Documents are streamed from the files and cut into lines (SentencePiece's
+"sentences"); SentencePiece keeps a uniform random sample of at most
+``--input-sentence-size`` of them (reservoir sampling), so memory does not grow
+with the corpus. Writes ``PREFIX.model`` and ``PREFIX.vocab`` atomically::
+
+    python tools/train_tokenizer.py --input corpus.jsonl --model-prefix runs/tok/sp32k \\
+        --vocab-size 32000 --model-type bpe --byte-fallback
+
+Defaults suit GPT pretraining with ``--tokenizer-type GPTSentencePieceTokenizer``:
+identity normalisation (text round-trips exactly with ``--byte-fallback``),
+unk/bos/eos = 0/1/2 and no pad piece.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from megatron_ext.data.preprocess import expand_inputs
+
+
+def iter_sentences(files: Sequence[Path], keys: Sequence[str], max_bytes: int) -> Iterator[str]:
+    """Non-empty lines of every document's text; lines over ``max_bytes`` are left out."""
+    import gzip
+
+    for path in files:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    print(f"warning: {path}:{n} is not JSON; left out", file=sys.stderr)
+                    continue
+                if not isinstance(obj, dict):
+                    continue
+                for key in keys:
+                    text = obj.get(key)
+                    if not isinstance(text, str):
+                        continue
+                    for sentence in text.split("\n"):
+                        if sentence.strip() and len(sentence.encode("utf-8", "replace")) <= max_bytes:
+                            yield sentence
+
+
+def train(
+    *,
+    inputs: Sequence[str],
+    model_prefix: str,
+    json_keys: Sequence[str] = ("text",),
+    model_type: str = "bpe",
+    vocab_size: int = 32000,
+    character_coverage: float = 0.9995,
+    user_defined_symbols: Sequence[str] = (),
+    byte_fallback: bool = False,
+    normalization: str = "identity",
+    split_digits: bool = False,
+    input_sentence_size: int = 2_000_000,
+    max_sentence_length: int = 4192,
+    num_threads: int = 2,
+    seed: int = 1234,
+) -> tuple[Path, Path]:
+    """Train and write ``model_prefix.model``/``.vocab``; returns both paths."""
+    import sentencepiece as spm
+
+    files = expand_inputs(inputs)
+    prefix = Path(model_prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    tmp_prefix = prefix.with_name(f".{prefix.name}.tmp-{os.getpid()}")
+    spm.set_random_generator_seed(seed)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter_sentences(files, json_keys, max_sentence_length),
+            model_prefix=str(tmp_prefix),
+            model_type=model_type,
+            vocab_size=vocab_size,
+            character_coverage=character_coverage,
+            user_defined_symbols=list(user_defined_symbols),
+            byte_fallback=byte_fallback,
+            normalization_rule_name=normalization,
+            remove_extra_whitespaces=normalization != "identity",
+            split_digits=split_digits,
+            allow_whitespace_only_pieces=True,
+            input_sentence_size=input_sentence_size,
+            shuffle_input_sentence=True,
+            max_sentence_length=max_sentence_length,
+            num_threads=num_threads,
+            unk_id=0,
+            bos_id=1,
+            eos_id=2,
+            pad_id=-1,
+            minloglevel=2,
+        )
+        outputs = []
+        for suffix in (".model", ".vocab"):
+            final = Path(f"{prefix}{suffix}")
+            os.replace(f"{tmp_prefix}{suffix}", final)
+            outputs.append(final)
+    finally:
+        for suffix in (".model", ".vocab"):
+            Path(f"{tmp_prefix}{suffix}").unlink(missing_ok=True)
+    return outputs[0], outputs[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", nargs="+", required=True, help="JSON Lines file(s) or glob(s) (.gz allowed).")
+    p.add_argument("--json-keys", nargs="+", default=["text"], help="Keys whose text is used.")
+    p.add_argument("--model-prefix", required=True, help="Writes PREFIX.model and PREFIX.vocab.")
+    p.add_argument("--model-type", default="bpe", choices=["bpe", "unigram"], help="SentencePiece algorithm.")
+    p.add_argument("--vocab-size", type=int, default=32000, help="Pieces in the vocabulary.")
+    p.add_argument("--character-coverage", type=float, default=0.9995, help="Share of characters covered.")
+    p.add_argument("--user-defined-symbols", nargs="*", default=[], help="Special tokens kept whole.")
+    p.add_argument("--byte-fallback", action="store_true", help="Unknown characters become UTF-8 byte pieces.")
+    p.add_argument(
+        "--normalization", default="identity", choices=["identity", "nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf"]
+    )
+    p.add_argument("--split-digits", action="store_true", help="Every digit is its own piece.")
+    p.add_argument("--input-sentence-size", type=int, default=2_000_000, help="Lines sampled (bounds memory).")
+    p.add_argument("--max-sentence-length", type=int, default=4192, help="Longer lines (bytes) are left out.")
+    p.add_argument("--num-threads", type=int, default=2, help="Trainer threads.")
+    p.add_argument("--seed", type=int, default=1234, help="Sampling seed.")
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        model, vocab = train(
+            inputs=args.input,
+            model_prefix=args.model_prefix,
+            json_keys=args.json_keys,
+            model_type=args.model_type,
+            vocab_size=args.vocab_size,
+            character_coverage=args.character_coverage,
+            user_defined_symbols=args.user_defined_symbols,
+            byte_fallback=args.byte_fallback,
+            normalization=args.normalization,
+            split_digits=args.split_digits,
+            input_sentence_size=args.input_sentence_size,
+            max_sentence_length=args.max_sentence_length,
+            num_threads=args.num_threads,
+            seed=args.seed,
+        )
+    except (RuntimeError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"wrote {model} and {vocab} ({args.model_type}, {args.vocab_size:,} pieces, "
+        f"{time.perf_counter() - start:.1f} s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,482 @@
+"""Command line and configuration: Megatron-LM's flag names, frozen dataclasses.
+
+Every option is a field of one of the argument-group dataclasses below; the
+field's ``help`` metadata is its ``--help`` text and the flag is the field
+name with dashes (Megatron-LM's spelling). ``parse_args`` returns one frozen
+:class:`TrainingConfig`; nothing reads process-wide globals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from megatron_ext.config.layout import ParallelLayout
+
+
+class ConfigError(ValueError):
+    """Contradictory or out-of-range options (not layout rules: see LayoutError)."""
+
+
+def opt(
+    default: Any,
+    help: str,
+    *,
+    choices: Sequence[Any] | None = None,
+    flag: str | None = None,
+    aliases: Sequence[str] = (),
+) -> Any:
+    """A dataclass field that is also a command-line option (``flag`` and ``aliases`` override its name)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag, "aliases": tuple(aliases)})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelArgs:
+    """Shape of the GPT."""
+
+    num_layers: int = opt(2, "Number of transformer layers.")
+    hidden_size: int = opt(64, "Transformer hidden size.")
+    ffn_hidden_size: int | None = opt(
+        None, "MLP hidden size (default 4 × hidden, or 8/3 × hidden rounded to 64 with --swiglu)."
+    )
+    num_attention_heads: int = opt(4, "Number of attention heads.")
+    group_query_attention: bool = opt(False, "Use grouped-query attention (see --num-query-groups).")
+    num_query_groups: int | None = opt(None, "Number of key/value groups with --group-query-attention.")
+    kv_channels: int | None = opt(None, "Projection size per head (default hidden / heads).")
+    seq_length: int = opt(128, "Sequence length in tokens.")
+    max_position_embeddings: int | None = opt(
+        None, "Positions of the learned position embedding (default --seq-length)."
+    )
+    position_embedding_type: str = opt(
+        "learned_absolute", "Position embedding.", choices=["learned_absolute", "rope", "none"]
+    )
+    rotary_base: int = opt(10000, "Base of the rotary embedding with rope.")
+    rotary_percent: float = opt(1.0, "Share of each head's dimensions that rope rotates.")
+    swiglu: bool = opt(False, "Use a SwiGLU MLP (gated SiLU) instead of GeLU.")
+    normalization: str = opt("LayerNorm", "Normalization layer.", choices=["LayerNorm", "RMSNorm"])
+    norm_epsilon: float = opt(1e-5, "Epsilon of the normalization layers.")
+    untie_embeddings_and_output_weights: bool = opt(False, "Separate input embedding and output layer weights.")
+    disable_bias_linear: bool = opt(False, "No bias in the linear layers.")
+    hidden_dropout: float = opt(0.1, "Dropout probability after attention and MLP.")
+    attention_dropout: float = opt(0.1, "Dropout probability on attention scores.")
+    init_method_std: float = opt(0.02, "Standard deviation of the normal weight initialisation.")
+    vocab_size: int | None = opt(None, "Vocabulary size of the null tokenizer (mock data); padded like Megatron.")
+    make_vocab_size_divisible_by: int = opt(128, "Pad the vocabulary to a multiple of this × tensor-parallel size.")
+    transformer_impl: str = opt(
+        "auto",
+        "Layer implementation: transformer_engine, local, or auto (TE when importable on GPU).",
+        choices=["auto", "local", "transformer_engine"],
+    )
+    attention_backend: str = opt(
+        "auto",
+        "Attention kernel. With Transformer Engine: its flash, fused or unfused backend (auto: TE chooses). "
+        "With the local spec: PyTorch's scaled_dot_product_attention restricted to its flash, fused "
+        "(memory-efficient) or unfused (math) kernel (auto: PyTorch chooses); local: Megatron-Core's own "
+        "DotProductAttention.",
+        choices=["auto", "flash", "fused", "unfused", "local"],
+    )
+    cross_entropy_loss_fusion: bool = opt(False, "Fused vocabulary-parallel cross entropy (GPU).")
+    no_bias_gelu_fusion: bool = opt(False, "Do not fuse bias and GeLU (fused on GPU by default).")
+    no_bias_swiglu_fusion: bool = opt(False, "Do not fuse bias and SwiGLU (fused on GPU by default).")
+    no_bias_dropout_fusion: bool = opt(False, "Do not fuse bias, dropout and residual add (fused on GPU by default).")
+
+    @property
+    def effective_ffn_hidden_size(self) -> int:
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        if self.swiglu:
+            # Megatron-LM: 2/3 of 4h, rounded to a multiple of 64 for kernel efficiency.
+            return int((4 * self.hidden_size * 2 / 3) / 64) * 64
+        return 4 * self.hidden_size
+
+    @property
+    def effective_num_query_groups(self) -> int:
+        if self.group_query_attention and self.num_query_groups is not None:
+            return self.num_query_groups
+        return self.num_attention_heads
+
+    @property
+    def effective_kv_channels(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    def __post_init__(self) -> None:
+        if self.group_query_attention and self.num_query_groups is None:
+            raise ConfigError("--group-query-attention needs --num-query-groups")
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"hidden_size={self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}; set --kv-channels or change one"
+            )
+        max_pos = self.max_position_embeddings
+        if self.position_embedding_type == "learned_absolute" and max_pos is not None and max_pos < self.seq_length:
+            raise ConfigError(f"max_position_embeddings={max_pos} is smaller than seq_length={self.seq_length}")
+        if self.transformer_impl == "transformer_engine" and self.attention_backend == "local":
+            raise ConfigError(
+                "--attention-backend local is Megatron-Core's attention of the local spec and contradicts "
+                "--transformer-impl transformer_engine; use --transformer-impl local (or auto), or another backend"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelArgs:
+    """How the model and the batch are split over processes."""
+
+    tensor_model_parallel_size: int = opt(1, "Tensor-parallel size (keep it within a node).")
+    pipeline_model_parallel_size: int = opt(1, "Pipeline-parallel size (stages across nodes).")
+    num_layers_per_virtual_pipeline_stage: int | None = opt(
+        None, "Layers per virtual stage: turns on the interleaved 1F1B schedule."
+    )
+    virtual_pipeline_model_parallel_size: int | None = opt(
+        None, "Virtual stages (model chunks) per pipeline rank; interleaved 1F1B when > 1."
+    )
+    sequence_parallel: bool = opt(False, "Sequence parallelism in the TP regions (needs TP > 1).")
+    use_distributed_optimizer: bool = opt(False, "Shard optimizer state over data-parallel ranks.")
+    overlap_grad_reduce: bool = opt(False, "Overlap the gradient reduce-scatter with backward.")
+    overlap_param_gather: bool = opt(
+        False, "Overlap the parameter all-gather with forward (needs the distributed optimizer)."
+    )
+    world_size: int | None = opt(None, "World size for --dry-run (default: $WORLD_SIZE, or 1). Ignored in real runs.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchArgs:
+    micro_batch_size: int = opt(1, "Sequences per microbatch per data-parallel rank.")
+    global_batch_size: int | None = opt(None, "Sequences per optimizer step over all ranks (default micro-batch × DP).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerArgs:
+    optimizer: str = opt("adam", "Optimizer.", choices=["adam", "sgd"])
+    lr: float = opt(1e-4, "Peak learning rate.")
+    min_lr: float = opt(0.0, "Learning rate at the end of decay.")
+    lr_warmup_iters: int = opt(0, "Iterations of linear warm-up.")
+    lr_decay_iters: int | None = opt(None, "Iterations of decay (default --train-iters).")
+    lr_decay_style: str = opt("linear", "Decay shape.", choices=["constant", "linear", "cosine", "inverse-square-root"])
+    weight_decay: float = opt(0.01, "Weight decay.")
+    adam_beta1: float = opt(0.9, "Adam beta1.")
+    adam_beta2: float = opt(0.999, "Adam beta2.")
+    adam_eps: float = opt(1e-8, "Adam epsilon.")
+    sgd_momentum: float = opt(0.9, "SGD momentum.")
+    clip_grad: float = opt(1.0, "Clip the global gradient norm to this (0 disables).")
+    bf16: bool = opt(False, "bf16 mixed precision (fp32 master weights).")
+    fp16: bool = opt(False, "fp16 mixed precision with dynamic loss scaling.")
+    loss_scale: float | None = opt(None, "Static loss scale for fp16 (default dynamic).")
+    initial_loss_scale: float = opt(2.0**32, "Initial dynamic loss scale for fp16.")
+    seed: int = opt(1234, "Random seed.")
+    recompute_granularity: str | None = opt(None, "Activation recomputation.", choices=["full", "selective"])
+    recompute_method: str | None = opt(None, "With full recomputation: which layers.", choices=["uniform", "block"])
+    recompute_num_layers: int | None = opt(None, "With full recomputation: layers per group.")
+    calculate_per_token_loss: bool = opt(
+        False, "Average the loss over all tokens of the step instead of per microbatch."
+    )
+
+    def __post_init__(self) -> None:
+        if self.bf16 and self.fp16:
+            raise ConfigError("--bf16 and --fp16 are mutually exclusive; choose one")
+        if self.recompute_granularity == "full" and self.recompute_method is None:
+            raise ConfigError("--recompute-granularity full needs --recompute-method uniform|block")
+        if self.recompute_method is not None and self.recompute_granularity != "full":
+            raise ConfigError("--recompute-method is only used with --recompute-granularity full")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"--min-lr {self.min_lr} is larger than --lr {self.lr}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataArgs:
+    """Training data (Megatron indexed datasets, made by tools/preprocess_data.py) and the tokenizer."""
+
+    mock_data: bool = opt(False, "Train on Megatron-Core's mock GPT dataset (no files).")
+    data_path: tuple[str, ...] = opt(
+        (), "Indexed dataset prefixes (no .bin/.idx), optionally weighted: 'P1 P2 …' or 'W1 P1 W2 P2 …'."
+    )
+    split: str = opt("969,30,1", "Train/valid/test proportions of --data-path (Megatron's split string).")
+    train_data_path: tuple[str, ...] = opt((), "Training blend when the splits come from separate datasets.")
+    valid_data_path: tuple[str, ...] = opt((), "Validation blend (with --train-data-path).")
+    test_data_path: tuple[str, ...] = opt((), "Test blend (with --train-data-path).")
+    data_cache_path: str | None = opt(
+        None, "Where Megatron-Core caches its sample/shuffle indices (default: next to each dataset)."
+    )
+    tokenizer_type: str = opt(
+        "NullTokenizer",
+        "Tokenizer, with Megatron-LM's names and semantics (must be the one the data was preprocessed with).",
+        choices=[
+            "NullTokenizer",
+            "SentencePieceTokenizer",
+            "GPTSentencePieceTokenizer",
+            "GPT2BPETokenizer",
+            "HuggingFaceTokenizer",
+        ],
+    )
+    tokenizer_model: str | None = opt(None, "SentencePiece .model file, or a local Hugging Face tokenizer directory.")
+    vocab_file: str | None = opt(None, "GPT2BPETokenizer: vocab.json.")
+    merge_file: str | None = opt(None, "GPT2BPETokenizer: merges.txt.")
+    num_workers: int = opt(0, "Data-loader worker processes.")
+
+    def __post_init__(self) -> None:
+        per_split = self.train_data_path or self.valid_data_path or self.test_data_path
+        if self.data_path and per_split:
+            raise ConfigError("--data-path and --train/valid/test-data-path are mutually exclusive; use one form")
+        if per_split and not self.train_data_path:
+            raise ConfigError("--valid-data-path/--test-data-path need --train-data-path")
+        if self.mock_data and (self.data_path or per_split):
+            raise ConfigError("--mock-data and a data path are mutually exclusive; drop one")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunArgs:
+    train_iters: int = opt(10, "Optimizer steps to train.")
+    log_interval: int = opt(1, "Log every this many iterations.")
+    eval_interval: int = opt(0, "Evaluate every this many iterations (0: only at the end if --eval-iters).")
+    eval_iters: int = opt(0, "Batches per evaluation (0 disables evaluation).")
+    save: str | None = opt(None, "Directory to save checkpoints into.")
+    load: str | None = opt(None, "Directory to load a checkpoint from.")
+    save_interval: int = opt(0, "Save every this many iterations (0: only at the end).")
+    exit_interval: int = opt(
+        0, "Save a checkpoint and stop (exit code 75) after an iteration divisible by this (0: never)."
+    )
+    exit_duration_in_mins: float | None = opt(
+        None, "Save and stop (exit code 75) once the longest-running rank has trained this many minutes."
+    )
+    exit_signal_handler: bool = opt(
+        False, "On SIGTERM, SIGUSR1 or SIGUSR2: finish the iteration, save, stop with exit code 75."
+    )
+    async_save: bool = opt(
+        False,
+        "Write checkpoints in the background (Megatron-Core's async dist-checkpointing); the tracker "
+        "names a checkpoint only once its files are complete.",
+    )
+    keep_last_checkpoints: int = opt(0, "Keep only the newest K complete checkpoints under --save (0: all).")
+    strict_load: bool = opt(False, "Fail when --load holds no checkpoint instead of starting fresh.")
+    max_consecutive_skipped: int = opt(
+        3,
+        "Tolerate this many non-finite losses in a row (fp16: overflows at the minimum loss scale); one more "
+        "stops the run with an error (exit code 4).",
+    )
+    no_load_optim: bool = opt(False, "Do not load optimizer state from --load.")
+    dist_ckpt_optim_fully_reshardable: bool = opt(
+        False,
+        "Save the distributed optimizer's state per parameter, loadable under any TP, PP, VP and DP; it is "
+        "gathered over the data-parallel ranks at every save. Default (Megatron-LM's): each rank writes its "
+        "own shard in parallel, loadable under another DP only.",
+    )
+    distrib_optim_fully_reshardable_mem_efficient: bool = opt(
+        False, "With --dist-ckpt-optim-fully-reshardable: gather on one rank over gloo (less memory, slower)."
+    )
+    override_opt_param_scheduler: bool = opt(
+        False,
+        "On --load, take the learning-rate schedule from this run's flags, not from the checkpoint.",
+        flag="--override-opt_param-scheduler",
+        aliases=["--override-opt-param-scheduler"],
+    )
+    use_checkpoint_opt_param_scheduler: bool = opt(
+        False,
+        "On --load, keep the checkpoint's learning-rate schedule whatever this run's flags say. Without "
+        "either flag a schedule that differs from the checkpoint's is an error.",
+        flag="--use-checkpoint-opt_param-scheduler",
+        aliases=["--use-checkpoint-opt-param-scheduler"],
+    )
+    no_checkpoint_checksums: bool = opt(
+        False, "Do not compute (on save) or verify (on load) the CRC-32 of every checkpoint file."
+    )
+    no_load_rng: bool = opt(False, "Do not load RNG state from --load.")
+    finetune: bool = opt(False, "Load only the model from --load and start at iteration 0.")
+    tensorboard_dir: str | None = opt(None, "Write TensorBoard scalars here.")
+    metrics_file: str | None = opt(None, "Append one JSON object per logged iteration (JSON Lines).")
+    dry_run: bool = opt(False, "Validate and print the plan; create no process group; exit 0 if valid.")
+    device: str = opt(
+        "auto", "Where to run: cuda, cpu, or auto (cuda when available).", choices=["auto", "cuda", "cpu"]
+    )
+    distributed_timeout_minutes: int = opt(10, "Timeout of collective operations.")
+    timing_log_level: int = opt(
+        0,
+        "Megatron-Core timers: 0 none, 1 the step (forward-backward, optimizer), 2 also every microbatch's "
+        "forward/backward compute and pipeline send/receive waits, which gives the measured pipeline bubble "
+        "(synchronises the GPU around each; costs a little speed).",
+        choices=[0, 1, 2],
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingConfig:
+    """The whole, validated configuration of one run."""
+
+    model: ModelArgs
+    parallel: ParallelArgs
+    batch: BatchArgs
+    optim: OptimizerArgs
+    data: DataArgs
+    run: RunArgs
+    layout: ParallelLayout
+    tokenizer_vocab_size: int | None = None
+    """The tokenizer's vocabulary before padding (resolved by make_config; None: null tokenizer of --vocab-size)."""
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Vocabulary padded to a multiple of make_vocab_size_divisible_by × TP (Megatron)."""
+        return pad_vocab_size(
+            self.vocab_size,
+            self.model.make_vocab_size_divisible_by,
+            self.layout.tensor_model_parallel_size,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        """Unpadded vocabulary: the tokenizer's (the null tokenizer adds one id, end of document)."""
+        if self.tokenizer_vocab_size is not None:
+            return self.tokenizer_vocab_size
+        return (self.model.vocab_size or 0) + 1
+
+
+def pad_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
+    multiple = divisible_by * tensor_parallel
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+_GROUPS: dict[str, type] = {
+    "model": ModelArgs,
+    "parallel": ParallelArgs,
+    "batch": BatchArgs,
+    "optim": OptimizerArgs,
+    "data": DataArgs,
+    "run": RunArgs,
+}
+
+
+def _base_type(tp: Any) -> tuple[Any, bool]:
+    """(element type, is_list) of a possibly Optional annotation."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        origin = typing.get_origin(tp)
+    if origin is tuple:
+        return typing.get_args(tp)[0], True
+    return tp, False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Pretrain a GPT with Megatron-Core (TP × interleaved PP × DP).",
+        allow_abbrev=False,
+    )
+    for group_name, cls in _GROUPS.items():
+        group = parser.add_argument_group(group_name, cls.__doc__)
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+            tp, is_list = _base_type(hints[f.name])
+            kwargs: dict[str, Any] = {
+                "dest": f"{group_name}.{f.name}",
+                "help": f.metadata["help"],
+                # Only options given on the command line reach the dataclasses.
+                "default": argparse.SUPPRESS,
+            }
+            if tp is bool:
+                kwargs["action"] = "store_true"
+            else:
+                kwargs["type"] = tp
+                kwargs["metavar"] = f.name.upper()
+                if is_list:
+                    kwargs["nargs"] = "+"
+                if f.metadata.get("choices"):
+                    kwargs["choices"] = f.metadata["choices"]
+            group.add_argument(flag, *f.metadata.get("aliases", ()), **kwargs)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None, *, world_size: int | None = None) -> TrainingConfig:
+    """Parse and validate. Raises ConfigError or LayoutError with every problem named."""
+    namespace = build_parser().parse_args(argv)
+    given: dict[str, dict[str, Any]] = {name: {} for name in _GROUPS}
+    for dest, value in vars(namespace).items():
+        group, name = dest.split(".", 1)
+        given[group][name] = tuple(value) if isinstance(value, list) else value
+    return make_config(world_size=world_size, **given)
+
+
+def make_config(*, world_size: int | None = None, **groups: dict[str, Any]) -> TrainingConfig:
+    """Build a TrainingConfig from per-group keyword dicts (as parse_args does)."""
+    built = {name: cls(**groups.get(name, {})) for name, cls in _GROUPS.items()}
+    model: ModelArgs = built["model"]
+    parallel: ParallelArgs = built["parallel"]
+    batch: BatchArgs = built["batch"]
+    optim: OptimizerArgs = built["optim"]
+    run: RunArgs = built["run"]
+    data: DataArgs = built["data"]
+
+    if world_size is None:
+        world_size = parallel.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    if parallel.overlap_param_gather and not parallel.use_distributed_optimizer:
+        raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+    if not data.mock_data and not data.data_path and not data.train_data_path:
+        raise ConfigError("no training data: give --mock-data or --data-path PREFIX [...]")
+    if data.mock_data and model.vocab_size is None and data.tokenizer_type == "NullTokenizer":
+        model = dataclasses.replace(model, vocab_size=1023)
+    # The vocabulary comes from the tokenizer; the datasets are checked against it here,
+    # before any process group exists, so a wrong path is one clear error.
+    from megatron_ext.data import sources as data_sources
+
+    try:
+        # Full dataset checks where one process can afford them (--dry-run, global
+        # rank 0); constant-time ones on the other ranks of a large job.
+        full = run.dry_run or int(os.environ.get("RANK", "0")) == 0
+        tokenizer_vocab_size = data_sources.resolve(data, vocab_size=model.vocab_size, full=full)
+    except data_sources.DataError as exc:
+        raise ConfigError(str(exc)) from exc
+    if run.train_iters < 0:
+        raise ConfigError(f"--train-iters must be >= 0, got {run.train_iters}")
+    if run.log_interval < 1:
+        raise ConfigError(f"--log-interval must be >= 1, got {run.log_interval}")
+    if run.override_opt_param_scheduler and run.use_checkpoint_opt_param_scheduler:
+        raise ConfigError(
+            "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler contradict each other; give one"
+        )
+    if run.distrib_optim_fully_reshardable_mem_efficient and not run.dist_ckpt_optim_fully_reshardable:
+        raise ConfigError(
+            "--distrib-optim-fully-reshardable-mem-efficient only applies with --dist-ckpt-optim-fully-reshardable"
+        )
+    if run.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("--tensorboard-dir needs the tensorboard package: pip install tensorboard")
+    if optim.lr_decay_iters is None:
+        optim = dataclasses.replace(optim, lr_decay_iters=run.train_iters)
+    decay = max(optim.lr_decay_iters or 0, 1)
+    if optim.lr_warmup_iters >= decay:
+        # Megatron-Core's scheduler asserts this at start-up; say it before launch.
+        raise ConfigError(
+            f"--lr-warmup-iters {optim.lr_warmup_iters} must be smaller than the decay length "
+            f"({decay} iterations: --lr-decay-iters, default --train-iters); lower the warm-up or lengthen the decay"
+        )
+
+    layout = ParallelLayout.from_flags(
+        world_size=world_size,
+        tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+        pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
+        num_layers_per_virtual_pipeline_stage=parallel.num_layers_per_virtual_pipeline_stage,
+        sequence_parallel=parallel.sequence_parallel,
+        use_distributed_optimizer=parallel.use_distributed_optimizer,
+        micro_batch_size=batch.micro_batch_size,
+        global_batch_size=batch.global_batch_size,
+        num_layers=model.num_layers,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.effective_num_query_groups,
+        ffn_hidden_size=model.effective_ffn_hidden_size,
+        seq_length=model.seq_length,
+    )
+    batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
+    return TrainingConfig(
+        model=model,
+        parallel=parallel,
+        batch=batch,
+        optim=optim,
+        data=data,
+        run=run,
+        layout=layout,
+        tokenizer_vocab_size=tokenizer_vocab_size,
+    )

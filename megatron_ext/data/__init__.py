@@ -1,0 +1,1 @@
+"""Corpus to Megatron indexed dataset: tokenizers, preprocessing, the .bin/.idx format, blends."""

@@ -1,0 +1,1 @@
+"""Analytic models of a run, computed without building anything: shapes, FLOPs, memory, time, schedules."""

@@ -1,0 +1,172 @@
+"""GPU hardware profiles for the layout calculator.
+
+A profile holds what the memory and step-time models need of a GPU and its
+cluster: dense tensor-core peak, memory capacity and bandwidth, the bandwidth of collectives
+inside a node (NVLink/NVSwitch) and between nodes (one InfiniBand NIC per GPU,
+as on DGX/HGX systems), and one calibrated constant, ``compute_efficiency``:
+the fraction of peak that the transformer's matrix multiplications achieve in
+Megatron training, before pipeline bubbles and exposed communication.
+
+Sources (see ``docs/layout-model.md`` for the derivations):
+
+* Peaks, capacities, HBM bandwidth: NVIDIA A100 datasheet (312 TFLOP/s dense
+  BF16/FP16, 19.5 TFLOP/s FP32, 1,555 GB/s for 40GB and 2,039 GB/s for 80GB),
+  H100 SXM and H200 datasheets (989 TFLOP/s dense BF16, 67 TFLOP/s FP32,
+  3.35 and 4.8 TB/s); capacities as ``nvidia-smi`` reports them (MiB).
+* Bandwidths are *effective bus bandwidths* in the sense of nccl-tests
+  (``busbw``): a ring all-reduce of ``X`` bytes over ``n`` ranks takes
+  ``2·(n−1)/n · X / busbw``. NVLink 3 (A100) is 300 GB/s per direction, NVLink 4
+  (H100/H200) 450 GB/s; nccl-tests reach roughly 230 and 370 GB/s. HDR
+  InfiniBand is 200 Gb/s = 25 GB/s per GPU, NDR 400 Gb/s = 50 GB/s; about 92 %
+  of line rate is reached.
+* ``compute_efficiency`` of the A100 profiles is fitted to Table 1 of
+  Narayanan et al. 2021 (see ``tests/estimate/test_published.py``);
+  the H100/H200 value is scaled from it by the ratio of the best published
+  Megatron MFUs on the two GPUs (47 % on H100, Megatron-LM README, vs 52 % on
+  A100, Narayanan et al. 2021) and is not validated against a measurement here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuProfile:
+    """One GPU model in a cluster of identical nodes."""
+
+    name: str
+    """Short name, used by ``--gpu``."""
+    description: str
+    """What the profile stands for."""
+    peak_flops: float
+    """Dense BF16/FP16 tensor-core peak, FLOP/s."""
+    peak_flops_fp32: float
+    """FP32 peak without tensor cores (PyTorch's default for float32 matmuls), FLOP/s."""
+    memory_bytes: int
+    """Memory capacity per GPU, bytes."""
+    memory_bandwidth: float
+    """HBM bandwidth per GPU, bytes/s (what memory-bound element-wise kernels run at)."""
+    intra_node_bandwidth: float
+    """Effective collective bus bandwidth between GPUs of one node, bytes/s."""
+    inter_node_bandwidth: float
+    """Effective bandwidth of one GPU's network interface between nodes, bytes/s."""
+    compute_efficiency: float
+    """Calibrated fraction of ``peak_flops`` that Megatron's GEMM-dominated compute reaches."""
+
+    def with_overrides(
+        self,
+        *,
+        peak_tflops: float | None = None,
+        memory_gib: float | None = None,
+        hbm_gbps: float | None = None,
+        intra_node_gbps: float | None = None,
+        inter_node_gbps: float | None = None,
+        compute_efficiency: float | None = None,
+    ) -> GpuProfile:
+        """A copy with the given values replaced (units as on the command line: TFLOP/s, GiB, GB/s)."""
+        changes: dict[str, float | int] = {}
+        if peak_tflops is not None:
+            changes["peak_flops"] = peak_tflops * 1e12
+        if memory_gib is not None:
+            changes["memory_bytes"] = int(memory_gib * GIB)
+        if hbm_gbps is not None:
+            changes["memory_bandwidth"] = hbm_gbps * 1e9
+        if intra_node_gbps is not None:
+            changes["intra_node_bandwidth"] = intra_node_gbps * 1e9
+        if inter_node_gbps is not None:
+            changes["inter_node_bandwidth"] = inter_node_gbps * 1e9
+        if compute_efficiency is not None:
+            changes["compute_efficiency"] = compute_efficiency
+        if not changes:
+            return self
+        return dataclasses.replace(self, name=f"{self.name} (overridden)", **changes)
+
+    def problems(self) -> list[str]:
+        """Values that make no sense, each with what to give instead."""
+        p = []
+        for field, value in (
+            ("peak FLOP/s (--peak-tflops)", self.peak_flops),
+            ("memory (--gpu-memory-gib)", self.memory_bytes),
+            ("memory bandwidth (--hbm-gbps)", self.memory_bandwidth),
+            ("intra-node bandwidth (--intra-node-gbps)", self.intra_node_bandwidth),
+            ("inter-node bandwidth (--inter-node-gbps)", self.inter_node_bandwidth),
+        ):
+            if value <= 0:
+                p.append(f"{field} must be positive, got {value}")
+        if not 0 < self.compute_efficiency <= 1:
+            p.append(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
+        return p
+
+
+A100_COMPUTE_EFFICIENCY = 0.64
+"""Fitted to Narayanan et al. 2021, Table 1 (all ten rows; residuals in docs/layout-model.md)."""
+
+H100_COMPUTE_EFFICIENCY = round(A100_COMPUTE_EFFICIENCY * 47 / 52, 3)
+"""A100 value × (47 % best H100 MFU, Megatron-LM README) / (52 % best A100 MFU, Table 1): not measured here."""
+
+PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
+    {
+        p.name: p
+        for p in (
+            GpuProfile(
+                name="a100-40g",
+                description="NVIDIA A100 SXM4 40GB, NVLink 3 / NVSwitch, 8× HDR 200 Gb/s InfiniBand per node",
+                peak_flops=312e12,
+                peak_flops_fp32=19.5e12,
+                memory_bytes=40960 * MIB,
+                memory_bandwidth=1555e9,
+                intra_node_bandwidth=230e9,
+                inter_node_bandwidth=23e9,
+                compute_efficiency=A100_COMPUTE_EFFICIENCY,
+            ),
+            GpuProfile(
+                name="a100-80g",
+                description="NVIDIA A100 SXM4 80GB, NVLink 3 / NVSwitch, 8× HDR 200 Gb/s InfiniBand per node (Selene)",
+                peak_flops=312e12,
+                peak_flops_fp32=19.5e12,
+                memory_bytes=81920 * MIB,
+                memory_bandwidth=2039e9,
+                intra_node_bandwidth=230e9,
+                inter_node_bandwidth=23e9,
+                compute_efficiency=A100_COMPUTE_EFFICIENCY,
+            ),
+            GpuProfile(
+                name="h100-sxm",
+                description="NVIDIA H100 SXM5 80GB, NVLink 4 / NVSwitch, 8× NDR 400 Gb/s InfiniBand per node",
+                peak_flops=989e12,
+                peak_flops_fp32=67e12,
+                memory_bytes=81559 * MIB,
+                memory_bandwidth=3350e9,
+                intra_node_bandwidth=370e9,
+                inter_node_bandwidth=46e9,
+                compute_efficiency=H100_COMPUTE_EFFICIENCY,
+            ),
+            GpuProfile(
+                name="h200",
+                description="NVIDIA H200 SXM 141GB, NVLink 4 / NVSwitch, 8× NDR 400 Gb/s InfiniBand per node",
+                peak_flops=989e12,
+                peak_flops_fp32=67e12,
+                memory_bytes=143771 * MIB,
+                memory_bandwidth=4800e9,
+                intra_node_bandwidth=370e9,
+                inter_node_bandwidth=46e9,
+                compute_efficiency=H100_COMPUTE_EFFICIENCY,
+            ),
+        )
+    }
+)
+
+
+def get_profile(name: str) -> GpuProfile:
+    """The profile called ``name``; a ValueError listing the known ones otherwise."""
+    try:
+        return PROFILES[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown --gpu {name!r}; choose one of {', '.join(PROFILES)}") from None

@@ -1,0 +1,282 @@
+"""Memory on the most loaded GPU: weights, gradients, optimizer states, activations.
+
+Everything here is arithmetic on the model shape and the layout, so that the
+layout calculator can evaluate thousands of layouts per second.
+
+**Parameters per rank.** Exact counts of Megatron-Core's ``GPTModel`` (as
+``plan.parameter_counts``): per layer QKV ``h·(n·d + 2·g·d)``, projection
+``n·d·h``, MLP ``h·f·(2 if SwiGLU else 1) + f·h``, biases unless
+``--disable-bias-linear``, two norms; TP splits the matrices, their biases (not
+the row-parallel ones) and the vocabulary. The first stage also holds the word
+(and learned position) embeddings, the last stage the final norm and the
+output layer (its own when untied, a copy of the word embedding when tied and
+PP > 1).
+
+**Bytes per parameter** (Megatron-LM's accounting,
+``megatron/training/theoretical_memory_usage.py``): mixed precision keeps bf16
+weights (2), fp32 gradients (4, ``grad_reduce_in_fp32``) and fp32 master
+weights plus two Adam moments (12): 18 bytes; the distributed optimizer
+shards the 12 over DP: ``6 + 12/DP``. In fp32: ``4 + 4 + 8`` or ``8 + 8/DP``.
+
+**Activations per layer and microbatch** (Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models", Table 2, with ``s``
+sequence, ``b`` micro-batch, ``h`` hidden, ``a`` heads, ``t`` TP, 2-byte
+activations and 1-byte dropout masks)::
+
+    no parallelism               s·b·h·(34 + 5·a·s/h)
+    tensor parallel              s·b·h·(10 + 24/t + 5·a·s/(h·t))
+    tensor + sequence parallel   s·b·h·(34 + 5·a·s/h) / t
+    + selective recomputation    drops the 5·a·s/h attention-core term
+    full recomputation           2·s·b·h per checkpointed layer input (/t with SP)
+
+The 34 is 10 bytes·sbh that TP alone replicates (two norm inputs 4, the
+inputs of the QKV and first MLP GEMMs 2 + 2, two dropout masks 1 + 1) and 24
+that it splits (Q, K 4; V 2; projection input 2; first MLP output 8; GeLU
+output 8). We keep each term's origin, so the same formula covers grouped-query
+attention (K, V of width ``g·d``), any MLP width ``f`` and SwiGLU (first MLP
+output ``2f``), dropout off (no masks), and fused attention (Transformer
+Engine / flash: no ``a·s²`` terms, only fp32 softmax statistics ``4·a·s·b``).
+
+**In flight.** Under 1F1B pipeline rank ``r`` runs ``p − r − 1`` warm-up
+forward passes before its first backward, so it holds ``min(m, p − r)``
+microbatches; under Megatron-Core's interleaved schedule it runs
+``2·(p − r − 1) + (v − 1)·p`` warm-up chunk passes, so the first stage holds
+``(v + 1)·p − 1`` chunks of ``l/(p·v)`` layers: ``p·(1 + (p − 1)/(p·v))``
+microbatches' worth of its layers (Narayanan et al. 2021, §2.2.2; the factor
+Megatron-LM applies).
+
+**Embedding and output.** As Megatron-LM counts them: the token ids (8 bytes)
+and the embedding dropout mask per in-flight microbatch on the first stage;
+the final norm's output and the fp32 logits ``4·s·b·h·(1 + V/h)`` for one
+microbatch on the stage with the output layer. With SP they are divided by t.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.estimate.workload import Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageParameters:
+    """Parameters on one GPU of the first and of the last pipeline stage."""
+
+    first: int
+    """A rank of the first stage: its layers, the embeddings (and, with PP = 1, everything else)."""
+    last: int
+    """A rank of the last stage: its layers, the final norm and the output layer (or the tied copy)."""
+
+
+def stage_parameters(workload: Workload, *, tp: int, pp: int) -> StageParameters:
+    """Exact per-rank parameter counts of Megatron-Core's GPTModel for TP × PP."""
+    m = workload.model
+    h, n, g, d = m.hidden_size, m.num_attention_heads, m.effective_num_query_groups, m.effective_kv_channels
+    f = m.effective_ffn_hidden_size
+    norm = 2 * h if m.normalization == "LayerNorm" else h
+    qkv_out = n * d + 2 * g * d
+    fc1_out = f * (2 if m.swiglu else 1)
+    split = h * qkv_out + n * d * h + h * fc1_out + f * h
+    replicated = 2 * norm
+    if not m.disable_bias_linear:
+        split += qkv_out + fc1_out
+        replicated += 2 * h  # the row-parallel (projection, fc2) biases
+    per_layer_rank = split // tp + replicated
+    layers = (m.num_layers // pp) * per_layer_rank
+    word = workload.padded_vocab_size(tp) * h // tp
+    position = (m.max_position_embeddings or m.seq_length) * h if m.position_embedding_type == "learned_absolute" else 0
+    first = layers + word + position
+    if pp == 1:
+        only = first + norm + (word if m.untie_embeddings_and_output_weights else 0)
+        return StageParameters(first=only, last=only)
+    return StageParameters(first=first, last=layers + norm + word)
+
+
+def unfused_attention(workload: Workload) -> bool:
+    """Whether attention materialises the ``a·s²`` scores (``--attention-backend unfused`` or ``local``).
+
+    Every other backend (Transformer Engine's flash/fused, PyTorch's flash or
+    memory-efficient SDPA, ``auto``) keeps them on chip.
+    """
+    return workload.model.attention_backend in ("unfused", "local")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerActivations:
+    """Activation bytes of one transformer layer for one microbatch on one GPU."""
+
+    stored: float
+    """Kept from the layer's forward until its backward, under the recompute policy (per layer)."""
+    full: float
+    """Without any recomputation: what a recomputed layer needs again during its backward."""
+
+
+def layer_activations(
+    workload: Workload, *, micro_batch_size: int, tp: int, sequence_parallel: bool
+) -> LayerActivations:
+    """Korthikanti et al. 2022, Table 2, term by term (see the module docstring)."""
+    m = workload.model
+    s, b, h = m.seq_length, micro_batch_size, m.hidden_size
+    n, g, d, f = (
+        m.num_attention_heads,
+        m.effective_num_query_groups,
+        m.effective_kv_channels,
+        m.effective_ffn_hidden_size,
+    )
+    e = workload.activation_bytes
+    masks = 1.0 if m.hidden_dropout > 0 else 0.0
+    # Replicated by TP alone: two norm inputs, the QKV and fc1 GEMM inputs, two dropout masks.
+    replicated = s * b * h * (2 * e + e + e + 2 * masks)
+    # Split by TP: Q, K, V, the projection input, fc1's output (2f with SwiGLU), the activation's output.
+    split = s * b * e * (n * d + 2 * g * d + n * d + f * (2 if m.swiglu else 1) + f)
+    if unfused_attention(workload):
+        # Unfused attention keeps the softmax output, the dropout mask and the dropout output.
+        core = n * s * s * b * (e + (1 + e if m.attention_dropout > 0 else 0))
+    else:
+        # Fused (Transformer Engine / flash) attention keeps only fp32 softmax statistics.
+        core = 4.0 * n * s * b
+    full = (replicated / tp if sequence_parallel else replicated) + (split + core) / tp
+    granularity = workload.recompute_granularity
+    if granularity == "selective":
+        stored = full - core / tp
+    elif granularity == "full":
+        stored = s * b * h * e / (tp if sequence_parallel else 1)  # the checkpointed layer input
+    else:
+        stored = full
+    return LayerActivations(stored=stored, full=full)
+
+
+def in_flight_chunks(*, pp: int, vp: int, num_microbatches: int, pipeline_rank: int) -> int:
+    """Most (microbatch, model chunk) forward passes held at once by one pipeline rank.
+
+    The warm-up forward passes before the first backward plus one, as
+    Megatron-Core's schedules run them (``get_pp_rank_microbatches``).
+    """
+    total = num_microbatches * vp
+    if pp == 1:
+        return 1
+    warmup = pp - pipeline_rank - 1 if vp == 1 else 2 * (pp - pipeline_rank - 1) + (vp - 1) * pp
+    return min(total, warmup + 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageMemory:
+    """Memory of one GPU of a pipeline stage, bytes."""
+
+    stage: str
+    """``first``, ``last`` or ``only`` (PP = 1)."""
+    parameters: int
+    """Parameters held by the GPU."""
+    weights_bytes: float
+    """Model weights (bf16/fp16, or fp32)."""
+    gradients_bytes: float
+    """Gradient buffer (fp32)."""
+    optimizer_bytes: float
+    """fp32 master weights and Adam moments (sharded over DP with the distributed optimizer)."""
+    activations_bytes: float
+    """Activations of all in-flight microbatches, embedding and output terms, recompute working memory."""
+    in_flight_microbatches: float
+    """Microbatches' worth of this stage's layers held at the peak (chunks / VP)."""
+
+    @property
+    def weights_and_optimizer_bytes(self) -> float:
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_and_optimizer_bytes + self.activations_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEstimate:
+    """Memory of the most loaded GPU, with the first and last stage for reference."""
+
+    most_loaded: StageMemory
+    """The stage with the largest total (the one that has to fit)."""
+    first: StageMemory
+    """A GPU of the first pipeline stage."""
+    last: StageMemory
+    """A GPU of the last pipeline stage (the same object as ``first`` when PP = 1)."""
+    layer_activation_bytes: float
+    """Stored activations of one layer for one microbatch."""
+    bytes_per_parameter: float
+    """Weights + gradients + optimizer states per parameter (18, or 6 + 12/DP, …)."""
+
+    @property
+    def total_bytes(self) -> float:
+        return self.most_loaded.total_bytes
+
+
+def bytes_per_parameter(workload: Workload, layout: ParallelLayout) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer states) bytes per parameter: Megatron-LM's 2 + 4 + 12 or 2 + 4 + 12/DP."""
+    if workload.mixed_precision:
+        weights, grads, optim = 2.0, 4.0, 12.0
+    else:
+        weights, grads, optim = 4.0, 4.0, 8.0
+    if layout.use_distributed_optimizer:
+        optim /= layout.dp
+    return weights, grads, optim
+
+
+def estimate_memory(workload: Workload, layout: ParallelLayout) -> MemoryEstimate:
+    """Memory of every kind on the first and last pipeline stage; the larger one is what must fit."""
+    m = workload.model
+    tp, pp, vp = layout.tp, layout.pp, layout.vp
+    s, b, h = m.seq_length, layout.micro_batch_size, m.hidden_size
+    sp = layout.sequence_parallel
+    params = stage_parameters(workload, tp=tp, pp=pp)
+    per_weight, per_grad, per_optim = bytes_per_parameter(workload, layout)
+    layer = layer_activations(workload, micro_batch_size=b, tp=tp, sequence_parallel=sp)
+
+    layers_per_chunk = layout.layers_per_virtual_stage
+    if workload.recompute_granularity == "full":
+        k = min(workload.recompute_num_layers, layers_per_chunk)
+        if workload.recompute_method == "uniform":
+            chunk_bytes = math.ceil(layers_per_chunk / k) * layer.stored
+            working = k * layer.full
+        else:  # block: the first k layers of the chunk are recomputed, the others keep everything
+            chunk_bytes = k * layer.stored + (layers_per_chunk - k) * layer.full
+            working = layer.full
+    else:
+        chunk_bytes = layers_per_chunk * layer.stored
+        working = 0.0
+
+    masks = 1.0 if m.hidden_dropout > 0 else 0.0
+    embedding = s * b * (8 + h * masks) / (tp if sp else 1)
+    vocab = workload.padded_vocab_size(tp)
+    output = 4 * s * b * h / (tp if sp else 1) + 4 * s * b * vocab / tp
+
+    def stage(name: str, rank: int, parameters: int) -> StageMemory:
+        chunks = in_flight_chunks(pp=pp, vp=vp, num_microbatches=layout.num_microbatches, pipeline_rank=rank)
+        microbatches = chunks / vp
+        activations = chunks * chunk_bytes + working
+        if rank == 0:
+            activations += microbatches * embedding
+        if rank == pp - 1:
+            activations += output
+        return StageMemory(
+            stage=name,
+            parameters=parameters,
+            weights_bytes=parameters * per_weight,
+            gradients_bytes=parameters * per_grad,
+            optimizer_bytes=parameters * per_optim,
+            activations_bytes=activations,
+            in_flight_microbatches=microbatches,
+        )
+
+    if pp == 1:
+        only = stage("only", 0, params.first)
+        first = last = only
+    else:
+        first = stage("first", 0, params.first)
+        last = stage("last", pp - 1, params.last)
+    most = first if first.total_bytes >= last.total_bytes else last
+    return MemoryEstimate(
+        most_loaded=most,
+        first=first,
+        last=last,
+        layer_activation_bytes=layer.stored,
+        bytes_per_parameter=per_weight + per_grad + per_optim,
+    )

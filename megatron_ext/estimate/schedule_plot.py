@@ -1,0 +1,268 @@
+"""Draw a pipeline timeline (``pipeline_schedule.Timeline``) as SVG and PNG, without plotting libraries.
+
+One row per pipeline rank; every forward (blue shades, one per model chunk)
+and backward pass (orange shades) is a box labelled with its microbatch;
+idle time shows as the grey row background. The PNG is rasterised here: boxes
+are filled rectangles and text uses a built-in 3×5 pixel font, so nothing
+beyond the standard library (``zlib``, ``struct``) is needed.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from megatron_ext.estimate.pipeline import Timeline
+
+Color = tuple[int, int, int]
+
+FORWARD_COLORS: tuple[Color, ...] = ((158, 202, 225), (66, 146, 198), (8, 81, 156), (8, 48, 107))
+BACKWARD_COLORS: tuple[Color, ...] = ((253, 174, 107), (241, 105, 19), (166, 54, 3), (127, 39, 4))
+IDLE: Color = (225, 225, 225)
+BACKGROUND: Color = (255, 255, 255)
+TEXT: Color = (20, 20, 20)
+
+ROW_HEIGHT = 30
+ROW_GAP = 8
+LEFT = 90
+TOP = 44
+RIGHT = 20
+SCALE = 2  # pixel size of the PNG font
+
+# 3×5 glyphs, rows top to bottom, for the characters the pictures use.
+_FONT = {
+    "0": "111101101101111",
+    "1": "010110010010111",
+    "2": "111001111100111",
+    "3": "111001111001111",
+    "4": "101101111001001",
+    "5": "111100111001111",
+    "6": "111100111101111",
+    "7": "111001001001001",
+    "8": "111101111101111",
+    "9": "111101111001111",
+    "A": "010101111101101",
+    "B": "110101110101110",
+    "C": "011100100100011",
+    "D": "110101101101110",
+    "E": "111100110100111",
+    "F": "111100110100100",
+    "G": "011100101101011",
+    "H": "101101111101101",
+    "I": "111010010010111",
+    "J": "001001001101010",
+    "K": "101101110101101",
+    "L": "100100100100111",
+    "M": "101111111101101",
+    "N": "110101101101101",
+    "O": "010101101101010",
+    "P": "110101110100100",
+    "Q": "010101101110011",
+    "R": "110101110101101",
+    "S": "011100010001110",
+    "T": "111010010010010",
+    "U": "101101101101111",
+    "V": "101101101101010",
+    "W": "101101111111101",
+    "X": "101101010101101",
+    "Y": "101101010010010",
+    "Z": "111001010100111",
+    "=": "000111000111000",
+    "(": "001010010010001",
+    ")": "100010010010100",
+    "/": "001001010100100",
+    ".": "000000000000010",
+    "-": "000000111000000",
+    "%": "101001010100101",
+    ":": "000010000010000",
+    ",": "000000000010100",
+    ";": "000010000010100",
+    "+": "000010111010000",
+    "*": "000101010101000",
+    " ": "000000000000000",
+}
+_SUBSTITUTES = {"·": "*", "×": "X", "−": "-", "_": "-"}
+
+
+class Canvas(Protocol):
+    """What the drawing code needs of an output format."""
+
+    def rect(self, x: float, y: float, w: float, h: float, color: Color) -> None: ...
+
+    def text(self, x: float, y: float, s: str, color: Color = TEXT) -> None: ...
+
+
+def text_width(s: str) -> int:
+    """Width of ``s`` in the PNG font (also used to decide whether a label fits in a box)."""
+    return len(s) * 4 * SCALE
+
+
+class SvgCanvas:
+    """Collects SVG elements."""
+
+    def __init__(self, width: int, height: int) -> None:
+        self.width, self.height = width, height
+        self.elements: list[str] = []
+
+    def rect(self, x: float, y: float, w: float, h: float, color: Color) -> None:
+        self.elements.append(
+            f'<rect x="{x:.2f}" y="{y:.2f}" width="{w:.2f}" height="{h:.2f}" fill="rgb{color}" stroke="white" stroke-width="0.5"/>'
+        )
+
+    def text(self, x: float, y: float, s: str, color: Color = TEXT) -> None:
+        escaped = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        self.elements.append(
+            f'<text x="{x:.2f}" y="{y + 10:.2f}" font-family="monospace" font-size="11" fill="rgb{color}">{escaped}</text>'
+        )
+
+    def render(self) -> str:
+        body = "\n".join(self.elements)
+        return (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width}" height="{self.height}" '
+            f'viewBox="0 0 {self.width} {self.height}">\n<rect width="100%" height="100%" fill="white"/>\n{body}\n</svg>\n'
+        )
+
+
+class PngCanvas:
+    """An RGB raster with rectangles and 3×5-font text."""
+
+    def __init__(self, width: int, height: int) -> None:
+        self.width, self.height = width, height
+        self.pixels = bytearray(bytes(BACKGROUND) * (width * height))
+
+    def rect(self, x: float, y: float, w: float, h: float, color: Color) -> None:
+        x0, y0 = max(0, round(x)), max(0, round(y))
+        x1, y1 = min(self.width, round(x + w)), min(self.height, round(y + h))
+        if x1 <= x0 or y1 <= y0:
+            return
+        row = bytes(color) * (x1 - x0)
+        for yy in range(y0, y1):
+            start = (yy * self.width + x0) * 3
+            self.pixels[start : start + len(row)] = row
+        if x1 - x0 > 2:  # a white separator line so adjacent boxes stay apart, as in the SVG
+            for yy in range(y0, y1):
+                start = (yy * self.width + x1 - 1) * 3
+                self.pixels[start : start + 3] = bytes(BACKGROUND)
+
+    def text(self, x: float, y: float, s: str, color: Color = TEXT) -> None:
+        cx = round(x)
+        for ch in s.upper():
+            glyph = _FONT.get(_SUBSTITUTES.get(ch, ch), _FONT[" "])
+            for i, bit in enumerate(glyph):
+                if bit == "1":
+                    self._dot(cx + (i % 3) * SCALE, round(y) + 1 + (i // 3) * SCALE, color)
+            cx += 4 * SCALE
+
+    def _dot(self, x: int, y: int, color: Color) -> None:
+        for yy in range(y, min(y + SCALE, self.height)):
+            for xx in range(x, min(x + SCALE, self.width)):
+                start = (yy * self.width + xx) * 3
+                self.pixels[start : start + 3] = bytes(color)
+
+    def pixel(self, x: int, y: int) -> Color:
+        start = (y * self.width + x) * 3
+        return (self.pixels[start], self.pixels[start + 1], self.pixels[start + 2])
+
+    def render(self) -> bytes:
+        """The image as PNG bytes (8-bit RGB, no filter)."""
+        stride = self.width * 3
+        raw = b"".join(b"\x00" + bytes(self.pixels[y * stride : (y + 1) * stride]) for y in range(self.height))
+
+        def chunk(tag: bytes, data: bytes) -> bytes:
+            return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+        header = struct.pack(">IIBBBBB", self.width, self.height, 8, 2, 0, 0, 0)
+        return (
+            b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+        )
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where the timeline goes on the picture."""
+
+    width: int
+    """Picture width, pixels."""
+    height: int
+    """Picture height, pixels."""
+    pixels_per_time: float
+    """Horizontal scale."""
+
+    def x(self, t: float) -> float:
+        return LEFT + t * self.pixels_per_time
+
+    @staticmethod
+    def y(rank: int) -> float:
+        return TOP + rank * (ROW_HEIGHT + ROW_GAP)
+
+
+def title(timeline: Timeline) -> str:
+    """The picture's title: schedule, sizes, and the bubble by formula and on the timeline."""
+    kind = "interleaved 1F1B" if timeline.vp > 1 else "1F1B"
+    p, v, m = timeline.pp, timeline.vp, timeline.num_microbatches
+    return (
+        f"{kind}: p={p} v={v} m={m}  bubble (p-1)/(v*m) = {p - 1}/({v}*{m}) = {timeline.formula_bubble:.2%} of ideal; "
+        f"timeline {timeline.bubble_of_ideal:.2%} of ideal = {timeline.bubble_of_step:.2%} of the step"
+    )
+
+
+def geometry(timeline: Timeline, *, width: int) -> Geometry:
+    legend_rows = 2
+    height = TOP + timeline.pp * (ROW_HEIGHT + ROW_GAP) + 24 * legend_rows
+    return Geometry(width=width, height=height, pixels_per_time=(width - LEFT - RIGHT) / timeline.makespan)
+
+
+def draw(timeline: Timeline, canvas: Canvas, geo: Geometry) -> None:
+    """Draw title, rank rows (idle background), passes and legend."""
+    canvas.text(8, 8, title(timeline))
+    canvas.text(8, 24, "boxes: microbatch number; blue forward, orange backward, darker = later model chunk; grey idle")
+    for rank in range(timeline.pp):
+        y = geo.y(rank)
+        canvas.text(8, y + ROW_HEIGHT / 2 - 6, f"rank {rank}")
+        canvas.rect(geo.x(0), y, timeline.makespan * geo.pixels_per_time, ROW_HEIGHT, IDLE)
+    for p in timeline.passes:
+        colors = FORWARD_COLORS if p.step.kind == "F" else BACKWARD_COLORS
+        color = colors[p.step.chunk % len(colors)]
+        x, y = geo.x(p.start), geo.y(p.rank)
+        w = (p.end - p.start) * geo.pixels_per_time
+        canvas.rect(x, y, w, ROW_HEIGHT, color)
+        label = str(p.step.microbatch)
+        if text_width(label) + 2 <= w:
+            ink = (255, 255, 255) if sum(color) < 400 else TEXT
+            canvas.text(x + (w - text_width(label)) / 2 + 1, y + ROW_HEIGHT / 2 - 6, label, ink)
+    y = geo.y(timeline.pp) + 2
+    x = float(LEFT)
+    for chunk in range(timeline.vp):
+        for kind, colors in (("F", FORWARD_COLORS), ("B", BACKWARD_COLORS)):
+            canvas.rect(x, y, 14, 14, colors[chunk % len(colors)])
+            label = f"{kind} chunk {chunk}"
+            canvas.text(x + 18, y + 1, label)
+            x += 18 + text_width(label) + 16
+    canvas.rect(x, y, 14, 14, IDLE)
+    canvas.text(x + 18, y + 1, "idle")
+
+
+def render_svg(timeline: Timeline, *, width: int = 1200) -> str:
+    geo = geometry(timeline, width=width)
+    canvas = SvgCanvas(geo.width, geo.height)
+    draw(timeline, canvas, geo)
+    return canvas.render()
+
+
+def render_png(timeline: Timeline, *, width: int = 1200) -> bytes:
+    geo = geometry(timeline, width=width)
+    canvas = PngCanvas(geo.width, geo.height)
+    draw(timeline, canvas, geo)
+    return canvas.render()
+
+
+def write(timeline: Timeline, stem: Path, *, width: int = 1200) -> tuple[Path, Path]:
+    """Write ``stem.png`` and ``stem.svg``; returns their paths."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
+    png.write_bytes(render_png(timeline, width=width))
+    svg.write_text(render_svg(timeline, width=width))
+    return png, svg

@@ -1,0 +1,324 @@
+"""Evaluate one layout, or enumerate and rank every valid one, for a GPU count.
+
+Every rule comes from ``ParallelLayout`` (``layout.py``); this module only
+generates candidates, asks the layout whether each is valid, and attaches the
+memory (``memory_model.py``) and step-time (``step_time.py``) estimates.
+
+The enumeration generates only candidates that can pass the divisibility
+rules: TP among the divisors of the GPU count that divide the heads and the
+MLP width and fit in a node, PP among the divisors of the rest that divide
+the layers, VP among the divisors of the layers per stage, micro-batch sizes
+among the divisors of the sequences per data-parallel rank. Each is then
+validated by ``ParallelLayout.check`` (the interleaved schedule's microbatch
+rule, sequence-parallel divisibility, …). Memory grows with the micro-batch
+size, so the first micro-batch size that does not fit ends that branch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from megatron_ext.config.arguments import ModelArgs
+from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.estimate.hardware import GpuProfile
+from megatron_ext.estimate.memory import MemoryEstimate, estimate_memory
+from megatron_ext.estimate.step_time import StepTimeEstimate, estimate_step_time
+from megatron_ext.estimate.workload import Workload
+
+DEFAULT_MEMORY_HEADROOM = 0.10
+"""Share of GPU memory kept free for what the model does not count: CUDA context, NCCL buffers, fragmentation."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """The GPUs of one job."""
+
+    gpus: int
+    """World size."""
+    gpus_per_node: int
+    """GPUs per node (TP must stay within a node)."""
+    gpu: GpuProfile
+    """Hardware profile of every GPU."""
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
+    """Share of memory the estimate may not use."""
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.gpus // self.gpus_per_node)
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        return self.gpu.memory_bytes * (1 - self.memory_headroom)
+
+    def problems(self) -> list[str]:
+        """Inconsistent counts, each with a fix."""
+        p = list(self.gpu.problems())
+        if self.gpus < 1:
+            p.append(f"--gpus must be at least 1, got {self.gpus}")
+        if self.gpus_per_node < 1:
+            p.append(f"--gpus-per-node must be at least 1, got {self.gpus_per_node}")
+        elif self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
+            below = self.gpus // self.gpus_per_node * self.gpus_per_node
+            p.append(
+                f"--gpus {self.gpus} is not a whole number of {self.gpus_per_node}-GPU nodes; "
+                f"use {below} or {below + self.gpus_per_node} GPUs (or --nodes N)"
+            )
+        if not 0 <= self.memory_headroom < 1:
+            p.append(f"--memory-headroom must be in [0, 1), got {self.memory_headroom}")
+        return p
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutEstimate:
+    """One valid layout with its memory and step-time estimates."""
+
+    layout: ParallelLayout
+    """The validated layout."""
+    memory: MemoryEstimate
+    """Memory of the most loaded GPU (and the first and last stage)."""
+    time: StepTimeEstimate
+    """Step time and its parts."""
+    cluster: Cluster
+    """Where it runs."""
+    seq_length: int
+    """Tokens per sequence."""
+    peak_flops: float
+    """The GPU's peak in the training precision (bf16/fp16 tensor cores, or fp32), FLOP/s."""
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total_bytes <= self.cluster.usable_memory_bytes
+
+    @property
+    def tokens_per_sec(self) -> float:
+        return self.layout.global_batch_size * self.seq_length / self.time.step_s
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Model TFLOP/s per GPU (Megatron-LM's formula, as the training loop reports)."""
+        return self.time.model_flops / self.time.step_s / self.layout.world_size / 1e12
+
+    @property
+    def hardware_tflops_per_gpu(self) -> float:
+        """TFLOP/s per GPU including recomputation (Narayanan et al. 2021's accounting)."""
+        return self.time.hardware_flops / self.time.step_s / self.layout.world_size / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.tflops_per_gpu * 1e12 / self.peak_flops
+
+    def to_json(self) -> dict[str, Any]:
+        """The calculator's JSON record of this layout (schema in docs/layout-model.md)."""
+        lay, mem, t = self.layout, self.memory, self.time
+        most = mem.most_loaded
+        return {
+            "tp": lay.tp,
+            "pp": lay.pp,
+            "vp": lay.vp,
+            "dp": lay.dp,
+            "micro_batch_size": lay.micro_batch_size,
+            "num_microbatches": lay.num_microbatches,
+            "global_batch_size": lay.global_batch_size,
+            "sequence_parallel": lay.sequence_parallel,
+            "use_distributed_optimizer": lay.use_distributed_optimizer,
+            "fits": self.fits,
+            "memory": {
+                "weights_and_optimizer_bytes": int(most.weights_and_optimizer_bytes),
+                "activations_bytes": int(most.activations_bytes),
+                "total_bytes": int(most.total_bytes),
+                "weights_bytes": int(most.weights_bytes),
+                "gradients_bytes": int(most.gradients_bytes),
+                "optimizer_states_bytes": int(most.optimizer_bytes),
+                "parameters": most.parameters,
+                "in_flight_microbatches": most.in_flight_microbatches,
+                "most_loaded_stage": most.stage,
+                "usable_bytes": int(self.cluster.usable_memory_bytes),
+                "capacity_bytes": self.cluster.gpu.memory_bytes,
+            },
+            "bubble_fraction": (lay.pp - 1) / (lay.vp * lay.num_microbatches),
+            "bubble_share_of_step": t.bubble_share,
+            "step_time_s": t.step_s,
+            "tokens_per_sec": self.tokens_per_sec,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+            "mfu": self.mfu,
+            "time": {
+                "compute_s": t.compute_s,
+                "tp_comm_s": t.tp_comm_s,
+                "bubble_s": t.bubble_s,
+                "pp_comm_s": t.pp_comm_s,
+                "dp_comm_s": t.dp_comm_s,
+                "dp_comm_total_s": t.dp_comm_total_s,
+                "optimizer_s": t.optimizer_s,
+            },
+        }
+
+
+def evaluate(workload: Workload, layout: ParallelLayout, cluster: Cluster) -> LayoutEstimate:
+    """Memory and step time of one (validated) layout."""
+    memory = estimate_memory(workload, layout)
+    time = estimate_step_time(
+        workload,
+        layout,
+        cluster.gpu,
+        gpus_per_node=cluster.gpus_per_node,
+        rank_parameters=max(memory.first.parameters, memory.last.parameters),
+    )
+    peak = cluster.gpu.peak_flops if workload.mixed_precision else cluster.gpu.peak_flops_fp32
+    return LayoutEstimate(
+        layout=layout, memory=memory, time=time, cluster=cluster, seq_length=workload.model.seq_length, peak_flops=peak
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    """Every valid layout that was estimated, best first."""
+
+    estimates: list[LayoutEstimate] = field(default_factory=list)
+    """Fitting layouts by step time, then the ones that do not fit by memory."""
+    candidates: int = 0
+    """Candidates generated and validated."""
+    problems: list[str] = field(default_factory=list)
+    """When nothing was valid: the problems of the first candidate (the simplest layout)."""
+
+    @property
+    def fitting(self) -> list[LayoutEstimate]:
+        return [e for e in self.estimates if e.fits]
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def _options(generated: Iterable[int], wanted: int | None) -> list[int]:
+    """The generated candidates, or only the one asked for (which the layout then validates)."""
+    return list(generated) if wanted is None else [wanted]
+
+
+def search(
+    workload: Workload,
+    cluster: Cluster,
+    *,
+    global_batch_size: int,
+    sequence_parallel: bool = False,
+    use_distributed_optimizer: bool = False,
+    tp: int | None = None,
+    pp: int | None = None,
+    vp: int | None = None,
+    micro_batch_size: int | None = None,
+) -> SearchResult:
+    """All valid layouts of ``cluster.gpus`` GPUs (optionally with some factors fixed), best first.
+
+    ``sequence_parallel`` applies to the candidates with TP > 1 (Megatron-LM
+    itself turns it off at TP = 1).
+    """
+    model = workload.model
+    world, layers = cluster.gpus, model.num_layers
+    estimates: list[LayoutEstimate] = []
+    candidates = 0
+    first_problems: list[str] = []
+    heads, ffn = model.num_attention_heads, model.effective_ffn_hidden_size
+    tps = [t for t in _divisors(world) if t <= cluster.gpus_per_node and heads % t == 0 and ffn % t == 0]
+    for t in _options(tps, tp):
+        for p in _options((p for p in _divisors(world // t) if layers % p == 0), pp):
+            dp = world // (t * p) if world % (t * p) == 0 else 0
+            per_dp = global_batch_size // dp if dp and global_batch_size % dp == 0 else 0
+            for v in _options(_divisors(layers // p) if layers % p == 0 else [1], vp):
+                for b in _options(_divisors(per_dp) if per_dp else [1], micro_batch_size):
+                    candidates += 1
+                    layout, problems = ParallelLayout.check(
+                        world_size=world,
+                        tensor_model_parallel_size=t,
+                        pipeline_model_parallel_size=p,
+                        virtual_pipeline_model_parallel_size=v if v > 1 else None,
+                        sequence_parallel=sequence_parallel and t > 1,
+                        use_distributed_optimizer=use_distributed_optimizer,
+                        micro_batch_size=b,
+                        global_batch_size=global_batch_size,
+                        num_layers=layers,
+                        num_attention_heads=model.num_attention_heads,
+                        num_query_groups=model.effective_num_query_groups,
+                        ffn_hidden_size=model.effective_ffn_hidden_size,
+                        seq_length=model.seq_length,
+                        gpus_per_node=cluster.gpus_per_node,
+                    )
+                    if problems:
+                        first_problems = first_problems or problems
+                        continue
+                    estimate = evaluate(workload, layout, cluster)
+                    estimates.append(estimate)
+                    if not estimate.fits:
+                        break  # larger micro-batches only need more memory
+    estimates.sort(key=lambda e: (not e.fits, e.time.step_s if e.fits else e.memory.total_bytes, e.memory.total_bytes))
+    return SearchResult(estimates=estimates, candidates=candidates, problems=[] if estimates else first_problems)
+
+
+def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
+    """The ``pretrain_gpt.py`` flags of this model and layout, ready for a recipe."""
+    m = workload.model
+    flags = [
+        f"--num-layers {m.num_layers}",
+        f"--hidden-size {m.hidden_size}",
+        f"--num-attention-heads {m.num_attention_heads}",
+        f"--seq-length {m.seq_length}",
+        f"--max-position-embeddings {m.max_position_embeddings or m.seq_length}",
+        f"--vocab-size {m.vocab_size}",
+    ]
+    if m.ffn_hidden_size is not None:
+        flags.append(f"--ffn-hidden-size {m.ffn_hidden_size}")
+    if m.group_query_attention:
+        flags.append(f"--group-query-attention --num-query-groups {m.num_query_groups}")
+    if m.kv_channels is not None:
+        flags.append(f"--kv-channels {m.kv_channels}")
+    for name in ("swiglu", "untie_embeddings_and_output_weights", "disable_bias_linear"):
+        if getattr(m, name):
+            flags.append("--" + name.replace("_", "-"))
+    if m.normalization != "LayerNorm":
+        flags.append(f"--normalization {m.normalization}")
+    if m.position_embedding_type != "learned_absolute":
+        flags.append(f"--position-embedding-type {m.position_embedding_type}")
+    defaults = ModelArgs(num_layers=1, hidden_size=1, num_attention_heads=1)
+    for name in ("hidden_dropout", "attention_dropout", "make_vocab_size_divisible_by", "transformer_impl",
+                 "attention_backend"):  # fmt: skip
+        if getattr(m, name) != getattr(defaults, name):
+            flags.append(f"--{name.replace('_', '-')} {getattr(m, name)}")
+    flags += [
+        f"--tensor-model-parallel-size {layout.tp}",
+        f"--pipeline-model-parallel-size {layout.pp}",
+    ]
+    if layout.interleaved:
+        flags.append(f"--num-layers-per-virtual-pipeline-stage {layout.layers_per_virtual_stage}")
+    if layout.sequence_parallel:
+        flags.append("--sequence-parallel")
+    if layout.use_distributed_optimizer:
+        flags.append("--use-distributed-optimizer")
+    if workload.overlap_grad_reduce:
+        flags.append("--overlap-grad-reduce")
+    if workload.overlap_param_gather:
+        flags.append("--overlap-param-gather")
+    flags += [f"--micro-batch-size {layout.micro_batch_size}", f"--global-batch-size {layout.global_batch_size}"]
+    if workload.precision != "fp32":
+        flags.append(f"--{workload.precision}")
+    if workload.recompute_granularity == "selective":
+        flags.append("--recompute-granularity selective")
+    elif workload.recompute_granularity == "full":
+        flags.append(
+            f"--recompute-granularity full --recompute-method {workload.recompute_method} "
+            f"--recompute-num-layers {workload.recompute_num_layers}"
+        )
+    return flags
+
+
+def slurm_counts(cluster: Cluster) -> dict[str, int]:
+    """Node and task counts of the job: one torchrun per node, or one task per GPU."""
+    per_node = min(cluster.gpus, cluster.gpus_per_node)
+    return {
+        "nodes": cluster.nodes,
+        "gpus_per_node": per_node,
+        "world_size": cluster.gpus,
+        "ntasks_per_node_torchrun": 1,
+        "ntasks_per_node_srun": per_node,
+    }

@@ -1,0 +1,272 @@
+"""Estimated time of one training step: compute, pipeline bubble, exposed communication.
+
+For a layout TP ``t`` × PP ``p`` × VP ``v`` × DP with ``m`` microbatches of
+``b`` sequences (all formulas documented with their sources in
+``docs/layout-model.md``):
+
+**Compute.** FLOPs of one microbatch on one GPU of the slowest (last) stage:
+its ``l/p`` layers and, on the last stage, the logits, each with Megatron-LM's
+counts (``flops.py``: a layer's forward is ``4·b·s·h²·(attention + MLP)``
+terms, the logits' ``2·b·s·h·V``; backward is twice the forward) plus what
+recomputation adds (full: another forward of every layer; selective: the
+attention core's forward, ``4·b·s²·n·d``), divided by ``t``. Time is FLOPs over
+``peak × compute_efficiency`` of the GPU profile, plus the memory-bound
+element-wise kernels at HBM bandwidth: per layer forward the two norms read
+and write ``s·b·h`` (``4·e·sbh`` bytes, ``e`` bytes per element), the two fused
+bias-dropout-adds read two and write one tensor plus a mask (``2·(3e + 1)·sbh``),
+the activation function reads and writes the MLP width (``2e·sbf``, SwiGLU
+``3e·sbf``), unfused attention's softmax and dropout read and write the scores
+(``(4e + 1)·a·s²·b``); all divided by ``t`` where TP (or SP) splits them;
+backward twice the forward, recomputation once more. These kernels are why
+small models reach a smaller share of peak (Narayanan et al. 2021, §5.1:
+larger GEMMs, super-linear scaling).
+
+**Tensor-parallel communication** (Narayanan et al. 2021, §3.3; Korthikanti
+et al. 2022, §4.2.2): per layer and microbatch two all-reduces of the
+``b·s·h`` activations in the forward pass and two in the backward (with
+sequence parallelism an all-gather and a reduce-scatter each, the same
+volume), two more when full recomputation repeats the forward. A ring
+all-reduce of ``X`` bytes moves ``2·(t−1)/t·X`` per GPU over NVLink. Not
+overlapped (Megatron-Core overlaps TP communication only with Transformer
+Engine's userbuffers, which we do not model).
+
+**Pipeline.** With per-microbatch stage time ``T`` the step takes
+``(m + (p−1)/v)·T``: the bubble is ``(p−1)/(v·m)`` of the ideal ``m·T``
+(Narayanan et al. 2021, §2.2). Point-to-point: every stage boundary moves
+``b·s·h`` activations (``/t`` with sequence parallelism) forward and the same
+gradients backward, over InfiniBand when the pipeline spans nodes; one
+message takes ``x``. Interleaving multiplies these messages by ``v``
+(Narayanan et al. 2021, §2.2.2), and the link is a resource
+(``pipeline_p2p_exposed``):
+
+* 1F1B (Megatron-Core sends and receives synchronously, batched): every
+  transfer is exposed, ``2·(p−1)`` to fill and drain plus one exchange after
+  each forward and each backward pass, ``2·m`` (``m`` when ``p = 2``, whose
+  two stages are both end stages).
+* Interleaved 1F1B (``overlap_p2p_comm``, on in ``model.py`` as in
+  Megatron-LM): ``max(2·(p·v − 1)·x, S·x + (p − 1)·(T + 2·x) − (m + (p − 1)/v)·T)``.
+  The first term is the latency of the fill and drain: a microbatch crosses
+  ``p·v − 1`` stage boundaries each way, each on the critical path. The
+  second is the link's throughput: the busiest rank sends ``S = 2·v·m``
+  messages (``(2v − 1)·m`` when ``p = 2``) through its one NIC, which cannot
+  start before the pipeline has filled nor finish before it has drained;
+  what does not fit behind the compute is exposed.
+
+Both agree with an event simulation of Megatron-Core's order with one link
+per rank (``tests/estimate/test_step_time.py``).
+
+**Data parallelism.** Gradients are reduced in fp32 (``grad_reduce_in_fp32``):
+an all-reduce ``2·(DP−1)/DP · 4·P`` bytes, or with the distributed optimizer
+a reduce-scatter ``(DP−1)/DP · 4·P`` plus an all-gather of the bf16
+parameters ``(DP−1)/DP · 2·P``, for the ``P`` parameters of the most loaded
+rank. The bandwidth is NVLink when the DP group sits in one node, otherwise
+the InfiniBand bandwidth of each of the group's GPUs in a node (NCCL drives
+one NIC per GPU). ``--overlap-grad-reduce`` hides the reduction behind the
+last microbatch's backward pass, ``--overlap-param-gather`` the all-gather
+behind the first forward pass; what does not fit behind them stays exposed.
+
+**Optimizer.** Adam streams 30 bytes per parameter it updates (fp32 master
+weights and both moments read and written, the fp32 gradient read, the bf16
+weights written) at HBM bandwidth; the distributed optimizer updates 1/DP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.estimate.flops import flops_per_step
+from megatron_ext.estimate.hardware import GpuProfile
+from megatron_ext.estimate.memory import unfused_attention
+from megatron_ext.estimate.workload import Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTimeEstimate:
+    """Estimated time of one optimizer step and what it is made of, seconds."""
+
+    microbatch_compute_s: float
+    """Forward + backward (+ recomputation) of one microbatch on the slowest stage."""
+    microbatch_tp_comm_s: float
+    """Tensor-parallel collectives of one microbatch on that stage."""
+    compute_s: float
+    """``m`` microbatches of compute: the pipeline's ideal time without communication."""
+    tp_comm_s: float
+    """Tensor-parallel communication of the ``m`` microbatches."""
+    bubble_s: float
+    """Pipeline fill and drain: ``(p−1)/v`` microbatch stage times."""
+    pp_comm_s: float
+    """Exposed pipeline point-to-point transfers."""
+    dp_comm_s: float
+    """Exposed data-parallel gradient reduction and parameter all-gather."""
+    dp_comm_total_s: float
+    """The data-parallel communication before overlap."""
+    optimizer_s: float
+    """Adam's update of the rank's (shard of the) parameters, bound by memory bandwidth."""
+    model_flops: float
+    """Model FLOPs of the step over all GPUs (Megatron-LM's formula, no recomputation)."""
+    hardware_flops: float
+    """FLOPs executed including recomputation (what Narayanan et al. 2021 report)."""
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.tp_comm_s + self.bubble_s + self.pp_comm_s + self.dp_comm_s + self.optimizer_s
+
+    @property
+    def bubble_share(self) -> float:
+        """The bubble as a share of the whole step."""
+        return self.bubble_s / self.step_s
+
+
+def _ring(n: int) -> float:
+    """Bytes each of ``n`` ranks moves per byte of a ring all-gather or reduce-scatter."""
+    return (n - 1) / n
+
+
+def pipeline_p2p_exposed(*, pp: int, vp: int, num_microbatches: int, stage_time: float, transfer_time: float) -> float:
+    """Exposed pipeline point-to-point time of one step, seconds (formulas in the module docstring).
+
+    ``stage_time`` (T) is one microbatch's forward and backward pass on one
+    stage, ``transfer_time`` (x) one activation or gradient message over the
+    slowest stage boundary.
+    """
+    p, v, m, T, x = pp, vp, num_microbatches, stage_time, transfer_time
+    if p == 1 or x == 0:
+        return 0.0
+    if v == 1:
+        # 1F1B: every send/receive blocks; p − 1 each way to fill and drain, then one exchange after
+        # each forward and each backward pass (after only one of them on the two end stages).
+        return (2 * (p - 1) + (m if p == 2 else 2 * m)) * x
+    # Interleaved, overlap_p2p_comm: the fill and drain's latency or the busiest link's throughput.
+    latency = 2 * (p * v - 1) * x
+    sends = (2 * v - 1) * m if p == 2 else 2 * v * m
+    link_bound = sends * x + (p - 1) * (T + 2 * x) - (m + (p - 1) / v) * T
+    return max(latency, link_bound)
+
+
+def estimate_step_time(
+    workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, gpus_per_node: int, rank_parameters: int
+) -> StepTimeEstimate:
+    """Step time of ``layout`` on ``gpu`` (``rank_parameters``: parameters of the most loaded rank)."""
+    m = workload.model
+    t, p, v, dp = layout.tp, layout.pp, layout.vp, layout.dp
+    s, b, h, mbs = m.seq_length, layout.micro_batch_size, m.hidden_size, layout.num_microbatches
+    n, g, d, f = (
+        m.num_attention_heads,
+        m.effective_num_query_groups,
+        m.effective_kv_channels,
+        m.effective_ffn_hidden_size,
+    )
+    vocab = workload.padded_vocab_size(t)
+    e = workload.activation_bytes
+
+    # FLOPs of one layer's forward for one microbatch (flops.py's terms / 3 for forward only).
+    attention = (1 + g / n + s / h) * (n * d / h)
+    mlp = (f / h) * (1.5 if m.swiglu else 1.0)
+    layer_fwd = 4.0 * b * s * h * h * (attention + mlp)
+    logits_fwd = 2.0 * b * s * h * vocab
+    if workload.recompute_granularity == "full":
+        recompute = layer_fwd
+    elif workload.recompute_granularity == "selective":
+        recompute = 4.0 * b * s * s * n * d
+    else:
+        recompute = 0.0
+    layers_per_stage = m.num_layers // p
+    stage_flops = (layers_per_stage * (3 * layer_fwd + recompute) + 3 * logits_fwd) / t
+    peak = gpu.peak_flops if workload.mixed_precision else gpu.peak_flops_fp32
+    rate = peak * gpu.compute_efficiency
+
+    # Memory-bound element-wise kernels: bytes read and written per layer forward, backward twice that.
+    sp = layout.sequence_parallel
+    masks = 1.0 if m.hidden_dropout > 0 else 0.0
+    norms_and_residuals = s * b * h * (2 * 2 * e + 2 * (3 * e + masks)) / (t if sp else 1)
+    activation_fn = s * b * f * (3 if m.swiglu else 2) * e / t
+    if unfused_attention(workload):
+        core_bytes = n * s * s * b * (2 * e + (2 * e + 1 if m.attention_dropout > 0 else 0)) / t
+    else:
+        core_bytes = 0.0  # fused attention keeps the scores on chip; its FLOPs are counted above
+    layer_fwd_bytes = norms_and_residuals + activation_fn + core_bytes
+    if workload.recompute_granularity == "full":
+        recompute_bytes = layer_fwd_bytes
+    elif workload.recompute_granularity == "selective":
+        recompute_bytes = core_bytes
+    else:
+        recompute_bytes = 0.0
+    stage_bytes = layers_per_stage * (3 * layer_fwd_bytes + recompute_bytes)
+    mb_compute = stage_flops / rate + stage_bytes / gpu.memory_bandwidth
+
+    # Tensor parallelism: 4 collectives of b·s·h per layer (6 with full recompute), each 2(t-1)/t of it per GPU.
+    if t > 1:
+        collectives = 6 if workload.recompute_granularity == "full" else 4
+        tp_bytes = collectives * 2 * _ring(t) * b * s * h * e
+        mb_tp = layers_per_stage * tp_bytes / gpu.intra_node_bandwidth
+    else:
+        mb_tp = 0.0
+    mb_time = mb_compute + mb_tp
+
+    # Pipeline: bubble and exposed point-to-point.
+    bubble = (p - 1) / v * mb_time
+    if p > 1:
+        link = gpu.intra_node_bandwidth if t * dp * p <= gpus_per_node else gpu.inter_node_bandwidth
+        p2p_bytes = b * s * h * e / (t if sp or workload.p2p_scatter_gather else 1)
+        pp_comm = pipeline_p2p_exposed(
+            pp=p, vp=v, num_microbatches=mbs, stage_time=mb_time, transfer_time=p2p_bytes / link
+        )
+    else:
+        pp_comm = 0.0
+
+    # Data parallelism: fp32 gradient reduction (+ bf16 parameter all-gather with the distributed optimizer).
+    if dp > 1:
+        if t * dp <= gpus_per_node:
+            bandwidth = gpu.intra_node_bandwidth
+        else:
+            per_node = max(1, min(dp, gpus_per_node // t))
+            bandwidth = min(gpu.intra_node_bandwidth, per_node * gpu.inter_node_bandwidth)
+        grad_bytes = 4.0 * rank_parameters
+        param_bytes = float(e * rank_parameters)
+        if layout.use_distributed_optimizer:
+            reduce = _ring(dp) * grad_bytes / bandwidth
+            gather = _ring(dp) * param_bytes / bandwidth
+        else:
+            reduce = 2 * _ring(dp) * grad_bytes / bandwidth
+            gather = 0.0
+        backward = mb_compute * (2 + (1 if recompute else 0)) / (3 + (1 if recompute else 0))
+        forward = mb_compute - backward
+        exposed_reduce = max(0.0, reduce - backward) if workload.overlap_grad_reduce else reduce
+        exposed_gather = max(0.0, gather - forward) if workload.overlap_param_gather else gather
+        dp_total, dp_exposed = reduce + gather, exposed_reduce + exposed_gather
+    else:
+        dp_total = dp_exposed = 0.0
+
+    # The optimizer step streams fp32 master weights, both moments (read + write), the fp32 gradient and
+    # writes the bf16 weights: 30 bytes per parameter it updates (4 + 4 + 16 + 4 + 2; 28 in fp32).
+    updated = rank_parameters / (dp if layout.use_distributed_optimizer else 1)
+    optimizer = updated * (30 if workload.mixed_precision else 28) / gpu.memory_bandwidth
+
+    model_flops = flops_per_step(
+        batch_size=layout.global_batch_size,
+        seq_length=s,
+        num_layers=m.num_layers,
+        hidden_size=h,
+        ffn_hidden_size=f,
+        num_attention_heads=n,
+        num_query_groups=g,
+        kv_channels=d,
+        padded_vocab_size=vocab,
+        swiglu=m.swiglu,
+    )
+    sequences = layout.global_batch_size // b
+    hardware_flops = model_flops + sequences * m.num_layers * recompute
+    return StepTimeEstimate(
+        microbatch_compute_s=mb_compute,
+        microbatch_tp_comm_s=mb_tp,
+        compute_s=mbs * mb_compute,
+        tp_comm_s=mbs * mb_tp,
+        bubble_s=bubble,
+        pp_comm_s=pp_comm,
+        dp_comm_s=dp_exposed,
+        dp_comm_total_s=dp_total,
+        optimizer_s=optimizer,
+        model_flops=model_flops,
+        hardware_flops=hardware_flops,
+    )

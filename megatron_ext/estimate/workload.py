@@ -1,0 +1,67 @@
+"""What is trained, independent of how it is split: the input of the memory and time models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_ext.config.arguments import ModelArgs, pad_vocab_size
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
+RECOMPUTE_METHODS = ("uniform", "block")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """A model shape and the training options that change memory or time (not the layout)."""
+
+    model: ModelArgs
+    """The model, exactly as ``pretrain_gpt.py`` takes it (validated by ``ModelArgs``)."""
+    precision: str = "bf16"
+    """``bf16`` / ``fp16`` (mixed precision, fp32 master weights) or ``fp32``."""
+    recompute_granularity: str = "none"
+    """Activation recomputation: ``none``, ``selective`` (attention core) or ``full`` (whole layers)."""
+    recompute_method: str = "uniform"
+    """With ``full``: ``uniform`` (checkpoint every group of layers) or ``block`` (the first layers of a chunk)."""
+    recompute_num_layers: int = 1
+    """With ``full``: layers per checkpointed group (uniform) or recomputed layers per chunk (block)."""
+    overlap_grad_reduce: bool = False
+    """Overlap the data-parallel gradient reduction with the last backward pass."""
+    overlap_param_gather: bool = False
+    """Overlap the distributed optimizer's parameter all-gather with the first forward pass."""
+    p2p_scatter_gather: bool = False
+    """Send 1/TP of each pipeline activation per TP rank and all-gather it after (Narayanan et al. 2021,
+    §4.1; Megatron-LM 2021). Megatron-Core splits p2p messages only with sequence parallelism."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            problems.append(
+                f"--recompute-granularity {self.recompute_granularity!r} is not one of "
+                f"{', '.join(RECOMPUTE_GRANULARITIES)}"
+            )
+        if self.recompute_method not in RECOMPUTE_METHODS:
+            problems.append(
+                f"--recompute-method {self.recompute_method!r} is not one of {', '.join(RECOMPUTE_METHODS)}"
+            )
+        if self.recompute_num_layers < 1:
+            problems.append(f"--recompute-num-layers must be at least 1, got {self.recompute_num_layers}")
+        if self.model.vocab_size is None or self.model.vocab_size < 1:
+            problems.append("--vocab-size must be given (the tokenizer's vocabulary, e.g. 50257 for GPT-2 BPE)")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def mixed_precision(self) -> bool:
+        return self.precision != "fp32"
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per activation element: 2 in bf16/fp16, 4 in fp32."""
+        return 2 if self.mixed_precision else 4
+
+    def padded_vocab_size(self, tensor_parallel: int) -> int:
+        """Megatron's padding: a multiple of ``make_vocab_size_divisible_by × TP``."""
+        return pad_vocab_size(int(self.model.vocab_size or 0), self.model.make_vocab_size_divisible_by, tensor_parallel)

@@ -1,0 +1,1 @@
+"""The training runtime behind ``pretrain_gpt.py`` (torch and Megatron-Core)."""

@@ -1,0 +1,198 @@
+"""Training data: Megatron-Core datasets, a resumable sampler, per-chunk iterators.
+
+Datasets come from Megatron-Core's ``BlendedMegatronDatasetBuilder``:
+``GPTDataset`` over the indexed datasets of ``--data-path`` (a weighted blend
+split by ``--split``, or ``--train/valid/test-data-path``), or
+``MockGPTDataset`` for ``--mock-data``. The sampler is position-based
+(``consumed_samples``) like Megatron-LM's, so a resumed run continues with
+exactly the samples an uninterrupted one would have seen, for any DP size:
+step ``k`` always covers global samples ``[k·B, (k+1)·B)`` and each DP rank
+takes its slice of every ``micro_batch × DP`` block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from megatron_ext.config.arguments import TrainingConfig
+from megatron_ext.data import sources as data_sources
+from megatron_ext.data.tokenizers import Tokenizer
+
+
+@dataclass(frozen=True)
+class Datasets:
+    train: Any
+    valid: Any | None
+    test: Any | None
+
+
+def build_tokenizer(cfg: TrainingConfig) -> Tokenizer:
+    """The tokenizer of ``--tokenizer-type`` (the one the datasets were preprocessed with)."""
+    null = cfg.data.tokenizer_type == "NullTokenizer"
+    return data_sources.tokenizer_for(cfg.data, vocab_size=cfg.model.vocab_size if null else None)
+
+
+def dataset_sizes(cfg: TrainingConfig) -> list[int]:
+    """Samples needed for train / valid / test.
+
+    Every evaluation reads the same first ``eval_iters`` global batches of the
+    validation split, so successive validation losses are comparable.
+    """
+    gbs = cfg.layout.global_batch_size
+    run = cfg.run
+    evaluated = run.eval_iters * gbs if run.eval_iters > 0 else 0
+    return [run.train_iters * gbs, evaluated, evaluated]
+
+
+def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:
+    """Megatron-Core's ``GPTDatasetConfig`` for this run: blend (or one blend per split), split, cache."""
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+
+    blend = blend_per_split = None
+    split: str | None = cfg.data.split
+    if not cfg.data.mock_data:
+        sources = data_sources.blends(cfg.data)
+        if "data" in sources:
+            blend = sources["data"].as_megatron()  # type: ignore[union-attr]
+        else:
+            blend_per_split = [b.as_megatron() if b is not None else None for b in sources.values()]
+            split = None
+    return GPTDatasetConfig(
+        random_seed=cfg.optim.seed,
+        sequence_length=cfg.model.seq_length,
+        blend=blend,
+        blend_per_split=blend_per_split,
+        split=split,
+        path_to_cache=cfg.data.data_cache_path,
+        tokenizer=tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        mid_level_dataset_surplus=0.005,
+    )
+
+
+def build_datasets(cfg: TrainingConfig, tokenizer: Tokenizer) -> Datasets:
+    """Train / valid / test datasets from Megatron-Core's ``BlendedMegatronDatasetBuilder``.
+
+    Every rank builds (``is_built_on_rank`` is always true): Megatron-Core
+    builds on global rank 0 first, writes the sample and shuffle indices to the
+    cache, then the other ranks read them after a barrier on the default group.
+    Validation and test sets are sized for ``--eval-iters`` global batches.
+    """
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, MockGPTDataset
+
+    config = dataset_config(cfg, tokenizer)
+    cls = MockGPTDataset if cfg.data.mock_data else GPTDataset
+    train, valid, test = BlendedMegatronDatasetBuilder(cls, dataset_sizes(cfg), lambda: True, config).build()
+    if train is None or len(train) == 0:
+        raise data_sources.DataError(
+            "the training split is empty: give it a share in --split (e.g. 969,30,1) or pass --train-data-path"
+        )
+    return Datasets(train=train, valid=valid, test=test)
+
+
+class PretrainingSampler:
+    """Yields this DP rank's sample indices, one micro-batch at a time.
+
+    Starts at ``consumed_samples`` (global count), so resuming is exact.
+    """
+
+    def __init__(
+        self,
+        *,
+        total_samples: int,
+        consumed_samples: int,
+        micro_batch_size: int,
+        data_parallel_rank: int,
+        data_parallel_size: int,
+    ) -> None:
+        self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank = data_parallel_rank
+        self.dp_size = data_parallel_size
+
+    def __len__(self) -> int:
+        """Micro-batches this rank will yield (a batch sampler counts batches)."""
+        block = self.micro_batch_size * self.dp_size
+        return max(self.total_samples - self.consumed_samples, 0) // block
+
+    def __iter__(self) -> Iterator[list[int]]:
+        block = self.micro_batch_size * self.dp_size
+        for block_start in range(self.consumed_samples, self.total_samples - block + 1, block):
+            first = block_start + self.dp_rank * self.micro_batch_size
+            yield list(range(first, first + self.micro_batch_size))
+
+
+def make_iterator(
+    dataset: Any,
+    *,
+    cfg: TrainingConfig,
+    consumed_samples: int,
+    dp_rank: int,
+) -> Iterator[dict[str, torch.Tensor]] | None:
+    """An iterator of this rank's micro-batches (a dict of tensors), or None without data."""
+    if dataset is None or len(dataset) == 0:
+        return None
+    layout = cfg.layout
+
+    def loader(consumed: int) -> torch.utils.data.DataLoader:
+        sampler = PretrainingSampler(
+            total_samples=len(dataset),
+            consumed_samples=consumed,
+            micro_batch_size=layout.micro_batch_size,
+            data_parallel_rank=dp_rank,
+            data_parallel_size=layout.dp,
+        )
+        return torch.utils.data.DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            num_workers=cfg.data.num_workers,
+            # Page-locked batches make the forward step's non_blocking copies asynchronous.
+            pin_memory=cfg.run.device != "cpu" and torch.cuda.is_available(),
+            persistent_workers=cfg.data.num_workers > 0,
+            # Its own generator: creating an iterator draws a worker seed, which
+            # from the global RNG would shift dropout after a resume.
+            generator=torch.Generator().manual_seed(cfg.optim.seed),
+            worker_init_fn=_ignore_stop_signals if cfg.data.num_workers > 0 else None,
+        )
+
+    return iter(loader(consumed_samples))
+
+
+def _ignore_stop_signals(_worker_id: int) -> None:
+    """Data-loader workers leave stopping to the training process.
+
+    SLURM signals every process of a job step (and our launcher forwards
+    SIGUSR1/2 to all descendants); a worker that died of it would take the
+    training down before it could save.
+    """
+    import signal
+
+    from megatron_ext.training.resilience import HANDLED_SIGNALS
+
+    for sig in HANDLED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def chunk_iterators(
+    dataset: Any,
+    *,
+    cfg: TrainingConfig,
+    consumed_samples: int,
+    dp_rank: int,
+    needs_data: list[bool],
+) -> list[Iterator[dict[str, torch.Tensor]] | None]:
+    """One iterator per model chunk: chunks that embed or compute the loss read
+    the same micro-batches in the same order; middle chunks read nothing."""
+    return [
+        make_iterator(dataset, cfg=cfg, consumed_samples=consumed_samples, dp_rank=dp_rank) if needed else None
+        for needed in needs_data
+    ]

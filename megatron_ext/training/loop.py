@@ -1,0 +1,584 @@
+"""The training loop, built from Megatron-Core's own pieces.
+
+``pretrain`` parses and validates the configuration, then (unless
+``--dry-run``) initialises the process groups, builds the model chunks with
+the caller's provider, wraps them in Megatron-Core DDP, creates Megatron-Core's
+optimizer and LR scheduler, and runs Megatron-Core's forward-backward schedule
+(interleaved 1F1B when VP > 1) for every step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from megatron_ext.config.arguments import ConfigError, TrainingConfig, parse_args
+from megatron_ext.config.layout import LayoutError
+from megatron_ext.estimate import plan
+from megatron_ext.estimate.flops import flops_per_step, peak_flops_for
+from megatron_ext.training import checkpointing, distributed, resilience, timing
+from megatron_ext.training.datasets import Datasets, chunk_iterators
+from megatron_ext.training.metrics import MetricsWriter
+from megatron_ext.training.model import build_model_chunks, count_parameters, unwrap
+
+log = logging.getLogger("megatron_ext")
+
+ModelProvider = Callable[..., torch.nn.Module]
+ForwardStep = Callable[[Iterator[Any] | None, torch.nn.Module], tuple[torch.Tensor, Callable[..., Any]]]
+DatasetsProvider = Callable[[TrainingConfig], Datasets]
+
+
+def _configure_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"[%(asctime)s rank {rank}] %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stdout,
+        force=True,
+    )
+    # Megatron-Core is chatty at INFO; keep its warnings.
+    logging.getLogger("megatron.core").setLevel(logging.WARNING)
+
+
+def pretrain(
+    *,
+    model_provider: ModelProvider,
+    forward_step: ForwardStep,
+    datasets_provider: DatasetsProvider,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Entry point of ``pretrain_gpt.py``; returns the process exit code."""
+    # --exit-duration-in-mins counts from here: start-up and loading use the job's time too.
+    started = time.monotonic()
+    rank = int(os.environ.get("RANK", "0"))
+    _configure_logging(rank)
+    try:
+        cfg = parse_args(argv)
+    except (ConfigError, LayoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return resilience.EXIT_CONFIG
+    if cfg.run.dry_run:
+        print("configuration is valid")
+        for line in plan.describe(cfg):
+            print(f"  {line}")
+        return resilience.EXIT_OK
+
+    # As early as possible: SLURM's pre-time-limit signal can come during the
+    # rendezvous, model building or checkpoint loading, and would kill the process.
+    signal_flag = resilience.SignalFlag() if cfg.run.exit_signal_handler else None
+    if signal_flag is not None:
+        signal_flag.install()
+    ctx = distributed.initialize(
+        layout=cfg.layout,
+        device_choice=cfg.run.device,
+        seed=cfg.optim.seed,
+        timeout_minutes=cfg.run.distributed_timeout_minutes,
+    )
+    try:
+        trainer = Trainer(
+            cfg=cfg,
+            ctx=ctx,
+            model_provider=model_provider,
+            forward_step=forward_step,
+            datasets_provider=datasets_provider,
+        )
+        return trainer.train(signal_flag=signal_flag, started=started)
+    except checkpointing.CheckpointError as exc:
+        log.error("checkpoint error: %s", exc)
+        return resilience.EXIT_CHECKPOINT
+    except resilience.NonFiniteLossError as exc:
+        log.error("%s", exc)
+        return resilience.EXIT_NON_FINITE
+    finally:
+        distributed.destroy()
+
+
+@dataclass
+class StepResult:
+    loss: float
+    """Token-mean loss over the global batch (NaN when not finite)."""
+    grad_norm: float | None
+    skipped: bool
+    """No update: a non-finite loss, or (fp16) gradients overflowed at this loss scale."""
+    lr: float
+    """Learning rate this step used."""
+
+    @property
+    def non_finite(self) -> bool:
+        return not math.isfinite(self.loss)
+
+
+@dataclass
+class LogWindow:
+    """The iterations since the last logged one (Megatron-LM averages the loss over them)."""
+
+    iterations: int = 0
+    seconds: float = 0.0
+    """Training-step time only (evaluation and saving are timed apart)."""
+    loss_sum: float = 0.0
+    finite_losses: int = 0
+    skipped: int = 0
+
+    def add(self, result: StepResult, seconds: float) -> None:
+        self.iterations += 1
+        self.seconds += seconds
+        self.skipped += int(result.skipped)
+        if not result.non_finite:
+            self.loss_sum += result.loss
+            self.finite_losses += 1
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.finite_losses if self.finite_losses else math.nan
+
+
+class Trainer:
+    """State of one run, passed explicitly (no global arguments)."""
+
+    def __init__(
+        self,
+        *,
+        cfg: TrainingConfig,
+        ctx: distributed.DistributedContext,
+        model_provider: ModelProvider,
+        forward_step: ForwardStep,
+        datasets_provider: DatasetsProvider,
+    ) -> None:
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        from megatron.core.utils import get_model_config
+
+        self.cfg = cfg
+        self.ctx = ctx
+        self.forward_step = forward_step
+        layout = cfg.layout
+        provider = functools.partial(model_provider, cfg, device=ctx.device)
+        self.chunks = build_model_chunks(provider, cfg=cfg, device=ctx.device)
+        # Megatron-Core's timers (dummies below --timing-log-level) for the schedule and optimizer.
+        self.timers = timing.StepTimers(level=cfg.run.timing_log_level, device=ctx.device)
+
+        o = cfg.optim
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer=o.optimizer,
+                lr=o.lr,
+                min_lr=o.min_lr,
+                weight_decay=o.weight_decay,
+                adam_beta1=o.adam_beta1,
+                adam_beta2=o.adam_beta2,
+                adam_eps=o.adam_eps,
+                sgd_momentum=o.sgd_momentum,
+                clip_grad=o.clip_grad,
+                bf16=o.bf16,
+                fp16=o.fp16,
+                params_dtype=self.chunks[0].config.params_dtype,
+                loss_scale=o.loss_scale,
+                initial_loss_scale=o.initial_loss_scale,
+                use_distributed_optimizer=layout.use_distributed_optimizer,
+                overlap_param_gather_with_optimizer_step=False,
+                timers=self.timers.timers,
+            ),
+            self.chunks,
+        )
+        gbs = layout.global_batch_size
+        # Scheduler steps count samples, as in Megatron-LM, so checkpoints interoperate.
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer,
+            init_lr=0.0 if o.lr_warmup_iters > 0 else o.lr,
+            max_lr=o.lr,
+            min_lr=o.min_lr,
+            lr_warmup_steps=o.lr_warmup_iters * gbs,
+            lr_decay_steps=max(o.lr_decay_iters or 0, 1) * gbs,
+            lr_decay_style=o.lr_decay_style,
+            start_wd=o.weight_decay,
+            end_wd=o.weight_decay,
+            # Weight decay is constant here: its increment length only has to be
+            # valid, and tying it to the decay keeps --train-iters free to grow.
+            wd_incr_steps=max(o.lr_decay_iters or 0, 1) * gbs,
+            wd_incr_style="constant",
+            # Megatron-LM's semantics: a schedule that differs from the checkpoint's
+            # is an error unless one of the two flags says which wins.
+            use_checkpoint_opt_param_scheduler=cfg.run.use_checkpoint_opt_param_scheduler,
+            override_opt_param_scheduler=cfg.run.override_opt_param_scheduler,
+        )
+
+        config = get_model_config(self.chunks[0])
+        config.finalize_model_grads_func = finalize_model_grads
+        config.timers = self.timers.timers
+        config.grad_scale_func = self.optimizer.scale_loss
+        no_sync = [c.no_sync for c in self.chunks]
+        config.no_sync_func = no_sync if layout.interleaved else no_sync[0]
+        if cfg.parallel.overlap_grad_reduce:
+            sync = [c.start_grad_sync for c in self.chunks]
+            config.grad_sync_func = sync if layout.interleaved else sync[0]
+        if cfg.parallel.overlap_param_gather:
+            psync = [c.start_param_sync for c in self.chunks]
+            config.param_sync_func = psync if layout.interleaved else psync[0]
+        self.model_config = config
+
+        self.async_queue = None
+        if cfg.run.async_save:
+            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+            self.async_queue = AsyncCallsQueue()
+        self.iteration = 0
+        self.consumed_samples = 0
+        self.skipped_iterations = 0
+        if cfg.run.load:
+            state = checkpointing.load_checkpoint(
+                root=cfg.run.load,
+                chunks=self.chunks,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                cfg=cfg,
+            )
+            self.iteration, self.consumed_samples = state.iteration, state.consumed_samples
+            if state.path is not None:
+                log.info("loaded checkpoint %s (iteration %d)", state.path, state.iteration)
+        if cfg.run.save:
+            checkpointing.check_save_directory(cfg.run.save, start_iteration=self.iteration, announce=ctx.rank == 0)
+
+        self.datasets = datasets_provider(cfg)
+        self.needs_data = [self._unwrapped(c).pre_process or self._unwrapped(c).post_process for c in self.chunks]
+        self.metrics = MetricsWriter(
+            enabled=ctx.is_logging_rank,
+            metrics_file=cfg.run.metrics_file,
+            tensorboard_dir=cfg.run.tensorboard_dir,
+        )
+        self.flops_per_step = flops_per_step(
+            batch_size=gbs,
+            seq_length=cfg.model.seq_length,
+            num_layers=cfg.model.num_layers,
+            hidden_size=cfg.model.hidden_size,
+            ffn_hidden_size=cfg.model.effective_ffn_hidden_size,
+            num_attention_heads=cfg.model.num_attention_heads,
+            num_query_groups=cfg.model.effective_num_query_groups,
+            kv_channels=cfg.model.effective_kv_channels,
+            padded_vocab_size=cfg.padded_vocab_size,
+            swiglu=cfg.model.swiglu,
+        )
+        self.peak_flops = peak_flops_for(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
+        self._log_start()
+
+    # ------------------------------------------------------------------ utils
+    @staticmethod
+    def _unwrapped(chunk: torch.nn.Module) -> Any:
+        return unwrap(chunk)
+
+    def _log_start(self) -> None:
+        if self.ctx.rank == 0:
+            log.info("device: %s, backend: %s", self.ctx.device, dist.get_backend())
+            for line in plan.describe(self.cfg):
+                log.info(line)
+        params = torch.tensor([count_parameters(self.chunks)], dtype=torch.long, device=self.ctx.device)
+        counts = [torch.zeros_like(params) for _ in range(self.ctx.world_size)]
+        dist.all_gather(counts, params)
+        if self.ctx.rank == 0:
+            per_rank = [int(c.item()) for c in counts]
+            log.info("parameters per rank: min %s, max %s", f"{min(per_rank):,}", f"{max(per_rank):,}")
+
+    def _iterators(self, dataset: Any, consumed: int) -> Any:
+        iters = chunk_iterators(
+            dataset, cfg=self.cfg, consumed_samples=consumed, dp_rank=self.ctx.dp_rank, needs_data=self.needs_data
+        )
+        return iters if self.cfg.layout.interleaved else iters[0]
+
+    def _forward_backward(self, data_iterator: Any, *, forward_only: bool) -> list[dict[str, torch.Tensor]]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        layout = self.cfg.layout
+        return get_forward_backward_func()(
+            forward_step_func=self.forward_step,
+            data_iterator=data_iterator,
+            model=self.chunks if layout.interleaved else self.chunks[0],
+            num_microbatches=layout.num_microbatches,
+            seq_length=self.cfg.model.seq_length,
+            micro_batch_size=layout.micro_batch_size,
+            forward_only=forward_only,
+        )
+
+    def _reduce_loss(self, losses: list[dict[str, torch.Tensor]]) -> float:
+        """Token-mean loss over the global batch, known on every rank."""
+        from megatron.core import parallel_state
+
+        total = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
+        for item in losses:
+            total += item["lm loss"].to(total)
+        if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+            dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
+        else:
+            total.zero_()
+        # The last stage's value (replicated over its TP ranks) goes to every rank:
+        # summing over the pipeline group picks it up from the only non-zero stage.
+        dist.all_reduce(total, group=parallel_state.get_pipeline_model_parallel_group())
+        return float(total[0] / total[1]) if total[1] > 0 else math.nan
+
+    # ------------------------------------------------------------------ steps
+    def train_step(self, data_iterator: Any) -> StepResult:
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        losses = self._forward_backward(data_iterator, forward_only=False)
+        loss = self._reduce_loss(losses)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        if not math.isfinite(loss):
+            # Every rank sees the same value, so all skip together.
+            return StepResult(loss=loss, grad_norm=None, skipped=True, lr=lr)
+        self.timers("optimizer", 1).start(barrier=False)
+        update_successful, grad_norm, _ = self.optimizer.step()
+        self.timers("optimizer", 1).stop()
+        if update_successful:
+            self.scheduler.step(increment=self.cfg.layout.global_batch_size)
+        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful, lr=lr)
+
+    def evaluate(self, split: str = "valid") -> float | None:
+        dataset = getattr(self.datasets, split)
+        if dataset is None or self.cfg.run.eval_iters <= 0:
+            return None
+        self._param_sync_for_use()
+        for chunk in self.chunks:
+            chunk.eval()
+        # Evaluation steps are not training steps: keep them out of the timers.
+        self.model_config.timers = None
+        data_iterator = self._iterators(dataset, 0)
+        sums = []
+        with torch.no_grad():
+            for _ in range(self.cfg.run.eval_iters):
+                sums.append(self._reduce_loss(self._forward_backward(data_iterator, forward_only=True)))
+        for chunk in self.chunks:
+            chunk.train()
+        self.model_config.timers = self.timers.timers
+        self._restore_param_hooks()
+        return sum(sums) / len(sums)
+
+    def finish_async_saves(self, *, blocking: bool = True) -> None:
+        """Finalise background saves (a collective: every rank calls it at the same point)."""
+        if self.async_queue is not None:
+            self.async_queue.maybe_finalize_async_calls(blocking=blocking)
+
+    def _param_sync_for_use(self) -> None:
+        # With overlapped param gather the newest weights arrive lazily in the next
+        # forward; evaluation and checkpoints need them now.
+        if self.cfg.parallel.overlap_param_gather:
+            for chunk in self.chunks:
+                chunk.disable_forward_pre_hook()
+
+    def _restore_param_hooks(self) -> None:
+        if self.cfg.parallel.overlap_param_gather:
+            for chunk in self.chunks:
+                chunk.enable_forward_pre_hook()
+
+    def save(self) -> None:
+        if not self.cfg.run.save:
+            return
+        # One save in flight at a time: the next one must see the last one tracked.
+        self.finish_async_saves()
+        self._param_sync_for_use()
+        path = checkpointing.save_checkpoint(
+            async_queue=self.async_queue,
+            root=self.cfg.run.save,
+            iteration=self.iteration,
+            consumed_samples=self.consumed_samples,
+            chunks=self.chunks,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            cfg=self.cfg,
+        )
+        self._restore_param_hooks()
+        if self.ctx.rank == 0:
+            log.info("%s checkpoint %s", "writing in the background" if self.async_queue else "saved", path)
+
+    # ------------------------------------------------------------------- loop
+    def train(self, *, signal_flag: resilience.SignalFlag | None = None, started: float | None = None) -> int:
+        """Train to --train-iters (exit code 0) or until told to stop early (75, with a checkpoint).
+
+        ``started`` (``time.monotonic()``) is when the process started, for
+        ``--exit-duration-in-mins``; default now.
+        """
+        try:
+            return self._train(signal_flag=signal_flag, started=started)
+        except resilience.NonFiniteLossError:
+            # Every rank raises at the same iteration: a save still in flight is
+            # from before the trouble and worth keeping.
+            self.finish_async_saves()
+            raise
+
+    def _train(self, *, signal_flag: resilience.SignalFlag | None, started: float | None) -> int:
+        cfg, run = self.cfg, self.cfg.run
+        stop_policy = resilience.StopPolicy(
+            exit_interval=run.exit_interval,
+            exit_duration_minutes=run.exit_duration_in_mins,
+            signal_flag=signal_flag,
+            device=self.ctx.device,
+            start_time=started,
+        )
+        stop: resilience.StopReason | None = None
+        consecutive_skipped = 0
+        gbs = cfg.layout.global_batch_size
+        tokens_per_step = gbs * cfg.model.seq_length
+        data_iterator = self._iterators(self.datasets.train, self.consumed_samples)
+        last_saved = self.iteration if run.load else None
+        window = LogWindow()
+        if self.ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        while self.iteration < run.train_iters:
+            start = time.perf_counter()
+            result = self.train_step(data_iterator)
+            window.add(result, time.perf_counter() - start)
+            self.iteration += 1
+            self.consumed_samples += gbs
+            self.skipped_iterations += int(result.skipped)
+            # fp16 overflows are the loss scaler searching downwards; they count
+            # against the run only once the scale cannot go lower.
+            if result.non_finite or (result.skipped and self._loss_scale_at_minimum()):
+                consecutive_skipped += 1
+            else:
+                consecutive_skipped = 0
+            if self.iteration % run.log_interval == 0 or self.iteration == run.train_iters:
+                self._log_iteration(
+                    result=result, window=window, tokens_per_step=tokens_per_step, per_rank_timers=self.timers.collect()
+                )
+                window = LogWindow()
+            if run.eval_iters > 0 and run.eval_interval > 0 and self.iteration % run.eval_interval == 0:
+                self._log_eval(self.evaluate("valid"))
+            if consecutive_skipped > run.max_consecutive_skipped:
+                raise resilience.NonFiniteLossError(
+                    f"{consecutive_skipped} consecutive iterations (up to {self.iteration}) had a non-finite "
+                    f"loss or overflowed at the minimum loss scale; stopping instead of training on garbage "
+                    f"(--max-consecutive-skipped "
+                    f"{run.max_consecutive_skipped}). Lower --lr, check the data, or resume from an earlier "
+                    "checkpoint."
+                )
+            if run.save and run.save_interval > 0 and self.iteration % run.save_interval == 0:
+                self.save()
+                last_saved = self.iteration
+            self.finish_async_saves(blocking=False)
+            if self.iteration < run.train_iters:
+                stop = stop_policy.check(self.iteration)
+                if stop is not None:
+                    break
+        finished = stop is None
+        self.timers.collect()  # the last, unlogged window counts towards the run's bubble
+        self._log_bubble()
+        if finished and run.eval_iters > 0 and (run.eval_interval <= 0 or self.iteration % run.eval_interval):
+            self._log_eval(self.evaluate("valid"))
+        if finished:
+            # As Megatron-LM: the test split once, at the end of training.
+            self._log_eval(self.evaluate("test"), "test")
+        if run.save and last_saved != self.iteration:
+            self.save()
+        self.finish_async_saves()
+        self.metrics.close()
+        if stop is not None:
+            # 75 promises a checkpoint to continue from; without --save there is none,
+            # and a requeue would start over.
+            code = resilience.EXIT_SAVED_AND_STOPPED if run.save else resilience.EXIT_OK
+            if self.ctx.is_logging_rank:
+                saved = (
+                    f"checkpoint of iteration {self.iteration} saved (run again to continue)"
+                    if run.save
+                    else "nothing saved (no --save)"
+                )
+                log.info(
+                    "stopping early at iteration %d: %s; %s; exit code %d", self.iteration, stop.message, saved, code
+                )
+            return code
+        if self.ctx.is_logging_rank:
+            log.info("done: %d iterations, %d skipped", self.iteration, self.skipped_iterations)
+        return resilience.EXIT_OK
+
+    def _log_bubble(self) -> None:
+        """The measured pipeline bubble of the whole run next to (p-1)/(v*m) (level-2 timers)."""
+        if self.timers.level < 2:
+            return
+        report = timing.measure_bubble(self.timers.totals, predicted=self.cfg.layout.bubble_fraction)
+        if report is None:
+            return
+        if self.ctx.is_logging_rank:
+            log.info("%s", report.describe())
+        self.metrics.write({"iteration": self.iteration, "run_summary": True, **report.as_record()})
+
+    def _loss_scale_at_minimum(self) -> bool:
+        scale = float(self.optimizer.get_loss_scale())
+        return scale <= self.optimizer.config.min_loss_scale
+
+    def _log_iteration(
+        self,
+        *,
+        result: StepResult,
+        window: LogWindow,
+        tokens_per_step: int,
+        per_rank_timers: list[dict[str, float]],
+    ) -> None:
+        """One line and one metrics record for the window; lr and grad norm are the last step's."""
+        lr = result.lr
+        seconds = window.seconds / window.iterations
+        loss = window.mean_loss
+        tflops = self.flops_per_step / seconds / self.ctx.world_size / 1e12
+        record: dict[str, Any] = {
+            "iteration": self.iteration,
+            "consumed_samples": self.consumed_samples,
+            "lm_loss": loss,
+            "lr": lr,
+            "grad_norm": result.grad_norm,
+            "tokens_per_sec": tokens_per_step / seconds,
+            "tflops_per_gpu": tflops,
+            "elapsed_ms": seconds * 1000.0,
+            "skipped": window.skipped,
+            "skipped_total": self.skipped_iterations,
+        }
+        if self.ctx.device.type == "cuda":
+            record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            if self.peak_flops:
+                record["mfu"] = tflops * 1e12 / self.peak_flops
+        if per_rank_timers:
+            record["time_ms"] = timing.breakdown_ms(per_rank_timers, iterations=window.iterations)
+            bubble = timing.measure_bubble(per_rank_timers, predicted=self.cfg.layout.bubble_fraction)
+            if bubble is not None:
+                record.update(bubble.as_record())
+        if self.ctx.is_logging_rank:
+            parts = [
+                f"iteration {self.iteration:>6}/{self.cfg.run.train_iters}",
+                f"lm loss {loss:.6e}",
+                f"lr {lr:.3e}",
+                f"grad norm {result.grad_norm:.3f}" if result.grad_norm is not None else "grad norm -",
+                f"{record['tokens_per_sec']:,.0f} tokens/s",
+                f"{tflops:.2f} TFLOP/s/GPU",
+                f"{seconds * 1000:.1f} ms/it",
+            ]
+            if "mfu" in record:
+                parts.append(f"MFU {record['mfu']:.1%}")
+            if "peak_memory_gb" in record:
+                parts.append(f"peak mem {record['peak_memory_gb']:.1f} GiB")
+            if window.skipped:
+                parts.append(
+                    f"skipped {window.skipped} (non-finite loss or fp16 overflow; {self.skipped_iterations} in all)"
+                )
+            log.info(" | ".join(parts))
+            if "time_ms" in record:
+                log.info("  time per iteration (ms, max over ranks): %s", _format_times(record["time_ms"]))
+        self.metrics.write(record)
+
+    def _log_eval(self, loss: float | None, split: str = "valid") -> None:
+        if loss is None:
+            return
+        ppl = math.exp(min(loss, 20.0))
+        if self.ctx.is_logging_rank:
+            name = "validation" if split == "valid" else split
+            log.info("%s at iteration %d | lm loss %.6e | ppl %.3f", name, self.iteration, loss, ppl)
+        self.metrics.write({"iteration": self.iteration, f"{split}_loss": loss, f"{split}_ppl": ppl})
+
+
+def _format_times(times_ms: dict[str, float]) -> str:
+    return ", ".join(f"{name} {ms:.1f}" for name, ms in times_ms.items())

@@ -1,0 +1,194 @@
+"""Megatron-Core GPT: transformer config, layer spec, model chunks and DDP wrapping."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from megatron_ext.config.arguments import TrainingConfig
+
+
+def params_dtype(cfg: TrainingConfig) -> torch.dtype:
+    if cfg.optim.bf16:
+        return torch.bfloat16
+    if cfg.optim.fp16:
+        return torch.float16
+    return torch.float32
+
+
+def use_transformer_engine(cfg: TrainingConfig, device: torch.device) -> bool:
+    """TE when asked for, or (auto) on GPU when it is importable; never on CPU."""
+    impl = cfg.model.transformer_impl
+    available = importlib.util.find_spec("transformer_engine") is not None
+    if impl == "transformer_engine":
+        if device.type != "cuda":
+            raise RuntimeError("--transformer-impl transformer_engine needs a GPU; use local on CPU")
+        if not available:
+            raise RuntimeError(
+                "--transformer-impl transformer_engine: transformer_engine is not importable; "
+                "install it or use --transformer-impl local"
+            )
+        return True
+    # Megatron-Core's own attention lives in the local spec only.
+    return impl == "auto" and device.type == "cuda" and available and cfg.model.attention_backend != "local"
+
+
+def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> TransformerConfig
+    """Megatron-Core's TransformerConfig for this run."""
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.enums import AttnBackend
+
+    m, layout, o = cfg.model, cfg.layout, cfg.optim
+    on_gpu = device.type == "cuda"
+    dtype = params_dtype(cfg)
+    te = use_transformer_engine(cfg, device)
+    return TransformerConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.effective_ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.effective_num_query_groups,
+        kv_channels=m.effective_kv_channels,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        init_method_std=m.init_method_std,
+        normalization=m.normalization,
+        layernorm_epsilon=m.norm_epsilon,
+        add_bias_linear=not m.disable_bias_linear,
+        gated_linear_unit=m.swiglu,
+        activation_func=F.silu if m.swiglu else F.gelu,
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vp if layout.interleaved else None,
+        sequence_parallel=layout.sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=o.bf16,
+        fp16=o.fp16,
+        recompute_granularity=o.recompute_granularity,
+        recompute_method=o.recompute_method,
+        recompute_num_layers=o.recompute_num_layers,
+        calculate_per_token_loss=o.calculate_per_token_loss,
+        # Initialise on the CPU there: the weights are then identical for any TP.
+        use_cpu_initialization=not on_gpu,
+        # Fused kernels (torch.compile'd by Megatron-Core) on GPU; plain torch ops on CPU.
+        # The bias-GeLU kernel needs a bias; the SwiGLU one works with or without.
+        bias_activation_fusion=on_gpu
+        and (not m.no_bias_swiglu_fusion if m.swiglu else not (m.no_bias_gelu_fusion or m.disable_bias_linear)),
+        bias_dropout_fusion=on_gpu and not m.no_bias_dropout_fusion,
+        # Megatron-Core's own attention softmax kernels come with apex; without them
+        # the fused path raises instead of falling back.
+        masked_softmax_fusion=on_gpu and _has_softmax_kernels(),
+        cross_entropy_loss_fusion=on_gpu and m.cross_entropy_loss_fusion,
+        cross_entropy_fusion_impl="native",
+        # With TE, Megatron-Core turns this into TE's backend switches; the local
+        # spec's SDPA kernel choice is made in layer_spec().
+        attention_backend=AttnBackend[m.attention_backend] if te else AttnBackend.local,
+        # TE's fused rope and its weight-gradient GEMM accumulating into the fp32
+        # main_grad buffer; the local spec's versions need apex's CUDA extensions.
+        apply_rope_fusion=te and m.position_embedding_type == "rope",
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=te
+        or (on_gpu and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None),
+        # Frees a stage's output right after its (asynchronous) send. Safe with
+        # NCCL's stream ordering; gloo reads the buffer later from its own thread,
+        # so on CPU the output must live until the send completes.
+        deallocate_pipeline_outputs=on_gpu,
+        # Megatron-LM's defaults: overlapped (unbatched) p2p for the interleaved schedule.
+        overlap_p2p_comm=layout.interleaved,
+        batch_p2p_comm=not layout.interleaved,
+    )
+
+
+def _has_softmax_kernels() -> bool:
+    return all(
+        importlib.util.find_spec(name) is not None
+        for name in ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda", "scaled_softmax_cuda")
+    )
+
+
+def layer_spec(cfg: TrainingConfig, device: torch.device):  # -> ModuleSpec
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    from megatron_ext.training.attention import SDPAttention, sdpa_kernels
+    from megatron_ext.training.norms import TorchNorm
+
+    if use_transformer_engine(cfg, device):
+        return get_gpt_layer_with_transformer_engine_spec()
+    spec = get_gpt_layer_local_spec(normalization=cfg.model.normalization)
+    backend = cfg.model.attention_backend
+    if backend != "local":
+        # Only the core (softmax(QK^T)V) changes; projections stay Megatron-Core's.
+        spec.submodules.self_attention.submodules.core_attention = functools.partial(
+            SDPAttention, kernels=sdpa_kernels(backend)
+        )
+    # PyTorch's norms (fused kernels on GPU), marked for the TP gradient sum of
+    # sequence parallelism, whether or not apex is installed: Megatron-Core's
+    # fallbacks refuse sequence parallelism (torch) or RMSNorm (apex). The final
+    # norm is the block's, so the block is spelled out (same layers per chunk).
+    spec.submodules.input_layernorm = TorchNorm
+    spec.submodules.pre_mlp_layernorm = TorchNorm
+    return TransformerBlockSubmodules(layer_specs=[spec] * cfg.layout.layers_per_virtual_stage, layer_norm=TorchNorm)
+
+
+ModelProvider = Callable[..., torch.nn.Module]
+
+
+def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: torch.device) -> list[torch.nn.Module]:
+    """One model chunk per virtual stage of this pipeline rank, wrapped in Megatron DDP."""
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.transformer.module import Float16Module
+
+    layout = cfg.layout
+    chunks = []
+    for vp_stage in range(layout.vp):
+        vp_arg = vp_stage if layout.interleaved else None
+        chunk = provider(
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_arg),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_arg),
+            vp_stage=vp_arg,
+        )
+        chunk.to(device)
+        if cfg.optim.bf16 or cfg.optim.fp16:
+            # As Megatron-LM: every parameter in half precision (the optimizer keeps
+            # fp32 main copies), half-precision inputs, fp32 outputs on the last stage.
+            chunk = Float16Module(chunk.config, chunk)
+        chunks.append(chunk)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=cfg.optim.bf16 or cfg.optim.fp16,
+        overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
+        overlap_param_gather=cfg.parallel.overlap_param_gather,
+        use_distributed_optimizer=layout.use_distributed_optimizer,
+        check_for_nan_in_grad=False,
+    )
+    return [
+        DistributedDataParallel(
+            config=chunk.config,
+            ddp_config=ddp_config,
+            module=chunk,
+            # Megatron-LM: only the first chunk's buffers are bucketed for overlap.
+            disable_bucketing=index > 0,
+        )
+        for index, chunk in enumerate(chunks)
+    ]
+
+
+def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside the DDP (and Float16Module) wrappers."""
+    from megatron.core.utils import unwrap_model
+
+    return unwrap_model(chunk)
+
+
+def count_parameters(chunks: list[torch.nn.Module]) -> int:
+    """Parameters held by this rank (all of its chunks)."""
+    return sum(p.numel() for chunk in chunks for p in chunk.parameters())

@@ -1,0 +1,355 @@
+"""tools/layout.py: rules and messages (pretrain_gpt.py's), search completeness, exit codes, JSON, emitted flags."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from megatron_ext.cli.layout import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK
+from megatron_ext.cli.layout import main as run
+from megatron_ext.config.arguments import ModelArgs, parse_args
+from megatron_ext.config.layout import LayoutError, ParallelLayout
+from megatron_ext.estimate.hardware import get_profile
+from megatron_ext.estimate.search import Cluster, search
+from megatron_ext.estimate.workload import Workload
+from tests.conftest import PRETRAIN, REPO, _env
+
+pytestmark = pytest.mark.unit
+
+LAYOUT_TOOL = REPO / "tools" / "layout.py"
+SHAPE_13B = "--num-layers 40 --hidden-size 5120 --num-attention-heads 40 --seq-length 2048 --vocab-size 50257"
+# The command the SLURM recipes run before launching (recipes/common.sh).
+RECIPE_COMMAND = (
+    f"--gpus 16 --gpus-per-node 8 --gpu h100-sxm {SHAPE_13B} --tensor-model-parallel-size 8 "
+    "--pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 512 --bf16 "
+    "--use-distributed-optimizer --json"
+)
+
+
+def calc(args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = run(args.split(), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def pretrain_problems(args: str, world: int) -> list[str]:
+    """The layout problems pretrain_gpt.py reports for the same flags (its own parser and validation)."""
+    with pytest.raises(LayoutError) as info:
+        parse_args([*args.split(), "--mock-data", "--world-size", str(world)])
+    return info.value.problems
+
+
+def listed(stderr: str) -> list[str]:
+    return [line[4:] for line in stderr.splitlines() if line.startswith("  - ")]
+
+
+# ------------------------------------------------------------------ ParallelLayout.check
+def test_check_is_the_constructor_without_raising() -> None:
+    valid = dict(world_size=16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, num_layers=8,
+                 num_attention_heads=8, global_batch_size=32, virtual_pipeline_model_parallel_size=2)  # fmt: skip
+    layout, problems = ParallelLayout.check(**valid)
+    assert problems == [] and layout == ParallelLayout(**valid)
+    invalid = valid | {"world_size": 12, "num_layers": 30}
+    with pytest.raises(LayoutError) as info:
+        ParallelLayout(**invalid)
+    assert ParallelLayout.check(**invalid)[1] == info.value.problems
+    with pytest.raises(TypeError, match="needs num_layers"):
+        ParallelLayout.check(world_size=1, num_attention_heads=1, global_batch_size=1)
+
+
+# ------------------------------------------------------------------ every rule: the same messages as pretrain_gpt.py
+RULE_CASES = [
+    # (what breaks, flags, world size)
+    ("world size", f"{SHAPE_13B} --tensor-model-parallel-size 8 --pipeline-model-parallel-size 8", 1000),
+    ("layers per stage", "--num-layers 30 --hidden-size 256 --num-attention-heads 8 --seq-length 64 --pp 4", 8),
+    ("interleaving without PP", f"{SHAPE_13B} --virtual-pipeline-model-parallel-size 2", 8),
+    (
+        "layers per virtual stage",
+        "--num-layers 30 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --pp 3 --vp 4",
+        6,
+    ),
+    ("heads by TP", "--num-layers 8 --hidden-size 768 --num-attention-heads 12 --seq-length 64 --tp 8", 8),
+    (
+        "query groups by TP",
+        "--num-layers 8 --hidden-size 768 --num-attention-heads 12 --group-query-attention --num-query-groups 3 "
+        "--seq-length 64 --tp 2",
+        8,
+    ),
+    (
+        "MLP width by TP",
+        "--num-layers 8 --hidden-size 768 --num-attention-heads 12 --ffn-hidden-size 171 --seq-length 64 --tp 2",
+        8,
+    ),
+    (
+        "SwiGLU MLP width by TP",
+        "--num-layers 8 --hidden-size 768 --num-attention-heads 12 --swiglu --ffn-hidden-size 2050 --seq-length 64 --tp 4",
+        8,
+    ),
+    ("SP without TP", f"{SHAPE_13B} --sequence-parallel --pp 2", 8),
+    (
+        "sequence by TP with SP",
+        "--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 100 --tp 8 --sequence-parallel",
+        8,
+    ),
+    ("global batch", f"{SHAPE_13B} --tp 8 --global-batch-size 100 --micro-batch-size 2", 64),
+    ("interleaved microbatches", f"{SHAPE_13B} --tp 8 --pp 4 --vp 2 --global-batch-size 6", 32),
+    ("layers per virtual stage flag", f"{SHAPE_13B} --tp 8 --pp 4 --num-layers-per-virtual-pipeline-stage 3", 32),
+    ("VP flags contradict", f"{SHAPE_13B} --tp 8 --pp 4 --vp 2 --num-layers-per-virtual-pipeline-stage 2", 32),
+]
+
+
+def _pretrain_spelling(args: str) -> str:
+    return (
+        args.replace("--tp ", "--tensor-model-parallel-size ")
+        .replace("--pp ", "--pipeline-model-parallel-size ")
+        .replace("--vp ", "--virtual-pipeline-model-parallel-size ")
+    )
+
+
+@pytest.mark.parametrize(("rule", "args", "world"), RULE_CASES, ids=[c[0] for c in RULE_CASES])
+def test_invalid_layouts_get_pretrain_gpts_messages(rule: str, args: str, world: int) -> None:
+    code, out, err = calc(f"--gpus {world} --gpus-per-node 8 --gpu a100-80g --bf16 {args}")
+    assert code == EXIT_INVALID, (rule, err)
+    assert err.startswith("error: invalid parallel layout:")
+    assert listed(err) == pretrain_problems(_pretrain_spelling(args), world)
+    assert out == ""
+
+
+def test_tp_beyond_a_node_is_refused_with_the_layout_rule() -> None:
+    code, _, err = calc(f"--gpus 32 --gpus-per-node 8 {SHAPE_13B} --tp 10 --bf16")
+    assert code == EXIT_INVALID
+    assert "tensor_model_parallel_size=10 exceeds gpus_per_node=8; tensor parallelism must stay within a node" in err
+
+
+def test_dry_run_and_calculator_print_the_same_error() -> None:
+    """The same flags through both scripts as separate processes: identical 'invalid parallel layout' text."""
+    flags = f"{SHAPE_13B} --tensor-model-parallel-size 8 --pipeline-model-parallel-size 3 --global-batch-size 96 --bf16"
+    dry = subprocess.run(
+        [sys.executable, str(PRETRAIN), *flags.split(), "--mock-data", "--dry-run", "--world-size", "48"],
+        capture_output=True, text=True, env=_env(), cwd=REPO, timeout=120,
+    )  # fmt: skip
+    tool = subprocess.run(
+        [sys.executable, str(LAYOUT_TOOL), "--gpus", "48", "--gpu", "a100-80g", *flags.split()],
+        capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60,
+    )  # fmt: skip
+    assert dry.returncode == tool.returncode == 2
+    error = [line for line in dry.stderr.splitlines() if line.startswith(("error:", "  - "))]
+    assert error and error == tool.stderr.strip().splitlines()
+    assert "num_layers=40 is not divisible by pipeline(3)" in tool.stderr
+
+
+def test_config_errors_use_pretrain_gpts_messages() -> None:
+    code, _, err = calc("--gpus 8 --num-layers 2 --hidden-size 100 --num-attention-heads 3 --seq-length 8")
+    assert code == EXIT_INVALID
+    assert "hidden_size=100 is not divisible by num_attention_heads=3; set --kv-channels or change one" in err
+    code, _, err = calc(f"--gpus 8 {SHAPE_13B} --bf16 --fp16")
+    assert code == EXIT_INVALID and "--bf16 and --fp16 are mutually exclusive; choose one" in err
+    code, _, err = calc(f"--gpus 8 {SHAPE_13B} --recompute-method uniform")
+    assert code == EXIT_INVALID and "--recompute-method is only used with --recompute-granularity full" in err
+    code, _, err = calc(f"--gpus 8 {SHAPE_13B} --overlap-param-gather --global-batch-size 8")
+    assert code == EXIT_INVALID and "--overlap-param-gather needs --use-distributed-optimizer" in err
+
+
+def test_bad_cluster_and_model_input_is_named() -> None:
+    code, _, err = calc(f"{SHAPE_13B} --global-batch-size 64")
+    assert code == EXIT_INVALID and "give the GPU count: --gpus N" in err
+    code, _, err = calc(f"--gpus 12 --gpus-per-node 8 {SHAPE_13B} --global-batch-size 48")
+    assert code == EXIT_INVALID and "--gpus 12 is not a whole number of 8-GPU nodes; use 8 or 16 GPUs" in err
+    code, _, err = calc("--gpus 8 --gpu b300 --model gpt3-126m")
+    assert code == EXIT_INVALID and "unknown --gpu 'b300'; choose one of a100-40g, a100-80g, h100-sxm, h200" in err
+    code, _, err = calc("--gpus 8 --model gpt5")
+    assert code == EXIT_INVALID and "unknown --model 'gpt5'; choose one of gpt3-126m" in err
+    code, _, err = calc("--gpus 8 --hidden-size 1024 --global-batch-size 8")
+    assert (
+        code == EXIT_INVALID
+        and "give --model NAME or the model shape: --num-layers, --num-attention-heads missing" in err
+    )
+    code, _, err = calc(f"--gpus 8 {SHAPE_13B}")
+    assert code == EXIT_INVALID and "searching needs --global-batch-size" in err
+
+
+def test_unknown_flags_are_rejected_not_ignored() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(LAYOUT_TOOL), "--gpus", "8", "--model", "gpt3-126m", "--lr", "3e-4"],
+        capture_output=True, text=True, cwd=REPO, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "unrecognized arguments: --lr 3e-4" in proc.stderr
+    assert "takes the pretrain_gpt.py flags it models" in proc.stderr
+
+
+# ------------------------------------------------------------------ the search finds exactly the valid layouts
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_search_enumerates_every_valid_layout_and_nothing_else(sequence_parallel: bool) -> None:
+    model = ModelArgs(num_layers=12, hidden_size=96, num_attention_heads=12, seq_length=96, vocab_size=500)
+    workload = Workload(model=model, precision="bf16")
+    huge = get_profile("h100-sxm").with_overrides(memory_gib=1e6)  # everything fits: nothing is pruned by memory
+    world, gbs = 24, 48
+    result = search(workload, Cluster(gpus=world, gpus_per_node=8, gpu=huge), global_batch_size=gbs,
+                    sequence_parallel=sequence_parallel)  # fmt: skip
+    found = {(e.layout.tp, e.layout.pp, e.layout.vp, e.layout.micro_batch_size) for e in result.estimates}
+    brute = set()
+    # Beyond every bound a valid layout can reach: TP up to 12 (> 8 per node), PP and VP up to 13, any micro-batch.
+    for tp, pp, vp, mbs in itertools.product(range(1, 13), range(1, 14), range(1, 14), range(1, gbs + 1)):
+        _, problems = ParallelLayout.check(
+            world_size=world, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vp if vp > 1 else None, micro_batch_size=mbs,
+            global_batch_size=gbs, num_layers=12, num_attention_heads=12, num_query_groups=12, seq_length=96,
+            ffn_hidden_size=model.effective_ffn_hidden_size,
+            sequence_parallel=sequence_parallel and tp > 1, gpus_per_node=8,
+        )  # fmt: skip
+        if not problems:
+            brute.add((tp, pp, vp, mbs))
+    assert found == brute
+    assert len(found) > 30
+    # Interleaving only where the microbatches are a multiple of PP (Megatron-Core's rule).
+    assert all(m % pp == 0 for tp, pp, vp, mbs in found if vp > 1 for m in [gbs // (mbs * (world // (tp * pp)))])
+
+
+def test_search_ranks_fitting_layouts_by_step_time_then_the_rest_by_memory() -> None:
+    model = ModelArgs(num_layers=40, hidden_size=5120, num_attention_heads=40, seq_length=2048, vocab_size=50257)
+    result = search(Workload(model=model, precision="bf16"), Cluster(gpus=32, gpus_per_node=8, gpu=get_profile("a100-40g")),
+                    global_batch_size=256)  # fmt: skip
+    fits = [e.fits for e in result.estimates]
+    assert any(fits) and not all(fits)
+    assert fits == sorted(fits, reverse=True)
+    fitting = [e.time.step_s for e in result.estimates if e.fits]
+    rest = [e.memory.total_bytes for e in result.estimates if not e.fits]
+    assert fitting == sorted(fitting) and rest == sorted(rest)
+
+
+def test_search_offers_only_tp_sizes_that_divide_the_mlp_width() -> None:
+    """ffn 170 with 4 heads: TP 4 divides the heads but not fc1/fc2, so only TP 1 and 2 are searched."""
+    model = ModelArgs(num_layers=8, hidden_size=128, num_attention_heads=4, ffn_hidden_size=170, seq_length=64,
+                      vocab_size=500)  # fmt: skip
+    result = search(Workload(model=model, precision="bf16"), Cluster(gpus=8, gpus_per_node=8, gpu=get_profile("h100-sxm")),
+                    global_batch_size=16)  # fmt: skip
+    assert {e.layout.tp for e in result.estimates} == {1, 2}
+    code, _, err = calc("--gpus 8 --num-layers 8 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 170 "
+                        "--seq-length 64 --global-batch-size 16 --tp 4 --bf16")  # fmt: skip
+    assert code == EXIT_INVALID
+    assert listed(err) == ["ffn_hidden_size=170 is not divisible by tensor(4); use TP in [1, 2, 5] or an ffn_hidden_size "
+                           "of 168 or 172"]  # fmt: skip
+
+
+# ------------------------------------------------------------------ exit codes, JSON, emitted settings
+LAYOUT_KEYS = {"tp", "pp", "vp", "dp", "micro_batch_size", "num_microbatches", "fits", "memory", "bubble_fraction",
+               "step_time_s", "tokens_per_sec", "tflops_per_gpu", "mfu"}  # fmt: skip
+MEMORY_KEYS = {"weights_and_optimizer_bytes", "activations_bytes", "total_bytes"}
+
+
+def check_layout_record(record: dict) -> None:
+    assert record.keys() >= LAYOUT_KEYS
+    assert record["memory"].keys() >= MEMORY_KEYS
+    for key in ("tp", "pp", "vp", "dp", "micro_batch_size", "num_microbatches"):
+        assert isinstance(record[key], int) and record[key] >= 1
+    assert isinstance(record["fits"], bool)
+    mem = record["memory"]
+    assert all(isinstance(mem[k], int) and mem[k] > 0 for k in MEMORY_KEYS)
+    assert mem["total_bytes"] == pytest.approx(mem["weights_and_optimizer_bytes"] + mem["activations_bytes"], abs=2)
+    assert record["bubble_fraction"] == pytest.approx((record["pp"] - 1) / (record["vp"] * record["num_microbatches"]))
+    for key in ("step_time_s", "tokens_per_sec", "tflops_per_gpu", "mfu"):
+        assert isinstance(record[key], float) and record[key] > 0
+    assert 0 < record["mfu"] < 1
+
+
+def test_the_recipes_command_exits_0_with_one_layout_in_json() -> None:
+    proc = subprocess.run([sys.executable, str(LAYOUT_TOOL), *RECIPE_COMMAND.split()], capture_output=True, text=True,
+                          cwd=REPO, timeout=60)  # fmt: skip
+    assert proc.returncode == EXIT_OK, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["mode"] == "evaluate" and doc["errors"] == []
+    (record,) = doc["layouts"]
+    check_layout_record(record)
+    assert (record["tp"], record["pp"], record["vp"], record["dp"]) == (8, 2, 1, 1)
+    assert record["num_microbatches"] == 512 and record["fits"] is True
+    assert doc["cluster"] == {"nodes": 2, "gpus_per_node": 8, "world_size": 16, "ntasks_per_node_torchrun": 1,
+                              "ntasks_per_node_srun": 8}  # fmt: skip
+
+
+def test_search_json_is_best_first_with_the_schema() -> None:
+    code, out, _ = calc("--gpus 64 --gpu a100-80g --model gpt3-13b --bf16 --use-distributed-optimizer --json --top 7")
+    assert code == EXIT_OK
+    doc = json.loads(out)
+    assert doc["mode"] == "search" and len(doc["layouts"]) == 7
+    for record in doc["layouts"]:
+        check_layout_record(record)
+        assert record["fits"]
+    times = [r["step_time_s"] for r in doc["layouts"]]
+    assert times == sorted(times)
+    assert doc["valid_layouts"] >= doc["fitting_layouts"] >= 7
+
+
+def test_valid_layout_that_does_not_fit_exits_3_and_says_by_how_much() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(LAYOUT_TOOL), "--gpus", "64", "--gpu", "a100-40g", "--model", "gpt3-175b", "--bf16",
+         "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "8"],
+        capture_output=True, text=True, cwd=REPO, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_DOES_NOT_FIT
+    assert "error: the layout is valid but needs an estimated" in proc.stderr
+    assert "GiB more than the 36.0 GiB usable on a100-40g" in proc.stderr
+    assert "--recompute-granularity full" in proc.stderr  # what to change
+    assert " NO " in proc.stdout  # the table row says it does not fit
+
+
+def test_search_where_nothing_fits_exits_3() -> None:
+    code, out, err = calc("--gpus 8 --gpu a100-40g --model gpt3-175b --bf16 --top 3")
+    assert code == EXIT_DOES_NOT_FIT
+    assert "none fits; least memory first" in out
+    assert "none of the" in err and "fits in 36.0 GiB per GPU" in err
+
+
+def test_nodes_presets_and_overrides() -> None:
+    code, out, _ = calc("--nodes 2 --gpus-per-node 4 --model gpt3-1.3b --seq-length 4096 --bf16 --json --top 1")
+    assert code == EXIT_OK
+    doc = json.loads(out)
+    assert doc["cluster"]["world_size"] == 8 and doc["cluster"]["nodes"] == 2
+    assert "--seq-length 4096" in doc["layouts"][0]["pretrain_flags"]
+    assert "--global-batch-size 512" in doc["layouts"][0]["pretrain_flags"]  # the preset's batch
+    code, out, _ = calc("--gpus 8 --model gpt3-1.3b --bf16 --json --top 1 --gpu-memory-gib 1")
+    assert code == EXIT_DOES_NOT_FIT and json.loads(out)["gpu"]["memory_bytes"] == 2**30
+
+
+def test_explain_breaks_memory_and_time_down() -> None:
+    code, out, _ = calc(f"--gpus 16 --gpu h100-sxm {SHAPE_13B} --tp 4 --pp 2 --vp 5 --global-batch-size 256 --bf16 "
+                        "--sequence-parallel --recompute-granularity selective --use-distributed-optimizer --explain")  # fmt: skip
+    assert code == EXIT_OK
+    for part in ("weights", "gradients", "optimizer states", "activations", "microbatches in flight", "pipeline bubble",
+                 "(p-1)/(v*m) = 1/(5*128)", "tensor-parallel", "data-parallel", "compute"):  # fmt: skip
+        assert part in out, part
+    assert "SLURM: #SBATCH --nodes=2 --gpus-per-node=8" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        "--gpus 1024 --gpu h100-sxm --model gpt3-175b --bf16 --sequence-parallel --use-distributed-optimizer "
+        "--recompute-granularity selective --overlap-grad-reduce --overlap-param-gather",
+        "--gpus 64 --gpu a100-80g --model gpt3-13b --fp16 --recompute-granularity full --recompute-method block "
+        "--recompute-num-layers 2",
+        "--gpus 8 --gpu h200 --num-layers 16 --hidden-size 2048 --num-attention-heads 16 --group-query-attention "
+        "--num-query-groups 4 --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear "
+        "--untie-embeddings-and-output-weights --seq-length 4096 --vocab-size 32000 --global-batch-size 64 --bf16 "
+        "--hidden-dropout 0 --attention-dropout 0 --attention-backend unfused",
+    ],
+)
+def test_emitted_flags_rebuild_the_same_layout_in_pretrain_gpt(args: str) -> None:
+    code, out, _ = calc(f"{args} --json --top 3")
+    assert code == EXIT_OK
+    doc = json.loads(out)
+    for record in doc["layouts"]:
+        cfg = parse_args(
+            [*record["pretrain_flags"].split(), "--mock-data", "--world-size", str(doc["cluster"]["world_size"])]
+        )
+        lay = cfg.layout
+        assert (lay.tp, lay.pp, lay.vp, lay.dp, lay.micro_batch_size, lay.num_microbatches) == (
+            record["tp"], record["pp"], record["vp"], record["dp"], record["micro_batch_size"], record["num_microbatches"]
+        )  # fmt: skip
+        assert lay.sequence_parallel == record["sequence_parallel"]
+        assert lay.use_distributed_optimizer == record["use_distributed_optimizer"]

@@ -1,0 +1,89 @@
+"""Shared by the data-pipeline tests: a small real corpus, a tiny tokenizer, a reference writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+TOOLS = REPO / "tools"
+
+
+def tool(name: str, *args: str, timeout: int = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run tools/NAME.py as a process; raise with its output when ``check`` and it fails."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / f"{name}.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{name} {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def shared_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A ~1 MB stdlib-docstring corpus and a 1,000-piece BPE model, built once per session."""
+    root = tmp_path_factory.getbasetemp() / "shared-indexed-data"
+    corpus, model = root / "corpus.jsonl", root / "sp1k.model"
+    if not model.exists():
+        from megatron_ext.data.corpus import build_corpus
+
+        root.mkdir(exist_ok=True)
+        build_corpus(corpus, target_mb=1.0, sources=("stdlib",))
+        tool(
+            "train_tokenizer",
+            "--input",
+            str(corpus),
+            "--model-prefix",
+            str(root / "sp1k"),
+            "--vocab-size",
+            "1000",
+            "--byte-fallback",
+            "--user-defined-symbols",
+            "<special>",
+        )
+    return {"root": root, "corpus": corpus, "model": model}
+
+
+def reference_dataset(
+    lines: Sequence[str], tokenizer: object, prefix: Path, *, keys: Sequence[str] = ("text",), append_eod: bool
+) -> dict[str, Path]:
+    """What Megatron-LM's tool writes: one ``tokenize`` call per document into Megatron-Core's
+    ``IndexedDatasetBuilder``, empty documents added as ``add_document([], [])``."""
+    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+
+    dtype = DType.optimal_dtype(tokenizer.vocab_size)  # type: ignore[attr-defined]
+    builders = {k: IndexedDatasetBuilder(f"{prefix}_{k}_document.bin", dtype=dtype) for k in keys}
+    for line in lines:
+        data = json.loads(line)
+        for key in keys:
+            ids = list(tokenizer.tokenize(data[key]))  # type: ignore[attr-defined]
+            lengths = [len(ids)] if ids else []
+            if ids and append_eod:
+                ids.append(tokenizer.eod)  # type: ignore[attr-defined]
+                lengths[-1] += 1
+            builders[key].add_document(ids, lengths)
+    for key, builder in builders.items():
+        builder.finalize(f"{prefix}_{key}_document.idx")
+    return {k: Path(f"{prefix}_{k}_document") for k in keys}
+
+
+def same_files(a: Path | str, b: Path | str) -> bool:
+    """``.bin`` and ``.idx`` of two prefixes are byte-identical."""
+    return all(Path(f"{a}.{ext}").read_bytes() == Path(f"{b}.{ext}").read_bytes() for ext in ("bin", "idx"))
+
+
+def leftovers(directory: Path) -> list[str]:
+    """Temporary or partial files a tool may have left in ``directory``."""
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(".") or ".tmp" in p.name)

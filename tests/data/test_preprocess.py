@@ -1,0 +1,466 @@
+"""tools/preprocess_data.py, train_tokenizer.py, merge_datasets.py, inspect_dataset.py on real text."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from megatron_ext.data.tokenizers import GPTSentencePieceTokenizer, NullTokenizer, SentencePieceTokenizer
+from tests.conftest import REPO
+from tests.data.helpers import leftovers, reference_dataset, same_files, shared_data, tool
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return shared_data(tmp_path_factory)
+
+
+def preprocess(inp: Path | str, prefix: Path, model: Path, *extra: str, check: bool = True, **kw: object):
+    return tool(
+        "preprocess_data",
+        "--input",
+        str(inp),
+        "--output-prefix",
+        str(prefix),
+        "--tokenizer-type",
+        str(kw.get("tokenizer_type", "GPTSentencePieceTokenizer")),
+        "--tokenizer-model",
+        str(model),
+        "--quiet",
+        *extra,
+        check=check,
+    )
+
+
+def test_round_trip_and_megatron_reader(data: dict[str, Path], tmp_path: Path) -> None:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    preprocess(data["corpus"], tmp_path / "rt", data["model"], "--append-eod", "--workers", "2")
+    texts = [json.loads(line)["text"] for line in data["corpus"].read_text(encoding="utf-8").splitlines()]
+    tok = GPTSentencePieceTokenizer(data["model"])
+    ds = IndexedDataset(str(tmp_path / "rt_text_document"))
+    assert len(ds) == len(texts) == ds.document_indices.size - 1
+    for i in range(len(texts)):
+        ids = ds[i].tolist()
+        assert ids[-1] == tok.eod
+        assert tok.detokenize(ids[:-1]) == texts[i]
+    report = json.loads((tmp_path / "rt_preprocess_report.json").read_text())
+    assert report["documents"] == len(texts) and not any(report["skipped"].values())
+
+
+@pytest.mark.parametrize("tokenizer_type", ["GPTSentencePieceTokenizer", "SentencePieceTokenizer"])
+def test_equals_megatron_reference_writer(data: dict[str, Path], tmp_path: Path, tokenizer_type: str) -> None:
+    """Same bytes as one tokenize call per document into Megatron-Core's IndexedDatasetBuilder,
+    with two JSON keys, empty documents and special-token strings in the text."""
+    lines = []
+    for n, line in enumerate(data["corpus"].read_text(encoding="utf-8").splitlines()[:200]):
+        text = json.loads(line)["text"]
+        title = "" if n % 7 == 0 else f"<EOD>title {n} </s>{text[:40]}"
+        lines.append(json.dumps({"text": text if n % 11 else "", "title": title}))
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tok = (SentencePieceTokenizer if tokenizer_type == "SentencePieceTokenizer" else GPTSentencePieceTokenizer)(
+        data["model"]
+    )
+    ref = reference_dataset(lines, tok, tmp_path / "ref", keys=("text", "title"), append_eod=True)
+    preprocess(
+        inp,
+        tmp_path / "ours",
+        data["model"],
+        "--append-eod",
+        "--json-keys",
+        "text",
+        "title",
+        "--workers",
+        "2",
+        "--chunk-mb",
+        "0.05",
+        tokenizer_type=tokenizer_type,
+    )
+    for key in ("text", "title"):
+        assert same_files(ref[key], tmp_path / f"ours_{key}_document"), key
+    report = json.loads((tmp_path / "ours_preprocess_report.json").read_text())
+    assert report["empty_documents"] == {"text": 19, "title": 29}
+
+
+def test_null_tokenizer_without_eod_equals_reference(tmp_path: Path) -> None:
+    lines = [json.dumps({"text": " ".join(str((7 * i + j) % 500) for j in range(i % 13 + 1))}) for i in range(300)]
+    inp = tmp_path / "ids.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    ref = reference_dataset(lines, NullTokenizer(500), tmp_path / "ref", append_eod=False)
+    tool(
+        "preprocess_data",
+        "--input",
+        str(inp),
+        "--output-prefix",
+        str(tmp_path / "ours"),
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "500",
+        "--workers",
+        "1",
+        "--quiet",
+    )
+    assert same_files(ref["text"], tmp_path / "ours_text_document")
+
+
+def test_workers_partitions_chunks_gzip_and_globs_give_the_same_bytes(data: dict[str, Path], tmp_path: Path) -> None:
+    lines = data["corpus"].read_text(encoding="utf-8").splitlines(keepends=True)
+    half = len(lines) // 2
+    (tmp_path / "a.jsonl").write_text("".join(lines[:half]), encoding="utf-8")
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write("".join(lines[half:]))
+    preprocess(data["corpus"], tmp_path / "one", data["model"], "--append-eod", "--workers", "1")
+    preprocess(
+        data["corpus"],
+        tmp_path / "many",
+        data["model"],
+        "--append-eod",
+        "--workers",
+        "2",
+        "--partitions",
+        "2",
+        "--chunk-mb",
+        "0.01",
+    )
+    preprocess(
+        str(tmp_path / "[ab].jsonl*"),
+        tmp_path / "glob",
+        data["model"],
+        "--append-eod",
+        "--workers",
+        "2",
+        "--chunk-mb",
+        "0.03",
+    )
+    assert same_files(tmp_path / "one_text_document", tmp_path / "many_text_document")
+    assert same_files(tmp_path / "one_text_document", tmp_path / "glob_text_document")
+    bad = preprocess(data["corpus"], tmp_path / "x", data["model"], "--workers", "3", "--partitions", "2", check=False)
+    assert bad.returncode == 2 and "multiple of --partitions" in bad.stderr
+
+
+def test_input_glob_without_files_is_an_error(data: dict[str, Path], tmp_path: Path) -> None:
+    (tmp_path / "shard0.jsonl").mkdir()  # a directory that looks like an input
+    out = tmp_path / "out"
+    out.mkdir()
+    dirs = preprocess(str(tmp_path / "shard*.jsonl"), out / "ds", data["model"], check=False)
+    assert dirs.returncode == 1 and "matches only directories" in dirs.stderr and "shard0.jsonl" in dirs.stderr
+    none = preprocess(str(tmp_path / "nothing*.jsonl"), out / "ds", data["model"], check=False)
+    assert none.returncode == 1 and "matches nothing" in none.stderr
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--vocab-extra-ids", "0"],
+        ["--legacy-tokenizer"],
+        ["--trust-remote-code"],
+        ["--tokenizer-metadata", "m.json"],
+        ["--tiktoken-pattern", "v2"],
+        ["--padded-vocab-size", "1024"],
+        ["--find-optimal-num-workers"],
+        ["--performance-dir", "perf"],
+        ["--tokenizer-type", "Llama2Tokenizer"],
+        ["--split-sentences"],
+    ],
+    ids=lambda f: f[-1] if f[0] == "--tokenizer-type" else f[0],
+)
+def test_unsupported_megatron_lm_flags_are_refused(tmp_path: Path, flag: list[str]) -> None:
+    """The Megatron-LM flags listed in docs/data.md as not supported stop the tool (exit code 2)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("preprocess_data_tool", REPO / "tools" / "preprocess_data.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = ["--input", "x.jsonl", "--output-prefix", str(tmp_path / "x"), "--tokenizer-type", "NullTokenizer"]
+    try:
+        code = module.main([*args, "--vocab-size", "10", *flag])
+    except SystemExit as exc:  # argparse: unknown flag or choice
+        code = exc.code
+    assert code == 2
+    assert not any(tmp_path.iterdir())
+
+
+BAD_LINES = {
+    "not_json": b'{"text": "unterminated\n',
+    "missing_key": b'{"body": "no text key here"}\n',
+    "non_string": b'{"text": ["pre", "split"]}\n',
+    "invalid_utf8": b'{"text": "caf\xe9 au lait"}\n',
+    "surrogate": b'{"text": "lone \\ud800 surrogate"}\n',
+    "array": b'["a", "JSON", "array"]\n',
+    "blank": b"   \n",
+}
+MESSAGES = {
+    "not_json": "not JSON",
+    "missing_key": "no key 'text'",
+    "non_string": "holds a JSON list",
+    "invalid_utf8": "invalid UTF-8 byte 0xe9",
+    "surrogate": "lone surrogate",
+    "array": "a JSON list, not an object",
+    "blank": "blank line",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LINES))
+def test_bad_line_stops_with_file_line_and_reason(data: dict[str, Path], tmp_path: Path, case: str) -> None:
+    good = data["corpus"].read_bytes().splitlines(keepends=True)[:40]
+    inp = tmp_path / "bad.jsonl"
+    inp.write_bytes(b"".join(good[:25]) + BAD_LINES[case] + b"".join(good[25:]))
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = preprocess(inp, out / "ds", data["model"], "--workers", "2", "--chunk-mb", "0.01", check=False)
+    assert proc.returncode == 1
+    assert f"{inp}:26: " in proc.stderr and MESSAGES[case] in proc.stderr and "--skip-bad-lines" in proc.stderr
+    assert list(out.iterdir()) == []  # nothing at the output paths, no temporaries
+
+
+def test_skip_bad_lines_counts_and_keeps_the_rest(data: dict[str, Path], tmp_path: Path) -> None:
+    good = data["corpus"].read_bytes().splitlines(keepends=True)[:60]
+    mixed, kept = [], []
+    for i, line in enumerate(good):
+        mixed.append(line)
+        kept.append(line.decode())
+        if i % 8 == 3:
+            mixed.append(list(BAD_LINES.values())[(i // 8) % len(BAD_LINES)])
+    mixed.append(b'{"text": ""}\n')  # an empty document: skipped like Megatron does, not an error
+    kept.append('{"text": ""}\n')
+    inp = tmp_path / "mixed.jsonl"
+    inp.write_bytes(b"".join(mixed))
+    proc = preprocess(
+        inp, tmp_path / "ds", data["model"], "--append-eod", "--skip-bad-lines", "--workers", "2", "--chunk-mb", "0.02"
+    )
+    assert proc.returncode == 0
+    report = json.loads((tmp_path / "ds_preprocess_report.json").read_text())
+    assert report["skipped"] == {
+        "invalid_utf8": 2,
+        "not_json": 4,
+        "missing_key": 1,
+        "non_string": 1,
+        "tokenize_error": 0,
+    }
+    assert report["empty_documents"] == {"text": 1}
+    assert report["skipped_examples"][0] == {
+        "file": str(inp),
+        "line": 5,
+        "reason": "not_json",
+        "detail": report["skipped_examples"][0]["detail"],
+    }
+    ref = reference_dataset(kept, GPTSentencePieceTokenizer(data["model"]), tmp_path / "ref", append_eod=True)
+    assert same_files(ref["text"], tmp_path / "ds_text_document")
+
+
+def _start_slow_run(data: dict[str, Path], tmp_path: Path, *, gz: bool = False) -> tuple[subprocess.Popen[str], Path]:
+    big = tmp_path / ("big.jsonl.gz" if gz else "big.jsonl")
+    corpus = data["corpus"].read_bytes()
+    with gzip.open(big, "wb", compresslevel=1) if gz else open(big, "wb") as f:
+        for _ in range(30):
+            f.write(corpus)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "tools" / "preprocess_data.py"),
+            "--input",
+            str(big),
+            "--output-prefix",
+            str(out / "ds"),
+            "--tokenizer-type",
+            "GPTSentencePieceTokenizer",
+            "--tokenizer-model",
+            str(data["model"]),
+            "--workers",
+            "2",
+            "--log-interval",
+            "1",
+            "--chunk-mb",
+            "0.1",
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:  # wait until documents are being written
+        if "docs/s" in line:
+            break
+    time.sleep(0.3)
+    assert proc.poll() is None, "the run finished before it could be interrupted; make the input bigger"
+    return proc, out
+
+
+@pytest.mark.parametrize(
+    ("how", "code"),
+    [("SIGINT", 130), ("SIGTERM", 143), ("SIGTERM-group", 143), ("SIGHUP-group", 129), ("SIGKILL", -9)],
+)
+def test_interrupted_run_leaves_nothing(data: dict[str, Path], tmp_path: Path, how: str, code: int) -> None:
+    proc, out = _start_slow_run(data, tmp_path)
+    sig = getattr(signal, how.split("-")[0])
+    # Ctrl-C and a terminal hang-up reach the whole process group, as SLURM's scancel reaches every process
+    if how == "SIGINT" or how.endswith("-group"):
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    proc.wait(timeout=30)
+    assert proc.returncode == code  # 128 + the signal, as a shell reports it
+    time.sleep(0.2)
+    assert list(out.iterdir()) == [], f"left behind after {how}: {leftovers(out)}"
+    # no orphaned workers keep running either
+    deadline = time.time() + 5
+    while time.time() < deadline and _session_alive(proc.pid):
+        time.sleep(0.1)
+    assert not _session_alive(proc.pid)
+
+
+def _workers(parent: int) -> list[int]:
+    """The worker processes of a running tool: its children that run its own command line."""
+    own = (Path("/proc") / str(parent) / "cmdline").read_bytes()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if ppid == parent and (entry / "cmdline").read_bytes() == own:
+                    found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return sorted(found)
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_worker_killed_by_the_system_is_a_prompt_error(data: dict[str, Path], tmp_path: Path, gz: bool) -> None:
+    """A worker that dies on its own (the OOM killer's SIGKILL) stops the run at once with an error that
+    names it, its signal and the file; the other workers are stopped and nothing is written."""
+    proc, out = _start_slow_run(data, tmp_path, gz=gz)
+    workers = _workers(proc.pid)
+    assert len(workers) == 2, workers
+    os.kill(workers[0], signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("preprocess_data.py hung after one of its workers was killed")
+    assert proc.returncode == 1, err
+    assert f"worker pid {workers[0]} died with signal 9 (SIGKILL, likely out of memory" in err, err
+    assert (
+        f"while encoding {tmp_path / ('big.jsonl.gz' if gz else 'big.jsonl')}" in err and "Nothing was written" in err
+    )
+    assert list(out.iterdir()) == [], f"left behind: {leftovers(out)}"
+    deadline = time.time() + 5
+    while time.time() < deadline and _session_alive(proc.pid):
+        time.sleep(0.1)
+    assert not _session_alive(proc.pid), "the other worker was left running"
+
+
+def _session_alive(sid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":  # session id, state
+                return True
+    return False
+
+
+def test_train_tokenizer_writes_model_atomically(data: dict[str, Path], tmp_path: Path) -> None:
+    proc = tool(
+        "train_tokenizer",
+        "--input",
+        str(data["corpus"]),
+        "--model-prefix",
+        str(tmp_path / "uni"),
+        "--model-type",
+        "unigram",
+        "--vocab-size",
+        "500",
+        "--user-defined-symbols",
+        "<sep>",
+        "<eos2>",
+    )
+    assert "wrote" in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["uni.model", "uni.vocab"]
+    tok = GPTSentencePieceTokenizer(tmp_path / "uni.model")
+    assert tok.vocab_size == 500
+    sep = tok.sp.piece_to_id("<sep>")
+    assert sep > 2 and tok.tokenize("a<sep>b").count(sep) == 1
+    bad = tool(
+        "train_tokenizer",
+        "--input",
+        str(tmp_path / "missing.jsonl"),
+        "--model-prefix",
+        str(tmp_path / "x"),
+        check=False,
+    )
+    assert bad.returncode == 1 and "no such file" in bad.stderr
+
+
+def test_merge_and_inspect_tools(data: dict[str, Path], tmp_path: Path) -> None:
+    lines = data["corpus"].read_text(encoding="utf-8").splitlines(keepends=True)
+    (tmp_path / "a.jsonl").write_text("".join(lines[:100]), encoding="utf-8")
+    (tmp_path / "b.jsonl").write_text("".join(lines[100:150]), encoding="utf-8")
+    preprocess(tmp_path / "a.jsonl", tmp_path / "a", data["model"], "--append-eod")
+    preprocess(tmp_path / "b.jsonl", tmp_path / "b", data["model"], "--append-eod")
+    preprocess(tmp_path / "[ab].jsonl", tmp_path / "ab", data["model"], "--append-eod")
+    tool(
+        "merge_datasets",
+        "--input",
+        str(tmp_path / "a_text_document"),
+        str(tmp_path / "b_text_document"),
+        "--output-prefix",
+        str(tmp_path / "merged"),
+    )
+    assert same_files(tmp_path / "merged", tmp_path / "ab_text_document")
+
+    info = tool("inspect_dataset", str(tmp_path / "merged"), "--json")
+    stats = json.loads(info.stdout)
+    assert stats["documents"] == stats["sequences"] == 150 and stats["dtype"] == "uint16"
+    assert sum(b["sequences"] for b in stats["histogram"]) == 150
+    shown = tool(
+        "inspect_dataset",
+        str(tmp_path / "merged"),
+        "--verify",
+        "--show",
+        "1",
+        "--max-chars",
+        "100000",
+        "--tokenizer-type",
+        "GPTSentencePieceTokenizer",
+        "--tokenizer-model",
+        str(data["model"]),
+    )
+    assert "verify: OK" in shown.stdout and json.loads(lines[0])["text"] in shown.stdout
+
+    with open(tmp_path / "merged.bin", "r+b") as f:
+        f.truncate(f.seek(0, 2) - 2)
+    broken = tool("inspect_dataset", str(tmp_path / "merged"), "--verify", check=False)
+    assert broken.returncode == 1 and "truncated" in broken.stderr
+    wrong_tokenizer = tool(
+        "inspect_dataset",
+        str(tmp_path / "a_text_document"),
+        "--verify",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "10",
+        check=False,
+    )
+    assert wrong_tokenizer.returncode == 1 and "another tokenizer" in wrong_tokenizer.stderr

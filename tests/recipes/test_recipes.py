@@ -1,0 +1,231 @@
+"""The SLURM recipes without SLURM: every recipe's dry run, refusals, shellcheck, one local run.
+
+Every ``recipes/*.sh`` but ``common.sh`` is discovered: a new recipe is checked
+at its intended node count (its ``#SBATCH --nodes``) and must come with an
+invalid override in ``INVALID`` below. The real cluster is in test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from megatron_ext.training.checkpointing import read_tracker
+from megatron_ext.training.resilience import EXIT_CONFIG, EXIT_SAVED_AND_STOPPED
+from tests.conftest import REPO, read_metrics
+
+RECIPES_DIR = REPO / "recipes"
+RECIPES = sorted(p for p in RECIPES_DIR.glob("*.sh") if p.name != "common.sh")
+CPU_RECIPE = RECIPES_DIR / "gpt_tiny_cpu_pp2_vp2.sh"
+SETTINGS = sorted(
+    set(re.findall(r'"\$\{([A-Z_]+):=', (RECIPES_DIR / "common.sh").read_text()))
+    | {"PYTHON", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"}
+)
+"""The environment variables the recipes read."""
+
+# An override per recipe that breaks a layout rule, and the validation module's message for it.
+INVALID = {
+    "gpt3_126m_tp1_pp1": (
+        {"NNODES": "3"},
+        "global_batch_size=256 is not divisible by micro_batch(8) × data_parallel(24) = 192",
+    ),
+    "gpt3_1.3b_tp1_pp1": (
+        {"NNODES": "3"},
+        "global_batch_size=512 is not divisible by micro_batch(4) × data_parallel(24) = 96",
+    ),
+    "gpt3_13b_tp8_pp2": ({"NNODES": "3"}, "world_size=24 is not divisible by tensor(8) × pipeline(2) = 16"),
+    "gpt3_175b_tp8_pp8_vp4": ({"NNODES": "3"}, "world_size=24 is not divisible by tensor(8) × pipeline(8) = 64"),
+    "gpt_tiny_cpu_pp2_vp2": ({"NNODES": "3"}, "world_size=3 is not divisible by tensor(1) × pipeline(2) = 2"),
+}
+
+
+def recipe_env(tmp_path: Path, **overrides: str) -> dict[str, str]:
+    """A clean environment: no SLURM job around, outputs under tmp_path, this interpreter."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    for name in SETTINGS:
+        env.pop(name, None)
+    env |= {"RUN_DIR": str(tmp_path / "run"), "PYTHON": sys.executable, "PYTHONWARNINGS": "ignore"}
+    return env | overrides
+
+
+def run_recipe(recipe: Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run a recipe; its printed commands are unwrapped (one line each) in stdout."""
+    proc = subprocess.run(
+        ["bash", str(recipe)], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout, check=False
+    )
+    proc.stdout = proc.stdout.replace(" \\\n    ", " ")
+    return proc
+
+
+def intended_nodes(recipe: Path) -> int:
+    match = re.search(r"^#SBATCH --nodes=(\d+)$", recipe.read_text(), re.M)
+    assert match, f"{recipe.name} has no '#SBATCH --nodes=N' line"
+    return int(match.group(1))
+
+
+def gpus_per_node(recipe: Path) -> int:
+    match = re.search(r'"\$\{GPUS_PER_NODE:=(\d+)\}"', recipe.read_text())
+    assert match, f"{recipe.name} sets no GPUS_PER_NODE default"
+    return int(match.group(1))
+
+
+@pytest.mark.unit
+def test_the_shipped_recipes_are_all_discovered() -> None:
+    names = {p.stem for p in RECIPES}
+    assert {"gpt3_126m_tp1_pp1", "gpt3_1.3b_tp1_pp1", "gpt3_13b_tp8_pp2", "gpt3_175b_tp8_pp8_vp4"} <= names
+    assert CPU_RECIPE in RECIPES
+    missing = names - INVALID.keys()
+    assert not missing, f"add an invalid override for {sorted(missing)} to INVALID in {__file__}"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_dry_run_at_the_intended_node_count(recipe: Path, tmp_path: Path) -> None:
+    nodes, gpus = intended_nodes(recipe), gpus_per_node(recipe)
+    # No NNODES given: the recipe's own default must be its #SBATCH --nodes.
+    proc = run_recipe(recipe, recipe_env(tmp_path, DRY_RUN="1"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert f"{recipe.stem}: {nodes} node{'s' if nodes > 1 else ''} × {gpus} = {nodes * gpus} processes" in out
+    # The resolved job command: srun, one task per node, our torchrun over all nodes.
+    assert f"srun --nodes {nodes} " in out
+    # The task counts explicitly: sbatch exports SLURM_NTASKS, which srun would obey.
+    assert f"--ntasks {nodes} --ntasks-per-node 1 " in out
+    assert f"--nnodes {nodes} --nproc-per-node {gpus} " in out
+    assert 'megatron_ext.cli.launch --node-rank "${SLURM_NODEID}"' in out
+    assert f"{REPO}/pretrain_gpt.py --num-layers" in out
+    assert "--exit-signal-handler" in out
+    assert f"--load {tmp_path}/run/checkpoints" in out and f"--save {tmp_path}/run/checkpoints" in out
+    # The validation: pretrain_gpt.py --dry-run at the job's world size, and the memory estimate.
+    assert f"validation: pretrain_gpt.py --dry-run for world size {nodes * gpus}" in out
+    assert "configuration is valid" in out
+    assert re.search(r"memory estimate: (tools/layout.py for|skipped \(GPU_PROFILE=none)", out)
+    assert "DRY_RUN=1: nothing launched" in out
+    assert not (tmp_path / "run").exists(), "a dry run must not write anything"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_invalid_override_is_refused_with_the_validation_message(recipe: Path, tmp_path: Path) -> None:
+    overrides, message = INVALID[recipe.stem]
+    proc = run_recipe(recipe, recipe_env(tmp_path, DRY_RUN="1", **overrides))
+    assert proc.returncode == EXIT_CONFIG, proc.stdout + proc.stderr
+    assert "error: invalid parallel layout:" in proc.stderr
+    assert message in proc.stderr
+    assert "refusing to start: pretrain_gpt.py --dry-run rejected this layout (exit 2)" in proc.stdout
+
+
+@pytest.mark.unit
+def test_a_layout_estimated_not_to_fit_is_refused(tmp_path: Path) -> None:
+    if not (REPO / "tools" / "layout.py").exists():
+        pytest.fail("tools/layout.py is missing: the recipes' memory estimate needs it")
+    # GPT-3 175B on one node: valid (TP 8, PP 1) but hundreds of GiB per GPU.
+    env = recipe_env(tmp_path, DRY_RUN="1", NNODES="1", PP="1", VP_LAYERS="0")
+    proc = run_recipe(RECIPES_DIR / "gpt3_175b_tp8_pp8_vp4.sh", env)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "configuration is valid" in proc.stdout
+    assert "refusing to start: estimated not to fit on GPU_PROFILE=h100-sxm" in proc.stdout
+
+
+@pytest.mark.unit
+def test_per_gpu_tasks_and_a_container_when_asked(tmp_path: Path) -> None:
+    env = recipe_env(
+        tmp_path,
+        DRY_RUN="1",
+        LAUNCHER="srun",
+        CONTAINER_IMAGE="nvcr.io#nvidia/pytorch:25.01-py3",
+        CONTAINER_MOUNTS="/lustre:/lustre",
+        SRUN_ARGS="--mpi=pmix --network=sn_all",
+        EXTRA_ARGS="--log-interval 1 --no-load-rng",
+        PYTHON="python",
+    )
+    proc = run_recipe(RECIPES_DIR / "gpt3_13b_tp8_pp2.sh", env)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "--container-image 'nvcr.io#nvidia/pytorch:25.01-py3' --container-mounts /lustre:/lustre" in out
+    assert "--mpi=pmix --network=sn_all --ntasks 32 --ntasks-per-node 8 " in out
+    assert "RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS python" in out
+    assert "--no-load-rng" in out
+    assert "outside SLURM this machine runs" not in out  # pyxis needs srun
+
+
+@pytest.mark.unit
+def test_real_data_needs_a_tokenizer_and_is_passed_through(tmp_path: Path) -> None:
+    recipe = RECIPES_DIR / "gpt3_126m_tp1_pp1.sh"
+    proc = run_recipe(recipe, recipe_env(tmp_path, DRY_RUN="1", DATA_PATH="0.7 /data/web 0.3 /data/books"))
+    assert proc.returncode == EXIT_CONFIG
+    assert "DATA_PATH is set: set TOKENIZER_MODEL" in proc.stderr
+    env = recipe_env(tmp_path, DRY_RUN="1", DATA_PATH="0.7 /data/web 0.3 /data/books", TOKENIZER_MODEL="/data/t.model")
+    out = run_recipe(recipe, env).stdout
+    assert "--data-path 0.7 /data/web 0.3 /data/books --split 969,30,1" in out
+    assert "--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model /data/t.model" in out
+    assert "--mock-data" not in out
+
+
+@pytest.mark.unit
+def test_refused_before_anything_starts(tmp_path: Path) -> None:
+    """A real (not dry) run with a broken layout stops at validation, within seconds."""
+    start = time.monotonic()
+    proc = run_recipe(CPU_RECIPE, recipe_env(tmp_path, NNODES="1", GPUS_PER_NODE="3"))
+    assert proc.returncode == EXIT_CONFIG, proc.stdout + proc.stderr
+    assert time.monotonic() - start < 60
+    assert "world_size=3 is not divisible by tensor(1) × pipeline(2) = 2" in proc.stdout
+    assert "megatron_ext.cli.launch" in proc.stdout  # the command it would have run is shown ...
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # ... but nothing trained
+    assert not any((tmp_path / "run" / "checkpoints").iterdir())
+
+
+@pytest.mark.unit
+def test_outside_slurm_more_than_one_node_needs_sbatch(tmp_path: Path) -> None:
+    proc = run_recipe(CPU_RECIPE, recipe_env(tmp_path))  # its default is 2 nodes
+    assert proc.returncode == EXIT_CONFIG
+    assert "outside SLURM only NNODES=1 runs here (got 2)" in proc.stderr
+
+
+@pytest.mark.distributed
+def test_outside_slurm_one_machine_runs_stops_and_resumes(tmp_path: Path) -> None:
+    """``NNODES=1 bash recipe``: torchrun on this machine; exit 75 leaves a checkpoint to continue from."""
+    base = {"NNODES": "1", "GPUS_PER_NODE": "2", "TRAIN_ITERS": "6", "EVAL_ITERS": "0"}
+    stopped = run_recipe(CPU_RECIPE, recipe_env(tmp_path, EXTRA_ARGS="--exit-interval 3", **base), timeout=300)
+    assert stopped.returncode == EXIT_SAVED_AND_STOPPED, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    assert "stopped early with a checkpoint: run the same command again to continue" in stopped.stdout
+    assert read_tracker(tmp_path / "run" / "checkpoints") == 3
+
+    finished = run_recipe(CPU_RECIPE, recipe_env(tmp_path, **base), timeout=300)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    iterations = [r["iteration"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "lm_loss" in r]
+    assert iterations == [1, 2, 3, 4, 5, 6]
+    assert read_tracker(tmp_path / "run" / "checkpoints") == 6
+    logs = sorted((tmp_path / "run" / "logs").iterdir())
+    assert len(logs) == 2 and all((d / "command.sh").exists() and (d / "environment.txt").exists() for d in logs)
+
+
+SHELL_SCRIPTS = [*RECIPES_DIR.glob("*.sh"), *(REPO / "scripts").glob("*.sh")]
+
+
+@pytest.mark.unit
+def test_shellcheck_is_clean() -> None:
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        reason = "shellcheck is not installed (bash scripts/setup_system.sh, Debian package shellcheck)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    proc = subprocess.run(
+        [shellcheck, "--external-sources", *map(str, SHELL_SCRIPTS)], capture_output=True, text=True, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.unit
+def test_every_setting_of_common_sh_is_documented() -> None:
+    doc = (REPO / "docs" / "slurm.md").read_text()
+    undocumented = [name for name in SETTINGS if f"`{name}`" not in doc]
+    assert not undocumented, f"docs/slurm.md does not describe {undocumented}"

@@ -1,0 +1,220 @@
+"""The CPU rehearsal recipe on a real SLURM cluster: two node daemons on this machine.
+
+The fixture starts munged, slurmctld and two slurmd (``node1``, ``node2``) from
+the Debian packages (``scripts/setup_system.sh`` installs them) and stops them
+however the tests end. ``sbatch -N 2`` then runs the recipe as on any cluster:
+the batch script validates the layout, ``srun`` starts one task per node running
+our torchrun, and the two pipeline stages sit on the two nodes.
+
+Run them alone with ``bash scripts/test.sh -m slurm`` (as root; two to three minutes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from megatron_ext.training.checkpointing import read_tracker
+from megatron_ext.training.resilience import EXIT_SAVED_AND_STOPPED
+from tests.conftest import REPO, read_metrics, train_losses
+from tests.recipes.slurm_cluster import ClusterUnavailable, SlurmCluster, check_available, running_cluster
+from tests.recipes.test_recipes import recipe_env
+
+pytestmark = pytest.mark.slurm
+
+RECIPE = REPO / "recipes" / "gpt_tiny_cpu_pp2_vp2.sh"
+ITERS = 40
+"""The recipe's default TRAIN_ITERS."""
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SlurmCluster]:
+    try:
+        check_available()
+    except ClusterUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the SLURM tests: {exc}")
+        pytest.skip(str(exc))
+    with running_cluster() as started:
+        yield started
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    run_dir: Path
+    record: dict[str, str]
+    """``scontrol show job`` once it ended."""
+
+    @property
+    def output(self) -> str:
+        """The batch output, with the recipe's printed commands unwrapped (one line each)."""
+        path = self.run_dir / f"slurm-{self.id}.out"
+        text = path.read_text(errors="replace") if path.exists() else "(no batch output)"
+        return text.replace(" \\\n    ", " ")
+
+    def node_logs(self, attempt: int) -> dict[int, str]:
+        """{node index in the job: its log} of one attempt (logs/<job>.<restart>/node<i>-<host>.log)."""
+        logs = {}
+        for path in (self.run_dir / "logs" / f"{self.id}.{attempt}").glob("node*.log"):
+            logs[int(re.match(r"node(\d+)-", path.name).group(1))] = path.read_text(errors="replace")  # type: ignore[union-attr]
+        return logs
+
+
+def submit(cluster: SlurmCluster, run_dir: Path, *sbatch_args: str, **env: str) -> int:
+    """``sbatch -N 2`` the rehearsal recipe from the repository root; the job id."""
+    proc = subprocess.run(
+        ["sbatch", "--parsable", "-N", "2", f"--output={run_dir}/slurm-%j.out", *sbatch_args, str(RECIPE)],
+        capture_output=True,
+        text=True,
+        env=cluster.env(recipe_env(run_dir, RUN_DIR=str(run_dir), **env)),
+        cwd=REPO,
+        timeout=30,
+        check=True,
+    )
+    return int(proc.stdout.strip().split(";")[0])
+
+
+@pytest.fixture(scope="module")
+def plain_run(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """The recipe as shipped, ``sbatch -N 2``, run to the end."""
+    run_dir = tmp_path_factory.mktemp("plain")
+    job = submit(cluster, run_dir)
+    return Job(job, run_dir, cluster.wait_for_job(job, timeout=240))
+
+
+def test_rehearsal_recipe_trains_with_the_pipeline_across_two_nodes(plain_run: Job) -> None:
+    out, record = plain_run.output, plain_run.record
+    assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), out
+    assert (record["NumNodes"], record["NodeList"]) == ("2", "node[1-2]")
+
+    # Validated for the job's real world size before launching: one process on each of two nodes.
+    assert "world size: 2 = TP 1 × PP 2 × DP 1 × VP 2 (interleaved 1F1B)" in out
+    assert "--nnodes 2 --nproc-per-node 1" in out
+    # One torchrun per node: pipeline stage 0 (rank 0, which saves) on the job's first
+    # node, the last stage (rank 1, which logs the loss) on its second.
+    logs = plain_run.node_logs(0)
+    assert sorted(logs) == [0, 1], logs
+    assert "rank 0] saved checkpoint" in logs[0] and "rank 1]" not in logs[0]
+    assert f"rank 1] iteration     {ITERS}/{ITERS}" in logs[1] and "rank 0]" not in logs[1]
+
+    losses = train_losses(plain_run.run_dir / "metrics.jsonl")
+    assert sorted(losses) == list(range(1, ITERS + 1))
+    assert losses[ITERS] < losses[1] - 0.5, losses
+    checkpoints = plain_run.run_dir / "checkpoints"
+    assert read_tracker(checkpoints) == ITERS
+    assert any((checkpoints / f"iter_{ITERS:07d}").glob("*.distcp"))
+    # The job's log directory: the resolved command and the environment summary.
+    attempt = plain_run.run_dir / "logs" / f"{plain_run.id}.0"
+    assert "megatron_ext.cli.launch --node-rank" in (attempt / "command.sh").read_text()
+    assert "SLURM_NNODES=2" in (attempt / "environment.txt").read_text()
+
+
+def _next_time_limit_check(cluster: SlurmCluster) -> datetime:
+    deadline = time.monotonic() + 40
+    while not (checks := cluster.time_limit_checks()):
+        assert time.monotonic() < deadline, f"slurmctld logged no time-limit check\n{cluster.diagnostics()}"
+        time.sleep(0.5)
+    upcoming = checks[-1] + timedelta(seconds=30)
+    while upcoming < datetime.now():
+        upcoming += timedelta(seconds=30)
+    return upcoming
+
+
+def test_time_limit_signal_saves_requeues_and_resumes(cluster: SlurmCluster, plain_run: Job, tmp_path: Path) -> None:
+    """``--time=1 --signal=USR1@10``: the training saves, exits 75, is requeued and finishes.
+
+    slurmctld checks time limits every 30 s, and a check sends the signal once at
+    most N + 30 s are left (up to 30 s early): with one minute and N = 10, the first
+    check at least 20 s into the job. The test submits 9-18 s before a check, so the
+    check ~10 s in does not fire and the one ~40 s in does, long after the training
+    started; the limit itself is enforced 30 s later at the soonest. The training is
+    sized from the plain run's fastest step to last at least 60 s, so that it is
+    still running when the signal comes.
+    """
+    # The fastest steady-state step of the plain run: a busy machine may speed up meanwhile.
+    steps = [r["elapsed_ms"] / 1e3 for r in read_metrics(plain_run.run_dir / "metrics.jsonl") if "lm_loss" in r]
+    iters = min(4000, max(300, math.ceil(60 / min(steps[len(steps) // 2 :]))))
+    until_check = (_next_time_limit_check(cluster) - datetime.now()).total_seconds()
+    if not 9 <= until_check <= 18:
+        time.sleep((until_check - 13) % 30)
+    job = submit(
+        cluster,
+        tmp_path,
+        "--time=1",
+        "--signal=USR1@10",
+        TRAIN_ITERS=str(iters),
+        SAVE_INTERVAL="0",  # the only checkpoint before the end is the one the signal asks for
+        EVAL_INTERVAL="0",
+        EVAL_ITERS="0",
+    )
+    # The recipe answers exit code 75 with `scontrol requeue`: the job restarts.
+    record = cluster.wait_for_job(job, timeout=150, until=lambda r: r["Restarts"] != "0")
+    if record["JobState"] == "COMPLETED":
+        pytest.fail(f"all {iters} iterations ran before the signal came: this machine got much faster than it was")
+    assert record["Restarts"] == "1", f"{record}\n{Job(job, tmp_path, record).output}"
+    # The same one-minute limit would stop the next attempt 20-50 s in, and the next,
+    # until done; one interruption is what is under test, so give it time to finish.
+    cluster.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
+    run = Job(job, tmp_path, cluster.wait_for_job(job, timeout=300))
+    out = run.output
+    assert (run.record["JobState"], run.record["ExitCode"], run.record["Restarts"]) == ("COMPLETED", "0:0", "1"), out
+
+    # Attempt 0: USR1 arrived while training, every rank saved, exit 75, requeued.
+    first = run.node_logs(0)
+    stop = re.search(r"\[(\d\d:\d\d:\d\d) rank 1\] stopping early at iteration (\d+): received SIGUSR1", first[1])
+    assert stop is not None, first
+    stopped_at = int(stop.group(2))
+    assert 0 < stopped_at < iters
+    assert f"rank 0] saved checkpoint {tmp_path}/checkpoints/iter_{stopped_at:07d}" in first[0]
+    assert f"training exited with {EXIT_SAVED_AND_STOPPED}" in out
+    assert f"job {job} requeued" in out
+    environment = (tmp_path / "logs" / f"{job}.0" / "environment.txt").read_text()
+    started = datetime.fromisoformat(re.search(r"^date: (\S+)", environment, re.M).group(1)).replace(tzinfo=None)  # type: ignore[union-attr]
+    stopped = datetime.combine(started.date(), datetime.strptime(stop.group(1), "%H:%M:%S").time())
+    sent = [c for c in cluster.time_limit_checks() if started < c <= stopped + timedelta(seconds=1)]
+    print(
+        f"\n--time=1 --signal=USR1@10: batch script started {started:%H:%M:%S}, time-limit check at "
+        f"{', '.join(f'{c:%H:%M:%S}' for c in sent)}, training stopped at {stopped:%H:%M:%S} "
+        f"(iteration {stopped_at} of {iters})"
+    )
+
+    # Attempt 1 resumed from that checkpoint: each iteration trained exactly once, the loss continuing.
+    assert f"restart 1 of job {job}: resuming from iteration {stopped_at}" in out
+    iterations = [r["iteration"] for r in read_metrics(tmp_path / "metrics.jsonl") if "lm_loss" in r]
+    assert iterations == list(range(1, iters + 1)), (stopped_at, iterations[:3], iterations[-3:])
+    losses = train_losses(tmp_path / "metrics.jsonl")
+    before = [losses[i] for i in range(max(1, stopped_at - 4), stopped_at + 1)]
+    assert min(before) - 0.5 < losses[stopped_at + 1] < max(before) + 0.5, (before, losses[stopped_at + 1])
+    assert losses[stopped_at + 1] < losses[1] - 0.5, "the resumed attempt started from scratch"
+    assert read_tracker(tmp_path / "checkpoints") == iters
+
+
+def test_one_task_per_gpu_launcher(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """``LAUNCHER=srun``: srun starts every rank itself (two per node, PP 2 × DP 2), no torchrun.
+
+    Submitted as a site would for this launcher (``--ntasks-per-node=2``); the
+    step must get 2 tasks on each node whatever task count sbatch exported.
+    """
+    job = submit(
+        cluster, tmp_path, "--ntasks-per-node=2", LAUNCHER="srun", GPUS_PER_NODE="2", TRAIN_ITERS="6", EVAL_ITERS="0"
+    )
+    run = Job(job, tmp_path, cluster.wait_for_job(job, timeout=240))
+    assert (run.record["JobState"], run.record["ExitCode"]) == ("COMPLETED", "0:0"), run.output
+    assert "RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS" in run.output
+    assert "--ntasks 4 --ntasks-per-node 2" in run.output
+    assert "megatron_ext.cli.launch" not in (tmp_path / "logs" / f"{job}.0" / "command.sh").read_text()
+    logs = run.node_logs(0)
+    # Ranks 0-1 (pipeline stage 0) on the first node, 2-3 (stage 1, the logging rank 3) on the second.
+    assert "rank 0] saved checkpoint" in logs[0] and "rank 3] iteration      6/6" in logs[1]
+    assert "world size: 4 = TP 1 × PP 2 × DP 2" in logs[0]
+    assert [r["iteration"] for r in read_metrics(tmp_path / "metrics.jsonl") if "lm_loss" in r] == list(range(1, 7))

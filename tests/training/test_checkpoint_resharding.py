@@ -1,0 +1,122 @@
+"""A checkpoint saved under one layout resumes under another with the same losses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megatron_ext.training.checkpointing import read_tracker
+from tests.conftest import ITERS, TINY_MODEL, assert_matches_baseline, run_pretrain, train_from_seed
+
+pytestmark = pytest.mark.distributed
+
+HALF = ITERS // 2
+TP2_PP2_VP2 = (
+    "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2".split()
+)
+
+
+@pytest.fixture(scope="module")
+def interrupted(seed_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """TP2·PP2·VP2 trained to iteration 5 and saved (model, optimizer, scheduler, data position)."""
+    save = tmp_path_factory.mktemp("interrupted") / "ckpt"
+    train_from_seed(
+        seed_checkpoint,
+        save.parent / "m.jsonl",
+        4,
+        TP2_PP2_VP2,
+        "--save",
+        str(save),
+        "--exit-interval",
+        str(HALF),
+        expect=75,
+    )
+    assert read_tracker(save) == HALF
+    return save
+
+
+@pytest.mark.parametrize(
+    ("name", "nproc", "flags"),
+    [
+        ("tp1-pp2", 2, ["--pipeline-model-parallel-size", "2"]),
+        ("dp4", 4, []),
+    ],
+)
+def test_resume_under_another_layout(
+    name: str,
+    nproc: int,
+    flags: list[str],
+    interrupted: Path,
+    baseline: dict[int, float],
+    baseline_grad_norms: dict[int, float],
+    tmp_path: Path,
+) -> None:
+    metrics = tmp_path / "m.jsonl"
+    run_pretrain(
+        [*TINY_MODEL, *flags, "--train-iters", str(ITERS), "--load", str(interrupted), "--metrics-file", str(metrics)],
+        nproc=nproc,
+    )
+    # Resuming continues at the saved iteration, with the uninterrupted run's losses and norms.
+    assert_matches_baseline(metrics, baseline, baseline_grad_norms, name=name, first=HALF + 1)
+
+
+DISTOPT = ["--use-distributed-optimizer"]
+
+
+def _distopt_saved_at_half(seed: Path, tmp_path: Path, *extra: str) -> Path:
+    """DP2 with the distributed optimizer, trained from the seed and saved at iteration 5."""
+    save = tmp_path / "ckpt"
+    train_from_seed(
+        seed, tmp_path / "a.jsonl", 2, DISTOPT, "--save", str(save), "--exit-interval", str(HALF), *extra, expect=75
+    )
+    return save
+
+
+def _resume(save: Path, metrics: Path, nproc: int, *flags: str, expect: int = 0) -> str:
+    proc = run_pretrain(
+        [
+            *TINY_MODEL,
+            *DISTOPT,
+            *flags,
+            "--train-iters",
+            str(ITERS),
+            "--load",
+            str(save),
+            "--metrics-file",
+            str(metrics),
+        ],
+        nproc=nproc,
+        expect=expect,
+    )
+    return proc.stdout + proc.stderr
+
+
+def test_fully_reshardable_distributed_optimizer_reshards_over_tp_and_dp(
+    seed_checkpoint: Path, baseline: dict[int, float], baseline_grad_norms: dict[int, float], tmp_path: Path
+) -> None:
+    """Saved per parameter (--dist-ckpt-optim-fully-reshardable) under DP2, resumed as TP2·DP2."""
+    save = _distopt_saved_at_half(seed_checkpoint, tmp_path, "--dist-ckpt-optim-fully-reshardable")
+    _resume(save, tmp_path / "b.jsonl", 4, "--tensor-model-parallel-size", "2")
+    assert_matches_baseline(tmp_path / "b.jsonl", baseline, baseline_grad_norms, name="dp2 -> tp2-dp2", first=HALF + 1)
+
+
+def test_default_distributed_optimizer_format_reshards_over_dp_only(
+    seed_checkpoint: Path, baseline: dict[int, float], baseline_grad_norms: dict[int, float], tmp_path: Path
+) -> None:
+    """Megatron-LM's default (each rank's shard, written in parallel): DP2 -> DP4 works, DP2 -> TP2 is refused."""
+    save = _distopt_saved_at_half(seed_checkpoint, tmp_path)
+    _resume(save, tmp_path / "b.jsonl", 4)
+    assert_matches_baseline(tmp_path / "b.jsonl", baseline, baseline_grad_norms, name="dp2 -> dp4", first=HALF + 1)
+    out = _resume(save, tmp_path / "c.jsonl", 2, "--tensor-model-parallel-size", "2", expect=3)
+    assert "saved per rank (loadable under another DP only) with TP 1, and this run has TP 2" in out
+    assert "--dist-ckpt-optim-fully-reshardable" in out
+
+
+def test_switching_optimizer_flavour_is_a_clear_error(interrupted: Path, tmp_path: Path) -> None:
+    proc = run_pretrain(
+        [*TINY_MODEL, "--use-distributed-optimizer", "--train-iters", str(ITERS), "--load", str(interrupted)],
+        nproc=1,
+        expect=3,
+    )
+    assert "saved without --use-distributed-optimizer" in proc.stdout + proc.stderr

@@ -1,0 +1,287 @@
+"""Stopping and resuming on a shared cluster: signals, time limits, kill -9,
+damaged checkpoints, pruning, repeated non-finite losses.
+
+The resumed runs must reproduce the uninterrupted run bit for bit: fp32 on
+CPU, dropout on (so the per-rank RNG states must come back exactly), PP2×VP2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from megatron_ext.training.checkpointing import CHECKSUMS_FILENAME, TRACKER_FILENAME, is_complete, read_tracker
+from megatron_ext.training.resilience import EXIT_CHECKPOINT, EXIT_NON_FINITE, EXIT_SAVED_AND_STOPPED
+from tests.conftest import REPO, TINY_MODEL, _env, launch_command, read_metrics, run_pretrain, train_losses
+
+pytestmark = pytest.mark.distributed
+
+ITERS = 40
+RUN = [
+    *TINY_MODEL,
+    *"--hidden-dropout 0.1 --attention-dropout 0.1 --lr-decay-iters 40".split(),
+    *"--pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2".split(),
+    "--train-iters",
+    str(ITERS),
+]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    metrics = tmp_path_factory.mktemp("uninterrupted") / "m.jsonl"
+    run_pretrain([*RUN, "--metrics-file", str(metrics)], nproc=2)
+    losses = train_losses(metrics)
+    assert sorted(losses) == list(range(1, ITERS + 1))
+    return losses
+
+
+def _resume_and_compare(save: Path, metrics: Path, uninterrupted: dict[int, float]) -> int:
+    stopped_at = read_tracker(save)
+    assert stopped_at is not None and 0 < stopped_at < ITERS
+    run_pretrain([*RUN, "--load", str(save), "--save", str(save), "--metrics-file", str(metrics)], nproc=2)
+    resumed = {it: loss for it, loss in train_losses(metrics).items() if it > stopped_at}
+    assert sorted(resumed) == list(range(stopped_at + 1, ITERS + 1))
+    for it, loss in resumed.items():
+        assert loss == uninterrupted[it], f"iteration {it}: resumed {loss!r} != uninterrupted {uninterrupted[it]!r}"
+    return stopped_at
+
+
+@pytest.mark.parametrize("saving", ["sync", "async"])
+def test_exit_interval_then_resume_is_exact(saving: str, tmp_path: Path, uninterrupted: dict[int, float]) -> None:
+    save, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    extra = ["--async-save", "--save-interval", "2"] if saving == "async" else []
+    run_pretrain(
+        [*RUN, *extra, "--save", str(save), "--exit-interval", "7", "--metrics-file", str(metrics)],
+        nproc=2,
+        expect=EXIT_SAVED_AND_STOPPED,
+    )
+    assert _resume_and_compare(save, metrics, uninterrupted) == 7
+
+
+def test_exit_duration_then_resume_is_exact(tmp_path: Path, uninterrupted: dict[int, float]) -> None:
+    save, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    run_pretrain(
+        [*RUN, "--save", str(save), "--exit-duration-in-mins", "0", "--metrics-file", str(metrics)],
+        nproc=2,
+        expect=EXIT_SAVED_AND_STOPPED,
+    )
+    assert _resume_and_compare(save, metrics, uninterrupted) == 1
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            launch_command(args, nproc=2),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            cwd=REPO,
+            start_new_session=True,
+        )
+
+
+def _wait_for(predicate, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, "the run ended before the test could interrupt it"
+        assert time.monotonic() < deadline, "timed out waiting for the run"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_signal_saves_stops_and_resumes_exactly(
+    sig: signal.Signals, tmp_path: Path, uninterrupted: dict[int, float]
+) -> None:
+    save, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    # SIGUSR1 with a data-loader worker: the launcher forwards the signal to it too
+    # (see test_data_loader_signals.py), and resuming must stay exact with workers.
+    workers = ["--num-workers", "1"] if sig == signal.SIGUSR1 else []
+    proc = _start(
+        [*RUN, *workers, "--save", str(save), "--exit-signal-handler", "--metrics-file", str(metrics)],
+        tmp_path / "log",
+    )
+    after = random.Random(sig).randint(2, 8)
+    _wait_for(lambda: metrics.exists() and len(read_metrics(metrics)) >= after, proc)
+    os.kill(proc.pid, sig)  # the launcher: torchrun forwards SIGTERM, ours forwards SIGUSR1
+    if sig == signal.SIGUSR1:
+        # A second signal while the checkpoint is being written must not disturb it.
+        _wait_for(lambda: any(save.glob("iter_*")), proc)
+        os.kill(proc.pid, sig)
+    # SIGUSR1: the launcher waits for the workers' save and keeps their code. SIGTERM:
+    # torchrun shuts down (the workers save within its grace) and the launcher exits 128 + 15.
+    expected = EXIT_SAVED_AND_STOPPED if sig == signal.SIGUSR1 else 128 + signal.SIGTERM
+    assert proc.wait(timeout=120) == expected, (tmp_path / "log").read_text()[-3000:]
+    stopped_at = _resume_and_compare(save, metrics, uninterrupted)
+    assert stopped_at >= after
+
+
+def _kill_9_everything(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the launcher and every worker at once, as a node failure would.
+
+    torchrun starts each worker in a session of its own, so killing the
+    launcher's process group would leave the workers running (and saving).
+    """
+    import psutil
+
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    proc.wait(timeout=30)
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, f"still running after SIGKILL: {alive}"
+
+
+def test_kill_9_during_saves_leaves_a_loadable_checkpoint(tmp_path: Path, uninterrupted: dict[int, float]) -> None:
+    save, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    proc = _start([*RUN, "--save", str(save), "--save-interval", "1", "--metrics-file", str(metrics)], tmp_path / "log")
+    # Saving every iteration, the run spends most of its time inside a save.
+    _wait_for(lambda: (read_tracker(save) or 0) >= 3, proc)
+    time.sleep(random.Random(9).uniform(0.0, 0.5))
+    _kill_9_everything(proc)
+    latest = read_tracker(save)
+    assert latest is not None
+    # The kill may land anywhere: inside a save (an unfinished directory), or between a
+    # save's manifest and its tracker update (a complete directory the tracker does
+    # not name yet, which stays: it is a valid checkpoint of the same run). Also leave
+    # a save that certainly did not finish.
+    partial = save / f"iter_{latest + 1:07d}"
+    if partial.exists() and is_complete(partial):
+        partial = save / f"iter_{latest + 2:07d}"
+    if not partial.exists():
+        shutil.copytree(save / f"iter_{latest:07d}", partial)
+        (partial / CHECKSUMS_FILENAME).unlink()  # a killed save never wrote its manifest
+        for shard in partial.glob("*.distcp"):
+            shard.write_bytes(shard.read_bytes()[:100])
+    _resume_and_compare(save, metrics, uninterrupted)
+    # The resumed run's save removed every unfinished directory.
+    assert not partial.exists()
+    assert [p.name for p in save.glob("iter_*") if not is_complete(p)] == []
+    assert read_tracker(save) == ITERS
+
+
+def _saved_run(tmp_path: Path, *extra: str) -> Path:
+    save = tmp_path / "ckpt"
+    run_pretrain([*RUN, "--save", str(save), "--exit-interval", "3", *extra], nproc=2, expect=EXIT_SAVED_AND_STOPPED)
+    return save
+
+
+def test_truncated_shard_is_a_clear_error(tmp_path: Path) -> None:
+    save = _saved_run(tmp_path)
+    shard = sorted((save / "iter_0000003").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    proc = run_pretrain([*RUN, "--load", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    assert f"{shard} is truncated" in proc.stdout
+
+
+def test_corrupted_shard_is_a_clear_error(tmp_path: Path) -> None:
+    save = _saved_run(tmp_path)
+    shard = sorted((save / "iter_0000003").glob("*.distcp"))[-1]
+    data = bytearray(shard.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])  # same size, other bytes
+    shard.write_bytes(bytes(data))
+    proc = run_pretrain([*RUN, "--load", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    assert f"{shard} is corrupted: CRC-32" in proc.stdout
+
+
+def test_shape_mismatch_is_a_clear_error(tmp_path: Path) -> None:
+    save = _saved_run(tmp_path)
+    args = [a if a != "64" else "128" for a in RUN]  # --hidden-size 64 -> 128
+    proc = run_pretrain([*args, "--load", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    assert "does not match the model given by the arguments" in proc.stdout
+    assert (
+        "decoder.layers.mlp.linear_fc1.weight: checkpoint has shape (8, 256, 64), this model needs (8, 512, 128)"
+        in proc.stdout
+    )
+
+
+def test_missing_checkpoint_starts_fresh_unless_strict(tmp_path: Path) -> None:
+    empty = tmp_path / "nothing-here"
+    proc = run_pretrain([*RUN, "--train-iters", "1", "--load", str(empty)], nproc=2)
+    assert "no checkpoint found under --load" in proc.stdout
+    proc = run_pretrain(
+        [*RUN, "--train-iters", "1", "--load", str(empty), "--strict-load"], nproc=2, expect=EXIT_CHECKPOINT
+    )
+    assert "--strict-load: no checkpoint under --load" in proc.stdout
+
+
+def test_keep_last_checkpoints(tmp_path: Path) -> None:
+    save = _saved_run(tmp_path, "--save-interval", "1", "--keep-last-checkpoints", "2")
+    assert sorted(p.name for p in save.glob("iter_*")) == ["iter_0000002", "iter_0000003"]
+    assert (save / TRACKER_FILENAME).read_text().strip() == "3"
+
+
+def test_repeated_non_finite_losses_stop_the_run(tmp_path: Path) -> None:
+    proc = run_pretrain(
+        [*TINY_MODEL, "--init-method-std", "1e30", "--train-iters", "10", "--max-consecutive-skipped", "2"],
+        expect=EXIT_NON_FINITE,
+    )
+    assert "3 consecutive iterations (up to 3) had a non-finite loss" in proc.stdout
+
+
+def test_vocabulary_mismatch_is_a_clear_error(tmp_path: Path) -> None:
+    save = _saved_run(tmp_path)
+    # The embedding's padded rows may differ with TP, so the shapes alone cannot tell.
+    args = [a if a != "255" else "300" for a in RUN]  # --vocab-size 255 -> 300 (both pad to 384)
+    proc = run_pretrain([*args, "--load", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    assert "was trained with a vocabulary of 256 tokens and this run's tokenizer has 301" in proc.stdout
+
+
+def test_learning_rate_schedule_change_needs_a_choice(tmp_path: Path, uninterrupted: dict[int, float]) -> None:
+    save = _saved_run(tmp_path)
+    longer = [a if a != "40" else "80" for a in RUN]  # --lr-decay-iters 40 -> 80 (and --train-iters)
+    proc = run_pretrain([*longer, "--load", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    assert "the learning-rate schedule differs from the checkpoint's" in proc.stdout
+    assert "--override-opt_param-scheduler" in proc.stdout
+
+    def first_resumed_lr(*flag: str) -> float:
+        metrics = tmp_path / f"lr{len(flag)}{flag[0][2:6] if flag else ''}.jsonl"
+        run_pretrain(
+            [*longer, "--train-iters", "4", "--load", str(save), *flag, "--metrics-file", str(metrics)], nproc=2
+        )
+        return read_metrics(metrics)[0]["lr"]
+
+    kept, overridden = (
+        first_resumed_lr("--use-checkpoint-opt_param-scheduler"),
+        first_resumed_lr("--override-opt-param-scheduler"),
+    )
+    assert overridden > kept  # decaying over 80 iterations instead of 40: a higher lr at iteration 4
+
+
+def test_finetuning_into_the_pretraining_directory_is_refused(tmp_path: Path) -> None:
+    save = _saved_run(tmp_path, "--save-interval", "1")
+    proc = run_pretrain([*RUN, "--finetune", "--load", str(save), "--save", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    assert f"--save {save} already holds checkpoints up to iteration 3" in proc.stdout
+    assert sorted(p.name for p in save.glob("iter_*")) == ["iter_0000001", "iter_0000002", "iter_0000003"]
+
+
+@pytest.mark.parametrize("optimizer", ["regular", "distributed"])
+def test_save_before_any_successful_step_is_loadable(optimizer: str, tmp_path: Path) -> None:
+    # Every loss is non-finite, so the optimizer never steps and has no state to save.
+    flags = [*TINY_MODEL, "--init-method-std", "1e30", "--max-consecutive-skipped", "10"]
+    if optimizer == "distributed":
+        flags.append("--use-distributed-optimizer")
+    save = tmp_path / "ckpt"
+    run_pretrain(
+        [*flags, "--train-iters", "4", "--save", str(save), "--exit-interval", "2"],
+        nproc=2,
+        expect=EXIT_SAVED_AND_STOPPED,
+    )
+    assert read_tracker(save) == 2
+    proc = run_pretrain([*flags, "--train-iters", "3", "--load", str(save)], nproc=2)
+    assert "loaded checkpoint" in proc.stdout
+
+
+def test_stopping_early_without_save_is_not_a_requeue(tmp_path: Path) -> None:
+    # 75 means "a checkpoint is there, run again": without --save it would loop from scratch.
+    proc = run_pretrain([*TINY_MODEL, "--train-iters", "4", "--exit-interval", "2"])
+    assert "stopping early at iteration 2" in proc.stdout and "nothing saved" in proc.stdout
