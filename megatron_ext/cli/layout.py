@@ -32,7 +32,6 @@ from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, Opt
 from megatron_ext.config.layout import LayoutError, ParallelLayout
 from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.estimate.hardware import GIB, PROFILES, get_profile
-from megatron_ext.estimate.memory import stage_parameters
 from megatron_ext.estimate.search import (
     DEFAULT_MEMORY_HEADROOM,
     Cluster,
@@ -297,7 +296,7 @@ def _gib(value: float) -> str:
 
 def _describe_inputs(workload: Workload, cluster: Cluster, batch: int | None) -> list[str]:
     m, gpu = workload.model, cluster.gpu
-    total = stage_parameters(workload, tp=1, pp=1).first
+    total = workload.parameter_counts(tp=1, pp=1).total
     shape = f"{m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads"
     if m.group_query_attention:
         shape += f" ({m.num_query_groups} query groups)"
@@ -331,7 +330,7 @@ def _table(estimates: list[LayoutEstimate]) -> list[str]:
         rows.append(
             f"{lay.tp:>3} {lay.pp:>3} {lay.vp:>3} {lay.dp:>5} {lay.micro_batch_size:>3} {lay.num_microbatches:>5} "
             f"{_gib(e.memory.total_bytes):>8} {'yes' if e.fits else 'NO':>4} "
-            f"{(lay.pp - 1) / (lay.vp * lay.num_microbatches):>7.1%} {e.time.step_s:>9.3f} "
+            f"{lay.bubble_fraction:>7.1%} {e.time.step_s:>9.3f} "
             f"{e.tokens_per_sec:>11,.0f} {e.tflops_per_gpu:>8.1f} {e.mfu:>6.1%}"
         )
     return rows
@@ -366,7 +365,7 @@ def _explain(e: LayoutEstimate, workload: Workload) -> list[str]:
         f"{t.microbatch_compute_s * 1e3:.2f} ms on the slowest stage)",
         f"  tensor-parallel     {t.tp_comm_s:>10.3f} s  (all-reduce / all-gather + reduce-scatter, NVLink)",
         f"  pipeline bubble     {t.bubble_s:>10.3f} s  ((p-1)/(v*m) = {lay.pp - 1}/({lay.vp}*{lay.num_microbatches}) = "
-        f"{(lay.pp - 1) / (lay.vp * lay.num_microbatches):.2%} of ideal, {t.bubble_share:.2%} of the step)",
+        f"{lay.bubble_fraction:.2%} of ideal, {t.bubble_share:.2%} of the step)",
         f"  pipeline p2p        {t.pp_comm_s:>10.3f} s  (exposed)",
         f"  data-parallel       {t.dp_comm_s:>10.3f} s  (exposed, of {t.dp_comm_total_s:.3f} s)",
         f"  optimizer step      {t.optimizer_s:>10.3f} s",

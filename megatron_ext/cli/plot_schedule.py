@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TextIO
 
 from megatron_ext.config.layout import LayoutError
-from megatron_ext.estimate.pipeline import PipelinePass, schedule_order, simulate, validate
+from megatron_ext.estimate.schedule import PipelinePass, schedule_order, simulate, validate
 from megatron_ext.estimate.schedule_plot import write
 
 

@@ -19,8 +19,8 @@ import os
 import signal
 import sys
 
-from megatron_ext.data.tokenizers import TOKENIZER_TYPES, TokenizerError
 from megatron_ext.data import preprocess
+from megatron_ext.data.tokenizers import TOKENIZER_TYPES, TokenizerError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
+from megatron_ext.estimate.pipeline import bubble_fraction
+
 
 class LayoutError(ValueError):
     """One or more layout rules are broken; ``problems`` lists each message."""
@@ -26,7 +28,8 @@ class LayoutError(ValueError):
         super().__init__("invalid parallel layout:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n``, ascending."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -95,7 +98,7 @@ class ParallelLayout:
                     f"num_layers_per_virtual_pipeline_stage={per_stage} does not divide the "
                     f"layers per pipeline stage (num_layers={num_layers} / pipeline({pp})"
                     f"{' = ' + str(num_layers // pp) if num_layers % pp == 0 else ' is not whole'}); "
-                    f"choose one of {_divisors(num_layers // pp) if num_layers % pp == 0 else 'the divisors of layers per stage'}"
+                    f"choose one of {divisors(num_layers // pp) if num_layers % pp == 0 else 'the divisors of layers per stage'}"
                 )
             else:
                 derived = num_layers // pp // per_stage
@@ -178,12 +181,8 @@ class ParallelLayout:
 
     @property
     def bubble_fraction(self) -> float:
-        """Pipeline bubble relative to ideal compute: (p − 1) / (v · m).
-
-        Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
-        on GPU Clusters Using Megatron-LM", section 2.2.2.
-        """
-        return (self.pp - 1) / (self.vp * self.num_microbatches)
+        """Pipeline bubble relative to ideal compute, (p − 1)/(v·m): ``estimate.pipeline.bubble_fraction``."""
+        return bubble_fraction(pp=self.pp, vp=self.vp, num_microbatches=self.num_microbatches)
 
     def stage_layers(self, pipeline_rank: int, virtual_rank: int = 0) -> range:
         """Global layer indices held by one (pipeline rank, model chunk).
@@ -224,7 +223,7 @@ class ParallelLayout:
             p.append(
                 f"world_size={self.world_size} is not divisible by tensor({tp}) × pipeline({pp}) "
                 f"= {tp * pp}; use {_nearest_multiples(self.world_size, tp * pp)} processes, "
-                f"or TP × PP in {sorted({d for d in _divisors(self.world_size)})}"
+                f"or TP × PP in {sorted({d for d in divisors(self.world_size)})}"
             )
         if self.gpus_per_node is not None and tp > self.gpus_per_node:
             p.append(
@@ -232,7 +231,7 @@ class ParallelLayout:
                 f"tensor parallelism must stay within a node: use TP <= {self.gpus_per_node}"
             )
         if self.num_layers % pp:
-            fits = [d for d in _divisors(self.num_layers) if d <= max(pp * 2, 8)]
+            fits = [d for d in divisors(self.num_layers) if d <= max(pp * 2, 8)]
             p.append(
                 f"num_layers={self.num_layers} is not divisible by pipeline({pp}); "
                 f"try {_nearest_multiples(self.num_layers, pp)} layers or PP in {fits}"
@@ -244,7 +243,7 @@ class ParallelLayout:
                     "interleaving splits the layers of each pipeline rank; use PP >= 2 or VP=1"
                 )
             if self.num_layers % (pp * vp):
-                ok_vp = [d for d in _divisors(self.num_layers // pp) if d > 1]
+                ok_vp = [d for d in divisors(self.num_layers // pp) if d > 1]
                 p.append(
                     f"num_layers={self.num_layers} is not divisible by pipeline({pp}) × "
                     f"virtual({vp}) = {pp * vp}; try {_nearest_multiples(self.num_layers, pp * vp)} "
@@ -254,23 +253,23 @@ class ParallelLayout:
         if heads % tp:
             p.append(
                 f"num_attention_heads={heads} is not divisible by tensor({tp}); "
-                f"use TP in {_divisors(heads)} or {_nearest_multiples(heads, tp)} heads"
+                f"use TP in {divisors(heads)} or {_nearest_multiples(heads, tp)} heads"
             )
         groups = self.num_query_groups
         if groups is not None and groups != heads:
             if heads % groups:
                 p.append(
                     f"num_attention_heads={heads} is not divisible by num_query_groups={groups}; "
-                    f"use query groups in {_divisors(heads)}"
+                    f"use query groups in {divisors(heads)}"
                 )
             if groups % tp:
-                p.append(f"num_query_groups={groups} is not divisible by tensor({tp}); use TP in {_divisors(groups)}")
+                p.append(f"num_query_groups={groups} is not divisible by tensor({tp}); use TP in {divisors(groups)}")
         ffn = self.ffn_hidden_size
         if ffn is not None and ffn % tp:
             # Megatron-Core's MLP: fc2 (row-parallel) asserts divide(ffn_hidden_size, TP) at model build.
             # SwiGLU doubles fc1's (column-parallel) outputs but does not relax it: each rank holds
             # [gate, up] halves of ffn_hidden_size / TP rows.
-            ok_tp = [d for d in _divisors(ffn) if d <= max(2 * tp, 8)]
+            ok_tp = [d for d in divisors(ffn) if d <= max(2 * tp, 8)]
             p.append(
                 f"ffn_hidden_size={ffn} is not divisible by tensor({tp}); use TP in {ok_tp} "
                 f"or an ffn_hidden_size of {_nearest_multiples(ffn, tp)}"

@@ -23,47 +23,34 @@ calibrated against the paper's figures, which use this convention.
 
 from __future__ import annotations
 
-
-def flops_per_step(
-    *,
-    batch_size: int,
-    seq_length: int,
-    num_layers: int,
-    hidden_size: int,
-    ffn_hidden_size: int,
-    num_attention_heads: int,
-    num_query_groups: int,
-    kv_channels: int,
-    padded_vocab_size: int,
-    swiglu: bool,
-) -> float:
-    """Model FLOPs of one training step (forward + backward) over ``batch_size`` sequences."""
-    h = hidden_size
-    query_ratio = kv_channels * num_attention_heads / h
-    attention = (1 + num_query_groups / num_attention_heads + seq_length / h) * query_ratio
-    mlp = (ffn_hidden_size / h) * (1.5 if swiglu else 1.0)
-    logits = padded_vocab_size / (2 * num_layers * h)
-    return 12.0 * batch_size * seq_length * num_layers * h * h * (attention + mlp + logits)
+from megatron_ext.config.arguments import ModelArgs
 
 
-# Dense bf16/fp16 tensor-core peak of common GPUs, FLOP/s (vendor data sheets).
-# Checked in order, so the more specific names come first.
-PEAK_FLOPS = {
-    "H100 PCIE": 756e12,
-    "H100 NVL": 835e12,
-    "A100": 312e12,
-    "H100": 989e12,
-    "H200": 989e12,
-    "H800": 989e12,
-    "B200": 2250e12,
-    "L40S": 362e12,
-}
+def layer_forward_flops(model: ModelArgs, *, sequences: int) -> float:
+    """Forward FLOPs of one transformer layer over ``sequences`` sequences: ``4·b·s·h²·(attention + MLP)``."""
+    h, s, n = model.hidden_size, model.seq_length, model.num_attention_heads
+    query_ratio = model.effective_kv_channels * n / h
+    attention = (1 + model.effective_num_query_groups / n + s / h) * query_ratio
+    mlp = (model.effective_ffn_hidden_size / h) * (1.5 if model.swiglu else 1.0)
+    return 4.0 * sequences * s * h * h * (attention + mlp)
 
 
-def peak_flops_for(device_name: str) -> float | None:
-    """Peak dense bf16 FLOP/s for a CUDA device name, or None when unknown."""
-    upper = device_name.upper()
-    for key, value in PEAK_FLOPS.items():
-        if key in upper:
-            return value
-    return None
+def logits_forward_flops(model: ModelArgs, *, sequences: int, padded_vocab_size: int) -> float:
+    """Forward FLOPs of the output layer over ``sequences`` sequences: ``2·b·s·h·V``."""
+    return 2.0 * sequences * model.seq_length * model.hidden_size * padded_vocab_size
+
+
+def attention_core_forward_flops(model: ModelArgs, *, sequences: int) -> float:
+    """Forward FLOPs of one layer's attention core (scores and context), what selective recomputation repeats.
+
+    ``4·b·s²·n·d``: the ``s/h`` term of the attention factor.
+    """
+    s = model.seq_length
+    return 4.0 * sequences * s * s * model.num_attention_heads * model.effective_kv_channels
+
+
+def flops_per_step(model: ModelArgs, *, batch_size: int, padded_vocab_size: int) -> float:
+    """Model FLOPs of one training step (forward + backward = 3 × forward) over ``batch_size`` sequences."""
+    layers = model.num_layers * layer_forward_flops(model, sequences=batch_size)
+    logits = logits_forward_flops(model, sequences=batch_size, padded_vocab_size=padded_vocab_size)
+    return 3.0 * (layers + logits)

@@ -36,6 +36,30 @@ from types import MappingProxyType
 GIB = 1024**3
 MIB = 1024**2
 
+# Dense bf16/fp16 tensor-core peak, FLOP/s (vendor data sheets), by a part of the name CUDA reports.
+# Checked in order, so the more specific names come first. The profiles below take their peaks from here.
+PEAK_FLOPS: Mapping[str, float] = MappingProxyType(
+    {
+        "H100 PCIE": 756e12,
+        "H100 NVL": 835e12,
+        "A100": 312e12,
+        "H100": 989e12,
+        "H200": 989e12,
+        "H800": 989e12,
+        "B200": 2250e12,
+        "L40S": 362e12,
+    }
+)
+
+
+def peak_flops_for(device_name: str) -> float | None:
+    """Peak dense bf16 FLOP/s for a CUDA device name (``torch.cuda.get_device_name``), or None when unknown."""
+    upper = device_name.upper()
+    for key, value in PEAK_FLOPS.items():
+        if key in upper:
+            return value
+    return None
+
 
 @dataclass(frozen=True, kw_only=True)
 class GpuProfile:
@@ -118,7 +142,7 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
             GpuProfile(
                 name="a100-40g",
                 description="NVIDIA A100 SXM4 40GB, NVLink 3 / NVSwitch, 8× HDR 200 Gb/s InfiniBand per node",
-                peak_flops=312e12,
+                peak_flops=PEAK_FLOPS["A100"],
                 peak_flops_fp32=19.5e12,
                 memory_bytes=40960 * MIB,
                 memory_bandwidth=1555e9,
@@ -129,7 +153,7 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
             GpuProfile(
                 name="a100-80g",
                 description="NVIDIA A100 SXM4 80GB, NVLink 3 / NVSwitch, 8× HDR 200 Gb/s InfiniBand per node (Selene)",
-                peak_flops=312e12,
+                peak_flops=PEAK_FLOPS["A100"],
                 peak_flops_fp32=19.5e12,
                 memory_bytes=81920 * MIB,
                 memory_bandwidth=2039e9,
@@ -140,7 +164,7 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
             GpuProfile(
                 name="h100-sxm",
                 description="NVIDIA H100 SXM5 80GB, NVLink 4 / NVSwitch, 8× NDR 400 Gb/s InfiniBand per node",
-                peak_flops=989e12,
+                peak_flops=PEAK_FLOPS["H100"],
                 peak_flops_fp32=67e12,
                 memory_bytes=81559 * MIB,
                 memory_bandwidth=3350e9,
@@ -151,7 +175,7 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
             GpuProfile(
                 name="h200",
                 description="NVIDIA H200 SXM 141GB, NVLink 4 / NVSwitch, 8× NDR 400 Gb/s InfiniBand per node",
-                peak_flops=989e12,
+                peak_flops=PEAK_FLOPS["H200"],
                 peak_flops_fp32=67e12,
                 memory_bytes=143771 * MIB,
                 memory_bandwidth=4800e9,

@@ -3,14 +3,9 @@
 Everything here is arithmetic on the model shape and the layout, so that the
 layout calculator can evaluate thousands of layouts per second.
 
-**Parameters per rank.** Exact counts of Megatron-Core's ``GPTModel`` (as
-``plan.parameter_counts``): per layer QKV ``h·(n·d + 2·g·d)``, projection
-``n·d·h``, MLP ``h·f·(2 if SwiGLU else 1) + f·h``, biases unless
-``--disable-bias-linear``, two norms; TP splits the matrices, their biases (not
-the row-parallel ones) and the vocabulary. The first stage also holds the word
-(and learned position) embeddings, the last stage the final norm and the
-output layer (its own when untied, a copy of the word embedding when tied and
-PP > 1).
+**Parameters per rank.** Exact counts of Megatron-Core's ``GPTModel`` for the
+first and the last pipeline stage (``shapes.parameter_counts``, the formula's
+one home).
 
 **Bytes per parameter** (Megatron-LM's accounting,
 ``megatron/training/theoretical_memory_usage.py``): mixed precision keeps bf16
@@ -37,13 +32,11 @@ attention (K, V of width ``g·d``), any MLP width ``f`` and SwiGLU (first MLP
 output ``2f``), dropout off (no masks), and fused attention (Transformer
 Engine / flash: no ``a·s²`` terms, only fp32 softmax statistics ``4·a·s·b``).
 
-**In flight.** Under 1F1B pipeline rank ``r`` runs ``p − r − 1`` warm-up
-forward passes before its first backward, so it holds ``min(m, p − r)``
-microbatches; under Megatron-Core's interleaved schedule it runs
-``2·(p − r − 1) + (v − 1)·p`` warm-up chunk passes, so the first stage holds
-``(v + 1)·p − 1`` chunks of ``l/(p·v)`` layers: ``p·(1 + (p − 1)/(p·v))``
-microbatches' worth of its layers (Narayanan et al. 2021, §2.2.2; the factor
-Megatron-LM applies).
+**In flight.** Each rank holds the activations of its warm-up forward passes
+plus one (``pipeline.in_flight_passes``): ``min(m, p − r)`` microbatches under
+1F1B, ``(v + 1)·p − 1`` chunks of ``l/(p·v)`` layers on the first stage of an
+interleaved pipeline, ``p·(1 + (p − 1)/(p·v))`` microbatches' worth of its
+layers (Narayanan et al. 2021, §2.2.2; the factor Megatron-LM applies).
 
 **Embedding and output.** As Megatron-LM counts them: the token ids (8 bytes)
 and the embedding dropout mask per in-flight microbatch on the first stage;
@@ -57,41 +50,8 @@ import math
 from dataclasses import dataclass
 
 from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.estimate.pipeline import in_flight_passes
 from megatron_ext.estimate.workload import Workload
-
-
-@dataclass(frozen=True, kw_only=True)
-class StageParameters:
-    """Parameters on one GPU of the first and of the last pipeline stage."""
-
-    first: int
-    """A rank of the first stage: its layers, the embeddings (and, with PP = 1, everything else)."""
-    last: int
-    """A rank of the last stage: its layers, the final norm and the output layer (or the tied copy)."""
-
-
-def stage_parameters(workload: Workload, *, tp: int, pp: int) -> StageParameters:
-    """Exact per-rank parameter counts of Megatron-Core's GPTModel for TP × PP."""
-    m = workload.model
-    h, n, g, d = m.hidden_size, m.num_attention_heads, m.effective_num_query_groups, m.effective_kv_channels
-    f = m.effective_ffn_hidden_size
-    norm = 2 * h if m.normalization == "LayerNorm" else h
-    qkv_out = n * d + 2 * g * d
-    fc1_out = f * (2 if m.swiglu else 1)
-    split = h * qkv_out + n * d * h + h * fc1_out + f * h
-    replicated = 2 * norm
-    if not m.disable_bias_linear:
-        split += qkv_out + fc1_out
-        replicated += 2 * h  # the row-parallel (projection, fc2) biases
-    per_layer_rank = split // tp + replicated
-    layers = (m.num_layers // pp) * per_layer_rank
-    word = workload.padded_vocab_size(tp) * h // tp
-    position = (m.max_position_embeddings or m.seq_length) * h if m.position_embedding_type == "learned_absolute" else 0
-    first = layers + word + position
-    if pp == 1:
-        only = first + norm + (word if m.untie_embeddings_and_output_weights else 0)
-        return StageParameters(first=only, last=only)
-    return StageParameters(first=first, last=layers + norm + word)
 
 
 def unfused_attention(workload: Workload) -> bool:
@@ -146,19 +106,6 @@ def layer_activations(
     else:
         stored = full
     return LayerActivations(stored=stored, full=full)
-
-
-def in_flight_chunks(*, pp: int, vp: int, num_microbatches: int, pipeline_rank: int) -> int:
-    """Most (microbatch, model chunk) forward passes held at once by one pipeline rank.
-
-    The warm-up forward passes before the first backward plus one, as
-    Megatron-Core's schedules run them (``get_pp_rank_microbatches``).
-    """
-    total = num_microbatches * vp
-    if pp == 1:
-        return 1
-    warmup = pp - pipeline_rank - 1 if vp == 1 else 2 * (pp - pipeline_rank - 1) + (vp - 1) * pp
-    return min(total, warmup + 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,7 +173,7 @@ def estimate_memory(workload: Workload, layout: ParallelLayout) -> MemoryEstimat
     tp, pp, vp = layout.tp, layout.pp, layout.vp
     s, b, h = m.seq_length, layout.micro_batch_size, m.hidden_size
     sp = layout.sequence_parallel
-    params = stage_parameters(workload, tp=tp, pp=pp)
+    params = workload.parameter_counts(tp=tp, pp=pp)
     per_weight, per_grad, per_optim = bytes_per_parameter(workload, layout)
     layer = layer_activations(workload, micro_batch_size=b, tp=tp, sequence_parallel=sp)
 
@@ -249,7 +196,7 @@ def estimate_memory(workload: Workload, layout: ParallelLayout) -> MemoryEstimat
     output = 4 * s * b * h / (tp if sp else 1) + 4 * s * b * vocab / tp
 
     def stage(name: str, rank: int, parameters: int) -> StageMemory:
-        chunks = in_flight_chunks(pp=pp, vp=vp, num_microbatches=layout.num_microbatches, pipeline_rank=rank)
+        chunks = in_flight_passes(pp=pp, vp=vp, num_microbatches=layout.num_microbatches, pipeline_rank=rank)
         microbatches = chunks / vp
         activations = chunks * chunk_bytes + working
         if rank == 0:
@@ -267,11 +214,11 @@ def estimate_memory(workload: Workload, layout: ParallelLayout) -> MemoryEstimat
         )
 
     if pp == 1:
-        only = stage("only", 0, params.first)
+        only = stage("only", 0, params.first_stage_rank)
         first = last = only
     else:
-        first = stage("first", 0, params.first)
-        last = stage("last", pp - 1, params.last)
+        first = stage("first", 0, params.first_stage_rank)
+        last = stage("last", pp - 1, params.last_stage_rank)
     most = first if first.total_bytes >= last.total_bytes else last
     return MemoryEstimate(
         most_loaded=most,

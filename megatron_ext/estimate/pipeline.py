@@ -1,224 +1,49 @@
-"""The order in which Megatron-Core's pipeline schedules run forward and backward passes, and its timeline.
+"""Pipeline formulas: the bubble, the warm-up and the activations in flight (one home for each).
 
-Derived from ``megatron/core/pipeline_parallel/schedules.py`` (Megatron-Core
-0.16) and checked against a recorded CPU run of it
-(``tests/estimate/test_pipeline_schedule.py``). For ``p`` pipeline ranks, ``v`` model
-chunks per rank and ``m`` microbatches:
+For ``p`` pipeline stages, ``v`` model chunks (virtual stages) per stage and
+``m`` microbatches per step, with forward + backward time ``T`` of one
+microbatch on one stage (Narayanan et al. 2021, "Efficient Large-Scale
+Language Model Training on GPU Clusters Using Megatron-LM", §2.2):
 
-* **1F1B** (``v = 1``): rank ``r`` runs ``w = min(m, p − r − 1)`` warm-up
-  forward passes, then ``m − w`` times "forward ``w + i``, backward ``i``",
-  then the ``w`` remaining backward passes.
-* **Interleaved 1F1B** (``v > 1``, ``m`` a multiple of ``p``): the
-  microbatches are taken in groups of ``p`` (``microbatch_group_size_per_vp_stage``);
-  the *schedule table* lists, group by group, every chunk ``0 … v−1`` for the
-  group's microbatches. Forward pass ``k`` runs table entry ``k``; backward
-  pass ``k`` runs the same microbatch on the mirrored chunk ``v − 1 − c``.
-  Rank ``r`` runs ``w = min(m·v, 2·(p − r − 1) + (v − 1)·p)`` warm-up forward
-  passes, then "forward ``w + i``, backward ``i``", then the rest of the
-  backward passes (``get_pp_rank_microbatches``, ``get_schedule_table``).
+* **GPipe** (all forwards, then all backwards) and **1F1B** (one forward, one
+  backward once warm) both idle ``(p − 1)·T`` per step: the bubble is
+  ``(p − 1)/m`` of the ideal ``m·T``, or ``(p − 1)/(m + p − 1)`` of the step.
+  1F1B keeps at most ``p`` microbatches of activations in flight, GPipe ``m``.
+* **Interleaved 1F1B** gives each stage ``v`` chunks of ``l/(p·v)`` layers; the
+  fill and drain shrink to ``(p − 1)·T/v``: the bubble is ``(p − 1)/(v·m)`` of
+  the ideal, ``(p − 1)/(v·m + p − 1)`` of the step, at ``v`` times the
+  point-to-point messages.
 
-Chunk ``c`` of rank ``r`` holds virtual stage ``c·p + r``: a forward pass
-needs the same chunk's output from rank ``r − 1`` (rank 0 needs chunk
-``c − 1`` from rank ``p − 1``); backward passes run the other way round.
-``simulate`` places every pass at the earliest time its rank is free and its
-input has arrived. With forward time ``t_f`` and backward time ``t_b`` per
-microbatch and stage (``t_f/v``, ``t_b/v`` per chunk) the step takes
-``(m + (p − 1)/v)·(t_f + t_b)``: the bubble is ``(p − 1)/(v·m)`` of the ideal
-``m·(t_f + t_b)`` (Narayanan et al. 2021, §2.2).
+Warm-up and in-flight counts are those of Megatron-Core's schedules
+(``megatron/core/pipeline_parallel/schedules.py``, ``get_pp_rank_microbatches``):
+rank ``r`` runs ``min(m, p − r − 1)`` warm-up forward passes under 1F1B and
+``min(m·v, 2·(p − r − 1) + (v − 1)·p)`` chunk passes interleaved, and so holds
+one more than that at its peak. ``schedule.py`` turns these into the full order
+of passes and a simulated timeline.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
-from megatron_ext.config.layout import ParallelLayout
-
-
-@dataclass(frozen=True)
-class PipelinePass:
-    """One forward or backward pass of one microbatch through one model chunk."""
-
-    kind: str
-    """``F`` (forward) or ``B`` (backward)."""
-    microbatch: int
-    """Microbatch index within the step (0-based, as Megatron-Core counts)."""
-    chunk: int
-    """Model chunk (virtual stage index on this rank, 0-based)."""
-
-
-def validate(*, pp: int, vp: int, num_microbatches: int) -> ParallelLayout:
-    """The pipeline as a ParallelLayout (one GPU per stage): the same rules and messages as pretrain_gpt.py."""
-    return ParallelLayout(
-        world_size=pp,
-        pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=vp if vp > 1 else None,
-        micro_batch_size=1,
-        global_batch_size=num_microbatches,
-        num_layers=pp * vp,
-        num_attention_heads=1,
-    )
-
-
-def schedule_table(num_microbatches: int, num_chunks: int, group_size: int) -> list[tuple[int, int]]:
-    """(microbatch, chunk) of every forward pass in order: groups of ``group_size`` microbatches, all chunks each."""
-    table = []
-    for first in range(0, num_microbatches, group_size):
-        group = range(first, min(first + group_size, num_microbatches))
-        if first + group_size >= num_microbatches:
-            group = range(first, num_microbatches)  # the last group takes the rest
-        table += [(mb, chunk) for chunk in range(num_chunks) for mb in group]
-    return table
+def bubble_fraction(*, pp: int, vp: int, num_microbatches: int) -> float:
+    """Idle time relative to the ideal compute of a step: ``(p − 1)/(v·m)`` (v = 1: 1F1B or GPipe)."""
+    return (pp - 1) / (vp * num_microbatches)
 
 
 def warmup_passes(*, pp: int, vp: int, num_microbatches: int, pipeline_rank: int) -> int:
-    """Forward passes a rank runs before its first backward pass."""
-    total = num_microbatches * vp
+    """Forward passes (of one model chunk each) a rank runs before its first backward pass."""
     if vp == 1:
         return min(num_microbatches, pp - pipeline_rank - 1)
-    return min(total, 2 * (pp - pipeline_rank - 1) + (vp - 1) * pp)
+    return min(num_microbatches * vp, 2 * (pp - pipeline_rank - 1) + (vp - 1) * pp)
 
 
-def schedule_order(*, pp: int, vp: int, num_microbatches: int, pipeline_rank: int) -> list[PipelinePass]:
-    """Every pass of one pipeline rank in the order Megatron-Core runs them (see the module docstring)."""
-    validate(pp=pp, vp=vp, num_microbatches=num_microbatches)
-    if not 0 <= pipeline_rank < pp:
-        raise ValueError(f"pipeline_rank={pipeline_rank} is outside 0..{pp - 1}")
-    total = num_microbatches * vp
-    table = schedule_table(num_microbatches, vp, pp) if vp > 1 else [(mb, 0) for mb in range(num_microbatches)]
+def in_flight_passes(*, pp: int, vp: int, num_microbatches: int, pipeline_rank: int) -> int:
+    """Most (microbatch, model chunk) forward passes whose activations one rank holds at once.
 
-    def forward(k: int) -> PipelinePass:
-        mb, chunk = table[k]
-        return PipelinePass("F", mb, chunk)
-
-    def backward(k: int) -> PipelinePass:
-        mb, chunk = table[k]
-        return PipelinePass("B", mb, vp - 1 - chunk)
-
-    warmup = warmup_passes(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank)
-    order = [forward(k) for k in range(warmup)]
-    for k in range(total - warmup):
-        order += [forward(k + warmup), backward(k)]
-    order += [backward(k) for k in range(total - warmup, total)]
-    return order
-
-
-@dataclass(frozen=True)
-class TimedPass:
-    """A pass placed on the timeline."""
-
-    rank: int
-    """Pipeline rank."""
-    step: PipelinePass
-    """What runs."""
-    start: float
-    """Start time."""
-    end: float
-    """End time."""
-
-
-@dataclass(frozen=True)
-class Timeline:
-    """Every rank's passes with their times."""
-
-    pp: int
-    """Pipeline ranks."""
-    vp: int
-    """Model chunks per rank."""
-    num_microbatches: int
-    """Microbatches per step."""
-    forward_time: float
-    """Forward time of one microbatch through one whole stage (a chunk takes 1/v of it)."""
-    backward_time: float
-    """Backward time of one microbatch through one whole stage."""
-    passes: tuple[TimedPass, ...]
-    """All passes, rank by rank in execution order."""
-
-    @property
-    def makespan(self) -> float:
-        return max(p.end for p in self.passes)
-
-    @property
-    def ideal(self) -> float:
-        """Busy time of every rank: ``m·(t_f + t_b)``."""
-        return self.num_microbatches * (self.forward_time + self.backward_time)
-
-    @property
-    def bubble_of_ideal(self) -> float:
-        """Idle time relative to the ideal, measured on the timeline (formula: (p−1)/(v·m))."""
-        return (self.makespan - self.ideal) / self.ideal
-
-    @property
-    def bubble_of_step(self) -> float:
-        """Idle time as a share of the step."""
-        return (self.makespan - self.ideal) / self.makespan
-
-    @property
-    def formula_bubble(self) -> float:
-        return (self.pp - 1) / (self.vp * self.num_microbatches)
-
-
-def simulate(
-    *,
-    pp: int,
-    vp: int,
-    num_microbatches: int,
-    forward_time: float = 1.0,
-    backward_time: float = 2.0,
-    p2p_time: float = 0.0,
-    orders: list[list[PipelinePass]] | None = None,
-) -> Timeline:
-    """Place every pass at the earliest time its rank and input allow.
-
-    ``orders`` (one list per rank) defaults to Megatron-Core's order
-    (``schedule_order``); a recorded order can be given instead.
+    The warm-up passes plus the one that starts the steady state; the first
+    stage of an interleaved pipeline holds ``(v + 1)·p − 1`` chunks, i.e.
+    ``p·(1 + (p − 1)/(p·v))`` microbatches' worth of its layers (Narayanan et
+    al. 2021, §2.2.2).
     """
-    if forward_time <= 0 or backward_time <= 0 or p2p_time < 0:
-        raise ValueError("forward and backward times must be positive and the p2p time non-negative")
-    if orders is None:
-        orders = [schedule_order(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=r) for r in range(pp)]
-    elif len(orders) != pp:
-        raise ValueError(f"{len(orders)} rank orders given for {pp} pipeline ranks")
-    duration = {"F": forward_time / vp, "B": backward_time / vp}
-    done: dict[tuple[int, str, int, int], float] = {}
-    placed: list[list[TimedPass]] = [[] for _ in range(pp)]
-    free = [0.0] * pp
-    position = [0] * pp
-
-    def dependency(rank: int, step: PipelinePass) -> tuple[int, str, int, int] | None:
-        mb, c = step.microbatch, step.chunk
-        if step.kind == "F":
-            if rank > 0:
-                return (rank - 1, "F", mb, c)
-            return (pp - 1, "F", mb, c - 1) if c > 0 else None
-        if rank < pp - 1:
-            return (rank + 1, "B", mb, c)
-        return (0, "B", mb, c + 1) if c < vp - 1 else (rank, "F", mb, c)
-
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for rank in range(pp):
-            while position[rank] < len(orders[rank]):
-                step = orders[rank][position[rank]]
-                dep = dependency(rank, step)
-                if dep is not None and dep not in done:
-                    break
-                ready = 0.0 if dep is None else done[dep] + (p2p_time if dep[0] != rank else 0.0)
-                start = max(free[rank], ready)
-                end = start + duration[step.kind]
-                done[(rank, step.kind, step.microbatch, step.chunk)] = end
-                placed[rank].append(TimedPass(rank, step, start, end))
-                free[rank] = end
-                position[rank] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # cannot happen for Megatron-Core's order; guards against a broken order
-            raise RuntimeError("the pipeline order deadlocks: a pass waits for one that never runs")
-    return Timeline(
-        pp=pp,
-        vp=vp,
-        num_microbatches=num_microbatches,
-        forward_time=forward_time,
-        backward_time=backward_time,
-        passes=tuple(p for rank in placed for p in rank),
-    )
+    warmup = warmup_passes(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank)
+    return min(num_microbatches * vp, warmup + 1)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from megatron_ext.estimate.pipeline import Timeline
+from megatron_ext.estimate.schedule import Timeline
 
 Color = tuple[int, int, int]
 

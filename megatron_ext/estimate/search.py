@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_ext.config.arguments import ModelArgs
-from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.config.layout import ParallelLayout, divisors
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.memory import MemoryEstimate, estimate_memory
 from megatron_ext.estimate.step_time import StepTimeEstimate, estimate_step_time
@@ -137,7 +137,7 @@ class LayoutEstimate:
                 "usable_bytes": int(self.cluster.usable_memory_bytes),
                 "capacity_bytes": self.cluster.gpu.memory_bytes,
             },
-            "bubble_fraction": (lay.pp - 1) / (lay.vp * lay.num_microbatches),
+            "bubble_fraction": lay.bubble_fraction,
             "bubble_share_of_step": t.bubble_share,
             "step_time_s": t.step_s,
             "tokens_per_sec": self.tokens_per_sec,
@@ -188,11 +188,6 @@ class SearchResult:
         return [e for e in self.estimates if e.fits]
 
 
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
-
-
 def _options(generated: Iterable[int], wanted: int | None) -> list[int]:
     """The generated candidates, or only the one asked for (which the layout then validates)."""
     return list(generated) if wanted is None else [wanted]
@@ -221,13 +216,13 @@ def search(
     candidates = 0
     first_problems: list[str] = []
     heads, ffn = model.num_attention_heads, model.effective_ffn_hidden_size
-    tps = [t for t in _divisors(world) if t <= cluster.gpus_per_node and heads % t == 0 and ffn % t == 0]
+    tps = [t for t in divisors(world) if t <= cluster.gpus_per_node and heads % t == 0 and ffn % t == 0]
     for t in _options(tps, tp):
-        for p in _options((p for p in _divisors(world // t) if layers % p == 0), pp):
+        for p in _options((p for p in divisors(world // t) if layers % p == 0), pp):
             dp = world // (t * p) if world % (t * p) == 0 else 0
             per_dp = global_batch_size // dp if dp and global_batch_size % dp == 0 else 0
-            for v in _options(_divisors(layers // p) if layers % p == 0 else [1], vp):
-                for b in _options(_divisors(per_dp) if per_dp else [1], micro_batch_size):
+            for v in _options(divisors(layers // p) if layers % p == 0 else [1], vp):
+                for b in _options(divisors(per_dp) if per_dp else [1], micro_batch_size):
                     candidates += 1
                     layout, problems = ParallelLayout.check(
                         world_size=world,

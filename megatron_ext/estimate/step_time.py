@@ -75,7 +75,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_ext.config.layout import ParallelLayout
-from megatron_ext.estimate.flops import flops_per_step
+from megatron_ext.estimate.flops import (
+    attention_core_forward_flops,
+    flops_per_step,
+    layer_forward_flops,
+    logits_forward_flops,
+)
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.memory import unfused_attention
 from megatron_ext.estimate.workload import Workload
@@ -151,24 +156,17 @@ def estimate_step_time(
     m = workload.model
     t, p, v, dp = layout.tp, layout.pp, layout.vp, layout.dp
     s, b, h, mbs = m.seq_length, layout.micro_batch_size, m.hidden_size, layout.num_microbatches
-    n, g, d, f = (
-        m.num_attention_heads,
-        m.effective_num_query_groups,
-        m.effective_kv_channels,
-        m.effective_ffn_hidden_size,
-    )
+    n, f = m.num_attention_heads, m.effective_ffn_hidden_size
     vocab = workload.padded_vocab_size(t)
     e = workload.activation_bytes
 
-    # FLOPs of one layer's forward for one microbatch (flops.py's terms / 3 for forward only).
-    attention = (1 + g / n + s / h) * (n * d / h)
-    mlp = (f / h) * (1.5 if m.swiglu else 1.0)
-    layer_fwd = 4.0 * b * s * h * h * (attention + mlp)
-    logits_fwd = 2.0 * b * s * h * vocab
+    # FLOPs of one layer's and of the logits' forward for one microbatch (flops.py).
+    layer_fwd = layer_forward_flops(m, sequences=b)
+    logits_fwd = logits_forward_flops(m, sequences=b, padded_vocab_size=vocab)
     if workload.recompute_granularity == "full":
         recompute = layer_fwd
     elif workload.recompute_granularity == "selective":
-        recompute = 4.0 * b * s * s * n * d
+        recompute = attention_core_forward_flops(m, sequences=b)
     else:
         recompute = 0.0
     layers_per_stage = m.num_layers // p
@@ -205,7 +203,7 @@ def estimate_step_time(
     mb_time = mb_compute + mb_tp
 
     # Pipeline: bubble and exposed point-to-point.
-    bubble = (p - 1) / v * mb_time
+    bubble = layout.bubble_fraction * mbs * mb_time
     if p > 1:
         link = gpu.intra_node_bandwidth if t * dp * p <= gpus_per_node else gpu.inter_node_bandwidth
         p2p_bytes = b * s * h * e / (t if sp or workload.p2p_scatter_gather else 1)
@@ -243,18 +241,7 @@ def estimate_step_time(
     updated = rank_parameters / (dp if layout.use_distributed_optimizer else 1)
     optimizer = updated * (30 if workload.mixed_precision else 28) / gpu.memory_bandwidth
 
-    model_flops = flops_per_step(
-        batch_size=layout.global_batch_size,
-        seq_length=s,
-        num_layers=m.num_layers,
-        hidden_size=h,
-        ffn_hidden_size=f,
-        num_attention_heads=n,
-        num_query_groups=g,
-        kv_channels=d,
-        padded_vocab_size=vocab,
-        swiglu=m.swiglu,
-    )
+    model_flops = flops_per_step(m, batch_size=layout.global_batch_size, padded_vocab_size=vocab)
     sequences = layout.global_batch_size // b
     hardware_flops = model_flops + sequences * m.num_layers * recompute
     return StepTimeEstimate(

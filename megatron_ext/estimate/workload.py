@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_ext.config.arguments import ModelArgs, pad_vocab_size
+from megatron_ext.estimate.shapes import ParameterCounts, parameter_counts
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
@@ -65,3 +66,7 @@ class Workload:
     def padded_vocab_size(self, tensor_parallel: int) -> int:
         """Megatron's padding: a multiple of ``make_vocab_size_divisible_by × TP``."""
         return pad_vocab_size(int(self.model.vocab_size or 0), self.model.make_vocab_size_divisible_by, tensor_parallel)
+
+    def parameter_counts(self, *, tp: int, pp: int) -> ParameterCounts:
+        """Exact parameter counts of the model split TP × PP (``shapes.parameter_counts``)."""
+        return parameter_counts(self.model, padded_vocab_size=self.padded_vocab_size(tp), tp=tp, pp=pp)

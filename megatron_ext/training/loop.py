@@ -25,7 +25,8 @@ import torch.distributed as dist
 from megatron_ext.config.arguments import ConfigError, TrainingConfig, parse_args
 from megatron_ext.config.layout import LayoutError
 from megatron_ext.estimate import plan
-from megatron_ext.estimate.flops import flops_per_step, peak_flops_for
+from megatron_ext.estimate.flops import flops_per_step
+from megatron_ext.estimate.hardware import peak_flops_for
 from megatron_ext.training import checkpointing, distributed, resilience, timing
 from megatron_ext.training.datasets import Datasets, chunk_iterators
 from megatron_ext.training.metrics import MetricsWriter
@@ -256,18 +257,7 @@ class Trainer:
             metrics_file=cfg.run.metrics_file,
             tensorboard_dir=cfg.run.tensorboard_dir,
         )
-        self.flops_per_step = flops_per_step(
-            batch_size=gbs,
-            seq_length=cfg.model.seq_length,
-            num_layers=cfg.model.num_layers,
-            hidden_size=cfg.model.hidden_size,
-            ffn_hidden_size=cfg.model.effective_ffn_hidden_size,
-            num_attention_heads=cfg.model.num_attention_heads,
-            num_query_groups=cfg.model.effective_num_query_groups,
-            kv_channels=cfg.model.effective_kv_channels,
-            padded_vocab_size=cfg.padded_vocab_size,
-            swiglu=cfg.model.swiglu,
-        )
+        self.flops_per_step = flops_per_step(cfg.model, batch_size=gbs, padded_vocab_size=cfg.padded_vocab_size)
         self.peak_flops = peak_flops_for(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
         self._log_start()
 

@@ -12,10 +12,9 @@ from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.memory import (
     bytes_per_parameter,
     estimate_memory,
-    in_flight_chunks,
     layer_activations,
-    stage_parameters,
 )
+from megatron_ext.estimate.pipeline import in_flight_passes
 from megatron_ext.estimate.plan import parameter_counts
 from megatron_ext.estimate.search import Cluster, evaluate
 from megatron_ext.estimate.step_time import estimate_step_time
@@ -121,14 +120,14 @@ def test_bytes_per_parameter_are_megatrons_18_or_6_plus_12_over_dp() -> None:
 
 def test_in_flight_microbatches_1f1b_and_interleaved() -> None:
     # 1F1B: rank r holds min(m, p - r) microbatches.
-    assert [in_flight_chunks(pp=4, vp=1, num_microbatches=16, pipeline_rank=r) for r in range(4)] == [4, 3, 2, 1]
-    assert in_flight_chunks(pp=4, vp=1, num_microbatches=2, pipeline_rank=0) == 2
+    assert [in_flight_passes(pp=4, vp=1, num_microbatches=16, pipeline_rank=r) for r in range(4)] == [4, 3, 2, 1]
+    assert in_flight_passes(pp=4, vp=1, num_microbatches=2, pipeline_rank=0) == 2
     # Interleaved: 2(p - r - 1) + (v - 1)p + 1 chunks; on rank 0 that is p(1 + (p-1)/(pv)) microbatches' worth.
     for p, v in [(4, 2), (8, 3), (35, 3), (16, 2)]:
-        chunks = in_flight_chunks(pp=p, vp=v, num_microbatches=8 * p, pipeline_rank=0)
+        chunks = in_flight_passes(pp=p, vp=v, num_microbatches=8 * p, pipeline_rank=0)
         assert chunks == 2 * (p - 1) + (v - 1) * p + 1
         assert chunks / v == pytest.approx(p * (1 + (p - 1) / (p * v)))
-    assert in_flight_chunks(pp=4, vp=2, num_microbatches=16, pipeline_rank=3) == 5
+    assert in_flight_passes(pp=4, vp=2, num_microbatches=16, pipeline_rank=3) == 5
 
 
 def test_first_stage_memory_on_a_hand_computed_case() -> None:
@@ -321,8 +320,8 @@ def test_parameters_per_rank_equal_the_plan_of_pretrain_gpt(flags: str) -> None:
     cfg = make_config(world_size=8, **groups)  # type: ignore[arg-type]
     # pretrain_gpt.py's null tokenizer adds one id to --vocab-size; give the calculator that vocabulary.
     model = ModelArgs(**{**groups["model"], "vocab_size": cfg.vocab_size})  # type: ignore[arg-type]
-    params = stage_parameters(Workload(model=model), tp=cfg.layout.tp, pp=cfg.layout.pp)
-    assert max(params.first, params.last) == parameter_counts(cfg).max_per_rank
+    params = Workload(model=model).parameter_counts(tp=cfg.layout.tp, pp=cfg.layout.pp)
+    assert params.max_per_rank == parameter_counts(cfg).max_per_rank
 
 
 # ------------------------------------------------------------------ step time: bubble and communication

@@ -17,7 +17,8 @@ import pytest
 from megatron_ext.cli.launch import local_command
 from megatron_ext.cli.plot_schedule import main as run
 from megatron_ext.config.layout import LayoutError
-from megatron_ext.estimate.pipeline import PipelinePass, schedule_order, schedule_table, simulate, warmup_passes
+from megatron_ext.estimate.pipeline import warmup_passes
+from megatron_ext.estimate.schedule import PipelinePass, schedule_order, schedule_table, simulate
 from megatron_ext.estimate.schedule_plot import (
     BACKWARD_COLORS,
     FORWARD_COLORS,

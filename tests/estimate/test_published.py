@@ -25,7 +25,6 @@ from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.presets import get_preset
 from megatron_ext.estimate.hardware import A100_COMPUTE_EFFICIENCY, get_profile
-from megatron_ext.estimate.memory import stage_parameters
 from megatron_ext.estimate.search import Cluster, LayoutEstimate, evaluate, search
 from megatron_ext.estimate.workload import Workload
 from tests.conftest import REPO
@@ -126,15 +125,15 @@ def test_table1_rows_are_the_shapes_the_paper_counts() -> None:
         paper = 12 * layers * h * h * (1 + 13 / (12 * h) + (v + s) / (12 * layers * h))
         assert round(paper / 1e9, 1) == row.billions
         workload = table1_estimate(row)
-        exact = stage_parameters(
+        exact = (
             Workload(
                 model=ModelArgs(
                     num_layers=layers, hidden_size=h, num_attention_heads=row.heads, seq_length=s, vocab_size=v
                 )
-            ),
-            tp=1,
-            pp=1,
-        ).first
+            )
+            .parameter_counts(tp=1, pp=1)
+            .total
+        )
         assert exact == pytest.approx(paper, rel=1e-3)
         assert workload.layout.world_size == row.gpus
 
