@@ -13,6 +13,7 @@ import argparse
 import sys
 import time
 
+from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.data.corpus import SOURCES, build_corpus
 
 
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.output}: {size / 1e6:.1f} MB, {docs} ({time.perf_counter() - start:.1f} s)")
     if size < args.target_mb * 1e6 * 0.5:
         print(f"note: only {size / 1e6:.1f} MB of text found for --target-mb {args.target_mb}", file=sys.stderr)
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import sys
 
 import numpy as np
 
+from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.data.indexed import IndexedDatasetError, IndexedDatasetFiles
 from megatron_ext.data.tokenizers import TOKENIZER_TYPES, TokenizerError, build_tokenizer
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             raise TokenizerError("--show needs --tokenizer-type (and its model files) to decode")
     except (IndexedDatasetError, TokenizerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.ERROR
 
     lengths = np.asarray(ds.lengths)
     stats = {

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from megatron_ext.config.exit_codes import SIGNAL_BASE, ExitCode
+
 
 def _forward_to_workers(signum: int, _frame: FrameType | None) -> None:
     import psutil
@@ -78,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return codes.pop() if len(codes) == 1 else 1
     except SignalException as exc:
         # torchrun has forwarded the signal and waited for (or killed) the workers.
-        return 128 + int(exc.sigval)
-    return 0
+        return SIGNAL_BASE + int(exc.sigval)
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

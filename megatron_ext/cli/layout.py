@@ -12,7 +12,7 @@ Exit codes (documented in ``docs/layout-model.md``):
 0     the layout (or, searching, at least one layout) is valid and fits
 2     invalid input or layout: the messages on stderr are the ones
       ``pretrain_gpt.py`` prints for the same flags
-3     valid, but estimated not to fit in GPU memory (by how much and
+5     valid, but estimated not to fit in GPU memory (by how much and
       what to change on stderr)
 ====  ==============================================================
 """
@@ -23,12 +23,13 @@ import argparse
 import dataclasses
 import json
 import sys
-import types
 import typing
 from collections.abc import Sequence
 from typing import Any
 
 from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.flags import add_options, options, value_type
 from megatron_ext.config.layout import LayoutError, ParallelLayout
 from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.estimate.hardware import GIB, PROFILES, get_profile
@@ -44,91 +45,14 @@ from megatron_ext.estimate.search import (
 )
 from megatron_ext.estimate.workload import Workload
 
-EXIT_OK = 0
-EXIT_INVALID = 2
-EXIT_DOES_NOT_FIT = 3
-
-# pretrain_gpt.py flags the calculator models, by argument group (the help text is theirs).
-MODEL_FLAGS = (
-    "num_layers",
-    "hidden_size",
-    "ffn_hidden_size",
-    "num_attention_heads",
-    "group_query_attention",
-    "num_query_groups",
-    "kv_channels",
-    "seq_length",
-    "max_position_embeddings",
-    "position_embedding_type",
-    "swiglu",
-    "normalization",
-    "untie_embeddings_and_output_weights",
-    "disable_bias_linear",
-    "hidden_dropout",
-    "attention_dropout",
-    "vocab_size",
-    "make_vocab_size_divisible_by",
-    "transformer_impl",
-    "attention_backend",
-)
-PARALLEL_FLAGS = {
-    "tensor_model_parallel_size": "--tp",
-    "pipeline_model_parallel_size": "--pp",
-    "virtual_pipeline_model_parallel_size": "--vp",
-    "num_layers_per_virtual_pipeline_stage": None,
-    "sequence_parallel": None,
-    "use_distributed_optimizer": None,
-    "overlap_grad_reduce": None,
-    "overlap_param_gather": None,
-}
-BATCH_FLAGS = ("micro_batch_size", "global_batch_size")
-TRAINING_FLAGS = ("bf16", "fp16", "recompute_granularity", "recompute_method", "recompute_num_layers")
-LAYOUT_FIELDS = (
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "virtual_pipeline_model_parallel_size",
-    "num_layers_per_virtual_pipeline_stage",
-)
-
 
 class CalculatorError(ValueError):
     """Input the calculator cannot use; the message says what to give instead."""
 
 
-def _flag_type(annotation: Any) -> Any:
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return annotation
-
-
-def _add_dataclass_flags(
-    group: argparse._ArgumentGroup, cls: type, names: Sequence[str], aliases: dict[str, str | None] | None = None
-) -> None:
-    """Add ``cls``'s fields ``names`` as pretrain_gpt.py's flags (same names, types and help)."""
-    hints = typing.get_type_hints(cls)
-    by_name = {f.name: f for f in dataclasses.fields(cls)}
-    for name in names:
-        f = by_name[name]
-        flags = ["--" + name.replace("_", "-")]
-        if aliases and aliases.get(name):
-            flags.append(aliases[name])  # type: ignore[arg-type]
-        kwargs: dict[str, Any] = {"dest": name, "help": f.metadata["help"], "default": None}
-        kind = _flag_type(hints[name])
-        if kind is bool:
-            kwargs["action"] = "store_true"
-            kwargs["default"] = False
-        else:
-            kwargs["type"] = kind
-            kwargs["metavar"] = name.split("_")[-1].upper() if kind is int else None
-            if f.metadata.get("choices"):
-                kwargs["choices"] = f.metadata["choices"]
-        if name == "vocab_size":
-            kwargs["help"] = "Tokenizer vocabulary, padded like Megatron (default 50257, GPT-2 BPE, unless --model)."
-        if name == "recompute_granularity":
-            kwargs["choices"] = ["none", "selective", "full"]
-            kwargs["help"] = "Activation recomputation: none (default), selective (attention core) or full."
-        group.add_argument(*flags, **kwargs)
+def _add_modelled_flags(group: argparse._ArgumentGroup, cls: type) -> None:
+    """``cls``'s pretrain_gpt.py flags that the calculator models (``estimate=True`` in the flag table)."""
+    add_options(group, cls, options(cls, estimate=True), suppress_defaults=False, short_aliases=True)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -139,7 +63,7 @@ class _Parser(argparse.ArgumentParser):
                 "\n  the calculator takes the pretrain_gpt.py flags it models (shape, layout, batch, precision, "
                 "recompute, overlap) and no others: remove the rest from its command line (see --help)"
             )
-        self.exit(EXIT_INVALID, f"{self.prog}: error: {message}{hint}\n")
+        self.exit(ExitCode.INVALID, f"{self.prog}: error: {message}{hint}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "3D-parallel layout calculator for Megatron-Core GPT pretraining: enumerate, validate and rank "
             "TP × PP × VP × DP × micro-batch layouts by estimated memory and step time, or evaluate one. "
-            "Exit codes: 0 fits, 2 invalid, 3 valid but does not fit."
+            "Exit codes: 0 fits, 2 invalid, 5 valid but does not fit."
         ),
         allow_abbrev=False,
     )
@@ -177,16 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = parser.add_argument_group("model (pretrain_gpt.py flags)")
     model.add_argument("--model", help=f"Preset shape: {', '.join(PRESETS)}; the flags below override its values.")
-    _add_dataclass_flags(model, ModelArgs, MODEL_FLAGS)
+    _add_modelled_flags(model, ModelArgs)
 
     layout = parser.add_argument_group(
         "layout (pretrain_gpt.py flags; giving TP, PP or VP evaluates that layout instead of searching)"
     )
-    _add_dataclass_flags(layout, ParallelArgs, tuple(PARALLEL_FLAGS), PARALLEL_FLAGS)
+    _add_modelled_flags(layout, ParallelArgs)
     batch = parser.add_argument_group("batch")
-    _add_dataclass_flags(batch, BatchArgs, BATCH_FLAGS)
+    _add_modelled_flags(batch, BatchArgs)
     training = parser.add_argument_group("precision and recomputation (default fp32, like pretrain_gpt.py)")
-    _add_dataclass_flags(training, OptimizerArgs, TRAINING_FLAGS)
+    _add_modelled_flags(training, OptimizerArgs)
 
     out = parser.add_argument_group("output")
     out.add_argument("--top", type=int, default=10, help="Layouts to list in search mode (default 10).")
@@ -230,7 +154,7 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, int | None]:
             raise CalculatorError(str(exc)) from None
         values.update(preset.model_flags())
         preset_batch = preset.global_batch_size
-    for name in MODEL_FLAGS:
+    for name in (f.name for f in options(ModelArgs, estimate=True)):
         value = getattr(args, name)
         if value is not None and value is not False:
             values[name] = value
@@ -481,9 +405,11 @@ def main(
             raise CalculatorError(f"--top must be at least 1, got {args.top}")
     except CalculatorError as exc:
         print(f"error: {exc}", file=err)
-        return EXIT_INVALID
+        return ExitCode.INVALID
     batch = args.global_batch_size if args.global_batch_size is not None else preset_batch
-    evaluate_mode = any(getattr(args, name) is not None for name in LAYOUT_FIELDS)
+    # A layout factor given (any non-switch parallel flag: TP, PP, VP, layers per virtual stage) evaluates it.
+    factors = [f.name for f in options(ParallelArgs, estimate=True) if value_type(ParallelArgs, f.name)[0] is not bool]
+    evaluate_mode = any(getattr(args, name) is not None for name in factors)
     if evaluate_mode:
         return _evaluate_mode(args, workload, cluster, batch, out, err)
     return _search_mode(args, workload, cluster, batch, out, err)
@@ -506,7 +432,7 @@ def _evaluate_mode(
                 json.dumps(_json_header(workload, cluster, "evaluate") | {"layouts": [], "errors": exc.problems}),
                 file=out,
             )
-        return EXIT_INVALID
+        return ExitCode.INVALID
     estimate = evaluate(workload, layout, cluster)
     if args.json:
         doc = _json_header(workload, cluster, "evaluate") | {"layouts": [_record(estimate, workload)], "errors": []}
@@ -527,8 +453,8 @@ def _evaluate_mode(
             use_distributed_optimizer=layout.use_distributed_optimizer,
         )
         print(_does_not_fit_message(estimate, workload, alternatives), file=err)
-        return EXIT_DOES_NOT_FIT
-    return EXIT_OK
+        return ExitCode.DOES_NOT_FIT
+    return ExitCode.OK
 
 
 def _search_mode(
@@ -541,7 +467,7 @@ def _search_mode(
 ) -> int:
     if batch is None:
         print("error: searching needs --global-batch-size (or --model NAME, whose paper's batch is used)", file=err)
-        return EXIT_INVALID
+        return ExitCode.INVALID
     result = search(
         workload,
         cluster,
@@ -561,7 +487,7 @@ def _search_mode(
                 json.dumps(_json_header(workload, cluster, "search") | {"layouts": [], "errors": result.problems}),
                 file=out,
             )
-        return EXIT_INVALID
+        return ExitCode.INVALID
     shown = result.estimates[: args.top]
     fitting = result.fitting
     if args.json:
@@ -601,5 +527,5 @@ def _search_mode(
             "more GPUs, or a GPU with more memory",
             file=err,
         )
-        return EXIT_DOES_NOT_FIT
-    return EXIT_OK
+        return ExitCode.DOES_NOT_FIT
+    return ExitCode.OK

@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.data.indexed import IndexedDatasetError, merge_datasets
 
 
@@ -46,12 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         writer = merge_datasets(prefixes, args.output_prefix)
     except IndexedDatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.ERROR
     print(
         f"merged {len(prefixes)} datasets into {args.output_prefix}: {writer.num_documents:,} documents, "
         f"{writer.num_sequences:,} sequences, {writer.num_tokens:,} tokens ({writer.dtype})"
     )
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.layout import LayoutError
 from megatron_ext.estimate.schedule import PipelinePass, schedule_order, simulate, validate
 from megatron_ext.estimate.schedule_plot import write
@@ -52,10 +53,10 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         validate(pp=args.pp, vp=args.vp, num_microbatches=args.num_microbatches)
     except LayoutError as exc:
         print(f"error: {exc}", file=err)
-        return 2
+        return ExitCode.INVALID
     if args.width < 400:
         print(f"error: --width must be at least 400 pixels, got {args.width}", file=err)
-        return 2
+        return ExitCode.INVALID
     orders: list[list[PipelinePass]] | None = None
     if args.trace is not None:
         from megatron_ext.training.schedule_trace import load_trace
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
                 f"for every pipeline rank (found ranks {sorted(recorded)})",
                 file=err,
             )
-            return 2
+            return ExitCode.INVALID
         orders = [recorded[r][:per_step] for r in range(args.pp)]
     try:
         timeline = simulate(
@@ -82,7 +83,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         )
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=err)
-        return 2
+        return ExitCode.INVALID
     stem = args.output or Path(f"schedule_p{args.pp}_v{args.vp}_m{args.num_microbatches}")
     png, svg = write(timeline, stem, width=args.width)
     p, v, m = args.pp, args.vp, args.num_microbatches
@@ -97,4 +98,4 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
             order = orders[rank] if orders else schedule_order(pp=p, vp=v, num_microbatches=m, pipeline_rank=rank)
             print(f"rank {rank}: " + " ".join(f"{s.kind}{s.microbatch}.{s.chunk}" for s in order), file=out)
     print(f"wrote {png} and {svg}", file=out)
-    return 0
+    return ExitCode.OK

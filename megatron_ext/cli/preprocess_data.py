@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 
+from megatron_ext.config.exit_codes import SIGNAL_BASE, ExitCode
 from megatron_ext.data import preprocess
 from megatron_ext.data.tokenizers import TOKENIZER_TYPES, TokenizerError
 
@@ -74,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
             "error: --split-sentences/--keep-newlines are not supported (GPT pretraining uses documents)",
             file=sys.stderr,
         )
-        return 2
+        return ExitCode.INVALID
     if args.partitions < 1 or args.workers % args.partitions:
         print(f"error: --workers {args.workers} must be a multiple of --partitions {args.partitions}", file=sys.stderr)
-        return 2
+        return ExitCode.INVALID
     spec = preprocess.TokenizerSpec(
         tokenizer_type=args.tokenizer_type,
         tokenizer_model=args.tokenizer_model,
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = preprocess.run(spec, opts)
     except (preprocess.PreprocessError, TokenizerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.ERROR
     except KeyboardInterrupt as exc:
         # The shell's convention: 128 + the signal (130 for Ctrl-C/SIGINT, 143 for SIGTERM, 129 for SIGHUP).
         signum = getattr(exc, "signum", signal.SIGINT)
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             print(f"\ninterrupted ({exc or 'Ctrl-C'}): nothing was written", file=sys.stderr)
-        return 128 + int(signum)
+        return SIGNAL_BASE + int(signum)
     report = preprocess.report_path(args.output_prefix)
     preprocess.write_report(summary, report)
     if not args.quiet:
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if any(s.skipped.values()):
             counts = ", ".join(f"{r}: {n:,}" for r, n in s.skipped.items() if n)
             print(f"  skipped bad lines: {counts} (see {report})", file=sys.stderr)
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

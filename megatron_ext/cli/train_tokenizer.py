@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.data.preprocess import expand_inputs
 
 
@@ -150,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     except (RuntimeError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.ERROR
     print(
         f"wrote {model} and {vocab} ({args.model_type}, {args.vocab_size:,} pieces, "
         f"{time.perf_counter() - start:.1f} s)"
     )
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -12,12 +12,11 @@ import argparse
 import dataclasses
 import importlib.util
 import os
-import types
-import typing
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from megatron_ext.config.flags import add_options, opt
 from megatron_ext.config.layout import ParallelLayout
 
 
@@ -25,54 +24,52 @@ class ConfigError(ValueError):
     """Contradictory or out-of-range options (not layout rules: see LayoutError)."""
 
 
-def opt(
-    default: Any,
-    help: str,
-    *,
-    choices: Sequence[Any] | None = None,
-    flag: str | None = None,
-    aliases: Sequence[str] = (),
-) -> Any:
-    """A dataclass field that is also a command-line option (``flag`` and ``aliases`` override its name)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag, "aliases": tuple(aliases)})
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelArgs:
     """Shape of the GPT."""
 
-    num_layers: int = opt(2, "Number of transformer layers.")
-    hidden_size: int = opt(64, "Transformer hidden size.")
+    num_layers: int = opt(2, "Number of transformer layers.", estimate=True)
+    hidden_size: int = opt(64, "Transformer hidden size.", estimate=True)
     ffn_hidden_size: int | None = opt(
-        None, "MLP hidden size (default 4 × hidden, or 8/3 × hidden rounded to 64 with --swiglu)."
+        None, "MLP hidden size (default 4 × hidden, or 8/3 × hidden rounded to 64 with --swiglu).", estimate=True
     )
-    num_attention_heads: int = opt(4, "Number of attention heads.")
-    group_query_attention: bool = opt(False, "Use grouped-query attention (see --num-query-groups).")
-    num_query_groups: int | None = opt(None, "Number of key/value groups with --group-query-attention.")
-    kv_channels: int | None = opt(None, "Projection size per head (default hidden / heads).")
-    seq_length: int = opt(128, "Sequence length in tokens.")
+    num_attention_heads: int = opt(4, "Number of attention heads.", estimate=True)
+    group_query_attention: bool = opt(False, "Use grouped-query attention (see --num-query-groups).", estimate=True)
+    num_query_groups: int | None = opt(None, "Number of key/value groups with --group-query-attention.", estimate=True)
+    kv_channels: int | None = opt(None, "Projection size per head (default hidden / heads).", estimate=True)
+    seq_length: int = opt(128, "Sequence length in tokens.", estimate=True)
     max_position_embeddings: int | None = opt(
-        None, "Positions of the learned position embedding (default --seq-length)."
+        None, "Positions of the learned position embedding (default --seq-length).", estimate=True
     )
     position_embedding_type: str = opt(
-        "learned_absolute", "Position embedding.", choices=["learned_absolute", "rope", "none"]
+        "learned_absolute", "Position embedding.", choices=["learned_absolute", "rope", "none"], estimate=True
     )
     rotary_base: int = opt(10000, "Base of the rotary embedding with rope.")
     rotary_percent: float = opt(1.0, "Share of each head's dimensions that rope rotates.")
-    swiglu: bool = opt(False, "Use a SwiGLU MLP (gated SiLU) instead of GeLU.")
-    normalization: str = opt("LayerNorm", "Normalization layer.", choices=["LayerNorm", "RMSNorm"])
+    swiglu: bool = opt(False, "Use a SwiGLU MLP (gated SiLU) instead of GeLU.", estimate=True)
+    normalization: str = opt("LayerNorm", "Normalization layer.", choices=["LayerNorm", "RMSNorm"], estimate=True)
     norm_epsilon: float = opt(1e-5, "Epsilon of the normalization layers.")
-    untie_embeddings_and_output_weights: bool = opt(False, "Separate input embedding and output layer weights.")
-    disable_bias_linear: bool = opt(False, "No bias in the linear layers.")
-    hidden_dropout: float = opt(0.1, "Dropout probability after attention and MLP.")
-    attention_dropout: float = opt(0.1, "Dropout probability on attention scores.")
+    untie_embeddings_and_output_weights: bool = opt(
+        False, "Separate input embedding and output layer weights.", estimate=True
+    )
+    disable_bias_linear: bool = opt(False, "No bias in the linear layers.", estimate=True)
+    hidden_dropout: float = opt(0.1, "Dropout probability after attention and MLP.", estimate=True)
+    attention_dropout: float = opt(0.1, "Dropout probability on attention scores.", estimate=True)
     init_method_std: float = opt(0.02, "Standard deviation of the normal weight initialisation.")
-    vocab_size: int | None = opt(None, "Vocabulary size of the null tokenizer (mock data); padded like Megatron.")
-    make_vocab_size_divisible_by: int = opt(128, "Pad the vocabulary to a multiple of this × tensor-parallel size.")
+    vocab_size: int | None = opt(
+        None,
+        "Vocabulary before padding: the null tokenizer's (mock data) here; the tokenizer's in the layout calculator "
+        "(default there 50257, GPT-2 BPE, unless --model).",
+        estimate=True,
+    )
+    make_vocab_size_divisible_by: int = opt(
+        128, "Pad the vocabulary to a multiple of this × tensor-parallel size.", estimate=True
+    )
     transformer_impl: str = opt(
         "auto",
         "Layer implementation: transformer_engine, local, or auto (TE when importable on GPU).",
         choices=["auto", "local", "transformer_engine"],
+        estimate=True,
     )
     attention_backend: str = opt(
         "auto",
@@ -81,6 +78,7 @@ class ModelArgs:
         "(memory-efficient) or unfused (math) kernel (auto: PyTorch chooses); local: Megatron-Core's own "
         "DotProductAttention.",
         choices=["auto", "flash", "fused", "unfused", "local"],
+        estimate=True,
     )
     cross_entropy_loss_fusion: bool = opt(False, "Fused vocabulary-parallel cross entropy (GPU).")
     no_bias_gelu_fusion: bool = opt(False, "Do not fuse bias and GeLU (fused on GPU by default).")
@@ -128,27 +126,40 @@ class ModelArgs:
 class ParallelArgs:
     """How the model and the batch are split over processes."""
 
-    tensor_model_parallel_size: int = opt(1, "Tensor-parallel size (keep it within a node).")
-    pipeline_model_parallel_size: int = opt(1, "Pipeline-parallel size (stages across nodes).")
+    tensor_model_parallel_size: int = opt(
+        1, "Tensor-parallel size (keep it within a node).", estimate=True, short="--tp", env="TP"
+    )
+    pipeline_model_parallel_size: int = opt(
+        1, "Pipeline-parallel size (stages across nodes).", estimate=True, short="--pp", env="PP"
+    )
     num_layers_per_virtual_pipeline_stage: int | None = opt(
-        None, "Layers per virtual stage: turns on the interleaved 1F1B schedule."
+        None, "Layers per virtual stage: turns on the interleaved 1F1B schedule.", estimate=True
     )
     virtual_pipeline_model_parallel_size: int | None = opt(
-        None, "Virtual stages (model chunks) per pipeline rank; interleaved 1F1B when > 1."
+        None, "Virtual stages (model chunks) per pipeline rank; interleaved 1F1B when > 1.", estimate=True, short="--vp"
     )
-    sequence_parallel: bool = opt(False, "Sequence parallelism in the TP regions (needs TP > 1).")
-    use_distributed_optimizer: bool = opt(False, "Shard optimizer state over data-parallel ranks.")
-    overlap_grad_reduce: bool = opt(False, "Overlap the gradient reduce-scatter with backward.")
+    sequence_parallel: bool = opt(
+        False, "Sequence parallelism in the TP regions (needs TP > 1).", estimate=True, env="SEQUENCE_PARALLEL"
+    )
+    use_distributed_optimizer: bool = opt(
+        False, "Shard optimizer state over data-parallel ranks.", estimate=True, env="DISTRIBUTED_OPTIMIZER"
+    )
+    overlap_grad_reduce: bool = opt(False, "Overlap the gradient reduce-scatter with backward.", estimate=True)
     overlap_param_gather: bool = opt(
-        False, "Overlap the parameter all-gather with forward (needs the distributed optimizer)."
+        False, "Overlap the parameter all-gather with forward (needs the distributed optimizer).", estimate=True
     )
     world_size: int | None = opt(None, "World size for --dry-run (default: $WORLD_SIZE, or 1). Ignored in real runs.")
 
 
 @dataclass(frozen=True, kw_only=True)
 class BatchArgs:
-    micro_batch_size: int = opt(1, "Sequences per microbatch per data-parallel rank.")
-    global_batch_size: int | None = opt(None, "Sequences per optimizer step over all ranks (default micro-batch × DP).")
+    micro_batch_size: int = opt(1, "Sequences per microbatch per data-parallel rank.", estimate=True, env="MICRO_BATCH")
+    global_batch_size: int | None = opt(
+        None,
+        "Sequences per optimizer step over all ranks (default micro-batch × DP).",
+        estimate=True,
+        env="GLOBAL_BATCH",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,14 +176,18 @@ class OptimizerArgs:
     adam_eps: float = opt(1e-8, "Adam epsilon.")
     sgd_momentum: float = opt(0.9, "SGD momentum.")
     clip_grad: float = opt(1.0, "Clip the global gradient norm to this (0 disables).")
-    bf16: bool = opt(False, "bf16 mixed precision (fp32 master weights).")
-    fp16: bool = opt(False, "fp16 mixed precision with dynamic loss scaling.")
+    bf16: bool = opt(False, "bf16 mixed precision (fp32 master weights).", estimate=True)
+    fp16: bool = opt(False, "fp16 mixed precision with dynamic loss scaling.", estimate=True)
     loss_scale: float | None = opt(None, "Static loss scale for fp16 (default dynamic).")
     initial_loss_scale: float = opt(2.0**32, "Initial dynamic loss scale for fp16.")
     seed: int = opt(1234, "Random seed.")
-    recompute_granularity: str | None = opt(None, "Activation recomputation.", choices=["full", "selective"])
-    recompute_method: str | None = opt(None, "With full recomputation: which layers.", choices=["uniform", "block"])
-    recompute_num_layers: int | None = opt(None, "With full recomputation: layers per group.")
+    recompute_granularity: str | None = opt(
+        None, "Activation recomputation.", choices=["full", "selective"], estimate=True
+    )
+    recompute_method: str | None = opt(
+        None, "With full recomputation: which layers.", choices=["uniform", "block"], estimate=True
+    )
+    recompute_num_layers: int | None = opt(None, "With full recomputation: layers per group.", estimate=True)
     calculate_per_token_loss: bool = opt(
         False, "Average the loss over all tokens of the step instead of per microbatch."
     )
@@ -196,12 +211,16 @@ class DataArgs:
     data_path: tuple[str, ...] = opt(
         (), "Indexed dataset prefixes (no .bin/.idx), optionally weighted: 'P1 P2 …' or 'W1 P1 W2 P2 …'."
     )
-    split: str = opt("969,30,1", "Train/valid/test proportions of --data-path (Megatron's split string).")
+    split: str = opt(
+        "969,30,1", "Train/valid/test proportions of --data-path (Megatron's split string).", env="DATA_SPLIT"
+    )
     train_data_path: tuple[str, ...] = opt((), "Training blend when the splits come from separate datasets.")
     valid_data_path: tuple[str, ...] = opt((), "Validation blend (with --train-data-path).")
     test_data_path: tuple[str, ...] = opt((), "Test blend (with --train-data-path).")
     data_cache_path: str | None = opt(
-        None, "Where Megatron-Core caches its sample/shuffle indices (default: next to each dataset)."
+        None,
+        "Where Megatron-Core caches its sample/shuffle indices (default: next to each dataset).",
+        env="DATA_CACHE_PATH",
     )
     tokenizer_type: str = opt(
         "NullTokenizer",
@@ -213,8 +232,11 @@ class DataArgs:
             "GPT2BPETokenizer",
             "HuggingFaceTokenizer",
         ],
+        env="TOKENIZER_TYPE",
     )
-    tokenizer_model: str | None = opt(None, "SentencePiece .model file, or a local Hugging Face tokenizer directory.")
+    tokenizer_model: str | None = opt(
+        None, "SentencePiece .model file, or a local Hugging Face tokenizer directory.", env="TOKENIZER_MODEL"
+    )
     vocab_file: str | None = opt(None, "GPT2BPETokenizer: vocab.json.")
     merge_file: str | None = opt(None, "GPT2BPETokenizer: merges.txt.")
     num_workers: int = opt(0, "Data-loader worker processes.")
@@ -231,13 +253,15 @@ class DataArgs:
 
 @dataclass(frozen=True, kw_only=True)
 class RunArgs:
-    train_iters: int = opt(10, "Optimizer steps to train.")
-    log_interval: int = opt(1, "Log every this many iterations.")
-    eval_interval: int = opt(0, "Evaluate every this many iterations (0: only at the end if --eval-iters).")
-    eval_iters: int = opt(0, "Batches per evaluation (0 disables evaluation).")
+    train_iters: int = opt(10, "Optimizer steps to train.", env="TRAIN_ITERS")
+    log_interval: int = opt(1, "Log every this many iterations.", env="LOG_INTERVAL")
+    eval_interval: int = opt(
+        0, "Evaluate every this many iterations (0: only at the end if --eval-iters).", env="EVAL_INTERVAL"
+    )
+    eval_iters: int = opt(0, "Batches per evaluation (0 disables evaluation).", env="EVAL_ITERS")
     save: str | None = opt(None, "Directory to save checkpoints into.")
     load: str | None = opt(None, "Directory to load a checkpoint from.")
-    save_interval: int = opt(0, "Save every this many iterations (0: only at the end).")
+    save_interval: int = opt(0, "Save every this many iterations (0: only at the end).", env="SAVE_INTERVAL")
     exit_interval: int = opt(
         0, "Save a checkpoint and stop (exit code 75) after an iteration divisible by this (0: never)."
     )
@@ -287,11 +311,13 @@ class RunArgs:
     )
     no_load_rng: bool = opt(False, "Do not load RNG state from --load.")
     finetune: bool = opt(False, "Load only the model from --load and start at iteration 0.")
-    tensorboard_dir: str | None = opt(None, "Write TensorBoard scalars here.")
-    metrics_file: str | None = opt(None, "Append one JSON object per logged iteration (JSON Lines).")
+    tensorboard_dir: str | None = opt(None, "Write TensorBoard scalars here.", env="TENSORBOARD_DIR")
+    metrics_file: str | None = opt(
+        None, "Append one JSON object per logged iteration (JSON Lines).", env="METRICS_FILE"
+    )
     dry_run: bool = opt(False, "Validate and print the plan; create no process group; exit 0 if valid.")
     device: str = opt(
-        "auto", "Where to run: cuda, cpu, or auto (cuda when available).", choices=["auto", "cuda", "cpu"]
+        "auto", "Where to run: cuda, cpu, or auto (cuda when available).", choices=["auto", "cuda", "cpu"], env="DEVICE"
     )
     distributed_timeout_minutes: int = opt(10, "Timeout of collective operations.")
     timing_log_level: int = opt(
@@ -339,7 +365,7 @@ def pad_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> 
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
-_GROUPS: dict[str, type] = {
+GROUPS: dict[str, type] = {
     "model": ModelArgs,
     "parallel": ParallelArgs,
     "batch": BatchArgs,
@@ -349,51 +375,21 @@ _GROUPS: dict[str, type] = {
 }
 
 
-def _base_type(tp: Any) -> tuple[Any, bool]:
-    """(element type, is_list) of a possibly Optional annotation."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        origin = typing.get_origin(tp)
-    if origin is tuple:
-        return typing.get_args(tp)[0], True
-    return tp, False
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Pretrain a GPT with Megatron-Core (TP × interleaved PP × DP).",
         allow_abbrev=False,
     )
-    for group_name, cls in _GROUPS.items():
+    for group_name, cls in GROUPS.items():
         group = parser.add_argument_group(group_name, cls.__doc__)
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-            tp, is_list = _base_type(hints[f.name])
-            kwargs: dict[str, Any] = {
-                "dest": f"{group_name}.{f.name}",
-                "help": f.metadata["help"],
-                # Only options given on the command line reach the dataclasses.
-                "default": argparse.SUPPRESS,
-            }
-            if tp is bool:
-                kwargs["action"] = "store_true"
-            else:
-                kwargs["type"] = tp
-                kwargs["metavar"] = f.name.upper()
-                if is_list:
-                    kwargs["nargs"] = "+"
-                if f.metadata.get("choices"):
-                    kwargs["choices"] = f.metadata["choices"]
-            group.add_argument(flag, *f.metadata.get("aliases", ()), **kwargs)
+        add_options(group, cls, dataclasses.fields(cls), dest=group_name + ".{name}")
     return parser
 
 
 def parse_args(argv: Sequence[str] | None = None, *, world_size: int | None = None) -> TrainingConfig:
     """Parse and validate. Raises ConfigError or LayoutError with every problem named."""
     namespace = build_parser().parse_args(argv)
-    given: dict[str, dict[str, Any]] = {name: {} for name in _GROUPS}
+    given: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
     for dest, value in vars(namespace).items():
         group, name = dest.split(".", 1)
         given[group][name] = tuple(value) if isinstance(value, list) else value
@@ -402,7 +398,7 @@ def parse_args(argv: Sequence[str] | None = None, *, world_size: int | None = No
 
 def make_config(*, world_size: int | None = None, **groups: dict[str, Any]) -> TrainingConfig:
     """Build a TrainingConfig from per-group keyword dicts (as parse_args does)."""
-    built = {name: cls(**groups.get(name, {})) for name, cls in _GROUPS.items()}
+    built = {name: cls(**groups.get(name, {})) for name, cls in GROUPS.items()}
     model: ModelArgs = built["model"]
     parallel: ParallelArgs = built["parallel"]
     batch: BatchArgs = built["batch"]

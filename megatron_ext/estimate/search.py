@@ -20,7 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_ext.config.arguments import ModelArgs
+from megatron_ext.config.arguments import BatchArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.flags import options, to_argv
 from megatron_ext.config.layout import ParallelLayout, divisors
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.memory import MemoryEstimate, estimate_memory
@@ -252,59 +253,49 @@ def search(
 
 
 def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
-    """The ``pretrain_gpt.py`` flags of this model and layout, ready for a recipe."""
+    """The ``pretrain_gpt.py`` flags of this model and layout, ready for a recipe (the flag table's spelling)."""
     m = workload.model
-    flags = [
-        f"--num-layers {m.num_layers}",
-        f"--hidden-size {m.hidden_size}",
-        f"--num-attention-heads {m.num_attention_heads}",
-        f"--seq-length {m.seq_length}",
-        f"--max-position-embeddings {m.max_position_embeddings or m.seq_length}",
-        f"--vocab-size {m.vocab_size}",
+    full = workload.recompute_granularity == "full"
+    parallel = ParallelArgs(
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        num_layers_per_virtual_pipeline_stage=layout.layers_per_virtual_stage if layout.interleaved else None,
+        sequence_parallel=layout.sequence_parallel,
+        use_distributed_optimizer=layout.use_distributed_optimizer,
+        overlap_grad_reduce=workload.overlap_grad_reduce,
+        overlap_param_gather=workload.overlap_param_gather,
+    )
+    batch = BatchArgs(micro_batch_size=layout.micro_batch_size, global_batch_size=layout.global_batch_size)
+    training = OptimizerArgs(
+        bf16=workload.precision == "bf16",
+        fp16=workload.precision == "fp16",
+        recompute_granularity=None if workload.recompute_granularity == "none" else workload.recompute_granularity,
+        recompute_method=workload.recompute_method if full else None,
+        recompute_num_layers=workload.recompute_num_layers if full else None,
+    )
+    shape = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size")
+    groups: list[tuple[Any, tuple[str, ...]]] = [
+        (m, shape),
+        (parallel, ("tensor_model_parallel_size", "pipeline_model_parallel_size")),
+        (batch, ("micro_batch_size", "global_batch_size")),
+        (training, ()),
     ]
-    if m.ffn_hidden_size is not None:
-        flags.append(f"--ffn-hidden-size {m.ffn_hidden_size}")
-    if m.group_query_attention:
-        flags.append(f"--group-query-attention --num-query-groups {m.num_query_groups}")
-    if m.kv_channels is not None:
-        flags.append(f"--kv-channels {m.kv_channels}")
-    for name in ("swiglu", "untie_embeddings_and_output_weights", "disable_bias_linear"):
-        if getattr(m, name):
-            flags.append("--" + name.replace("_", "-"))
-    if m.normalization != "LayerNorm":
-        flags.append(f"--normalization {m.normalization}")
-    if m.position_embedding_type != "learned_absolute":
-        flags.append(f"--position-embedding-type {m.position_embedding_type}")
-    defaults = ModelArgs(num_layers=1, hidden_size=1, num_attention_heads=1)
-    for name in ("hidden_dropout", "attention_dropout", "make_vocab_size_divisible_by", "transformer_impl",
-                 "attention_backend"):  # fmt: skip
-        if getattr(m, name) != getattr(defaults, name):
-            flags.append(f"--{name.replace('_', '-')} {getattr(m, name)}")
-    flags += [
-        f"--tensor-model-parallel-size {layout.tp}",
-        f"--pipeline-model-parallel-size {layout.pp}",
+    return [
+        " ".join(pair)
+        for values, always in groups
+        for pair in _pairs(to_argv(values, only=[f.name for f in options(type(values), estimate=True)], always=always))
     ]
-    if layout.interleaved:
-        flags.append(f"--num-layers-per-virtual-pipeline-stage {layout.layers_per_virtual_stage}")
-    if layout.sequence_parallel:
-        flags.append("--sequence-parallel")
-    if layout.use_distributed_optimizer:
-        flags.append("--use-distributed-optimizer")
-    if workload.overlap_grad_reduce:
-        flags.append("--overlap-grad-reduce")
-    if workload.overlap_param_gather:
-        flags.append("--overlap-param-gather")
-    flags += [f"--micro-batch-size {layout.micro_batch_size}", f"--global-batch-size {layout.global_batch_size}"]
-    if workload.precision != "fp32":
-        flags.append(f"--{workload.precision}")
-    if workload.recompute_granularity == "selective":
-        flags.append("--recompute-granularity selective")
-    elif workload.recompute_granularity == "full":
-        flags.append(
-            f"--recompute-granularity full --recompute-method {workload.recompute_method} "
-            f"--recompute-num-layers {workload.recompute_num_layers}"
-        )
-    return flags
+
+
+def _pairs(argv: list[str]) -> list[list[str]]:
+    """Split a command line into one list per flag with its values (for one flag per line)."""
+    out: list[list[str]] = []
+    for arg in argv:
+        if arg.startswith("--") or not out:
+            out.append([arg])
+        else:
+            out[-1].append(arg)
+    return out
 
 
 def slurm_counts(cluster: Cluster) -> dict[str, int]:

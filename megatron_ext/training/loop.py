@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_ext.config.arguments import ConfigError, TrainingConfig, parse_args
+from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.layout import LayoutError
 from megatron_ext.estimate import plan
 from megatron_ext.estimate.flops import flops_per_step
@@ -67,12 +68,12 @@ def pretrain(
         cfg = parse_args(argv)
     except (ConfigError, LayoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return resilience.EXIT_CONFIG
+        return ExitCode.INVALID
     if cfg.run.dry_run:
         print("configuration is valid")
         for line in plan.describe(cfg):
             print(f"  {line}")
-        return resilience.EXIT_OK
+        return ExitCode.OK
 
     # As early as possible: SLURM's pre-time-limit signal can come during the
     # rendezvous, model building or checkpoint loading, and would kill the process.
@@ -96,10 +97,10 @@ def pretrain(
         return trainer.train(signal_flag=signal_flag, started=started)
     except checkpointing.CheckpointError as exc:
         log.error("checkpoint error: %s", exc)
-        return resilience.EXIT_CHECKPOINT
+        return ExitCode.CHECKPOINT
     except resilience.NonFiniteLossError as exc:
         log.error("%s", exc)
-        return resilience.EXIT_NON_FINITE
+        return ExitCode.NON_FINITE
     finally:
         distributed.destroy()
 
@@ -473,7 +474,7 @@ class Trainer:
         if stop is not None:
             # 75 promises a checkpoint to continue from; without --save there is none,
             # and a requeue would start over.
-            code = resilience.EXIT_SAVED_AND_STOPPED if run.save else resilience.EXIT_OK
+            code = ExitCode.SAVED_AND_STOPPED if run.save else ExitCode.OK
             if self.ctx.is_logging_rank:
                 saved = (
                     f"checkpoint of iteration {self.iteration} saved (run again to continue)"
@@ -486,7 +487,7 @@ class Trainer:
             return code
         if self.ctx.is_logging_rank:
             log.info("done: %d iterations, %d skipped", self.iteration, self.skipped_iterations)
-        return resilience.EXIT_OK
+        return ExitCode.OK
 
     def _log_bubble(self) -> None:
         """The measured pipeline bubble of the whole run next to (p-1)/(v*m) (level-2 timers)."""

@@ -5,7 +5,7 @@ signal arrived on *any* rank (SIGTERM, SIGUSR1 or SIGUSR2 with
 ``--exit-signal-handler``), the *longest*-running rank passed
 ``--exit-duration-in-mins``, or ``--exit-interval`` was reached. One
 all-reduce (MAX) makes the decision identical everywhere, so all ranks save
-the same checkpoint and leave together with :data:`EXIT_SAVED_AND_STOPPED`,
+the same checkpoint and leave together with :attr:`ExitCode.SAVED_AND_STOPPED`,
 which a recipe can answer by requeueing the job.
 
 Exit codes of ``pretrain_gpt.py`` (kept through ``python -m megatron_ext.cli.launch``):
@@ -33,13 +33,6 @@ from types import FrameType
 
 import torch
 import torch.distributed as dist
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_CONFIG = 2
-EXIT_CHECKPOINT = 3
-EXIT_NON_FINITE = 4
-EXIT_SAVED_AND_STOPPED = 75
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from megatron_ext.cli.layout import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK
 from megatron_ext.cli.layout import main as run
 from megatron_ext.config.arguments import ModelArgs, parse_args
+from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.layout import LayoutError, ParallelLayout
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.search import Cluster, search
@@ -114,7 +114,7 @@ def _pretrain_spelling(args: str) -> str:
 @pytest.mark.parametrize(("rule", "args", "world"), RULE_CASES, ids=[c[0] for c in RULE_CASES])
 def test_invalid_layouts_get_pretrain_gpts_messages(rule: str, args: str, world: int) -> None:
     code, out, err = calc(f"--gpus {world} --gpus-per-node 8 --gpu a100-80g --bf16 {args}")
-    assert code == EXIT_INVALID, (rule, err)
+    assert code == ExitCode.INVALID, (rule, err)
     assert err.startswith("error: invalid parallel layout:")
     assert listed(err) == pretrain_problems(_pretrain_spelling(args), world)
     assert out == ""
@@ -122,7 +122,7 @@ def test_invalid_layouts_get_pretrain_gpts_messages(rule: str, args: str, world:
 
 def test_tp_beyond_a_node_is_refused_with_the_layout_rule() -> None:
     code, _, err = calc(f"--gpus 32 --gpus-per-node 8 {SHAPE_13B} --tp 10 --bf16")
-    assert code == EXIT_INVALID
+    assert code == ExitCode.INVALID
     assert "tensor_model_parallel_size=10 exceeds gpus_per_node=8; tensor parallelism must stay within a node" in err
 
 
@@ -145,32 +145,32 @@ def test_dry_run_and_calculator_print_the_same_error() -> None:
 
 def test_config_errors_use_pretrain_gpts_messages() -> None:
     code, _, err = calc("--gpus 8 --num-layers 2 --hidden-size 100 --num-attention-heads 3 --seq-length 8")
-    assert code == EXIT_INVALID
+    assert code == ExitCode.INVALID
     assert "hidden_size=100 is not divisible by num_attention_heads=3; set --kv-channels or change one" in err
     code, _, err = calc(f"--gpus 8 {SHAPE_13B} --bf16 --fp16")
-    assert code == EXIT_INVALID and "--bf16 and --fp16 are mutually exclusive; choose one" in err
+    assert code == ExitCode.INVALID and "--bf16 and --fp16 are mutually exclusive; choose one" in err
     code, _, err = calc(f"--gpus 8 {SHAPE_13B} --recompute-method uniform")
-    assert code == EXIT_INVALID and "--recompute-method is only used with --recompute-granularity full" in err
+    assert code == ExitCode.INVALID and "--recompute-method is only used with --recompute-granularity full" in err
     code, _, err = calc(f"--gpus 8 {SHAPE_13B} --overlap-param-gather --global-batch-size 8")
-    assert code == EXIT_INVALID and "--overlap-param-gather needs --use-distributed-optimizer" in err
+    assert code == ExitCode.INVALID and "--overlap-param-gather needs --use-distributed-optimizer" in err
 
 
 def test_bad_cluster_and_model_input_is_named() -> None:
     code, _, err = calc(f"{SHAPE_13B} --global-batch-size 64")
-    assert code == EXIT_INVALID and "give the GPU count: --gpus N" in err
+    assert code == ExitCode.INVALID and "give the GPU count: --gpus N" in err
     code, _, err = calc(f"--gpus 12 --gpus-per-node 8 {SHAPE_13B} --global-batch-size 48")
-    assert code == EXIT_INVALID and "--gpus 12 is not a whole number of 8-GPU nodes; use 8 or 16 GPUs" in err
+    assert code == ExitCode.INVALID and "--gpus 12 is not a whole number of 8-GPU nodes; use 8 or 16 GPUs" in err
     code, _, err = calc("--gpus 8 --gpu b300 --model gpt3-126m")
-    assert code == EXIT_INVALID and "unknown --gpu 'b300'; choose one of a100-40g, a100-80g, h100-sxm, h200" in err
+    assert code == ExitCode.INVALID and "unknown --gpu 'b300'; choose one of a100-40g, a100-80g, h100-sxm, h200" in err
     code, _, err = calc("--gpus 8 --model gpt5")
-    assert code == EXIT_INVALID and "unknown --model 'gpt5'; choose one of gpt3-126m" in err
+    assert code == ExitCode.INVALID and "unknown --model 'gpt5'; choose one of gpt3-126m" in err
     code, _, err = calc("--gpus 8 --hidden-size 1024 --global-batch-size 8")
     assert (
-        code == EXIT_INVALID
+        code == ExitCode.INVALID
         and "give --model NAME or the model shape: --num-layers, --num-attention-heads missing" in err
     )
     code, _, err = calc(f"--gpus 8 {SHAPE_13B}")
-    assert code == EXIT_INVALID and "searching needs --global-batch-size" in err
+    assert code == ExitCode.INVALID and "searching needs --global-batch-size" in err
 
 
 def test_unknown_flags_are_rejected_not_ignored() -> None:
@@ -232,7 +232,7 @@ def test_search_offers_only_tp_sizes_that_divide_the_mlp_width() -> None:
     assert {e.layout.tp for e in result.estimates} == {1, 2}
     code, _, err = calc("--gpus 8 --num-layers 8 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 170 "
                         "--seq-length 64 --global-batch-size 16 --tp 4 --bf16")  # fmt: skip
-    assert code == EXIT_INVALID
+    assert code == ExitCode.INVALID
     assert listed(err) == ["ffn_hidden_size=170 is not divisible by tensor(4); use TP in [1, 2, 5] or an ffn_hidden_size "
                            "of 168 or 172"]  # fmt: skip
 
@@ -261,7 +261,7 @@ def check_layout_record(record: dict) -> None:
 def test_the_recipes_command_exits_0_with_one_layout_in_json() -> None:
     proc = subprocess.run([sys.executable, str(LAYOUT_TOOL), *RECIPE_COMMAND.split()], capture_output=True, text=True,
                           cwd=REPO, timeout=60)  # fmt: skip
-    assert proc.returncode == EXIT_OK, proc.stderr
+    assert proc.returncode == ExitCode.OK, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["mode"] == "evaluate" and doc["errors"] == []
     (record,) = doc["layouts"]
@@ -274,7 +274,7 @@ def test_the_recipes_command_exits_0_with_one_layout_in_json() -> None:
 
 def test_search_json_is_best_first_with_the_schema() -> None:
     code, out, _ = calc("--gpus 64 --gpu a100-80g --model gpt3-13b --bf16 --use-distributed-optimizer --json --top 7")
-    assert code == EXIT_OK
+    assert code == ExitCode.OK
     doc = json.loads(out)
     assert doc["mode"] == "search" and len(doc["layouts"]) == 7
     for record in doc["layouts"]:
@@ -291,7 +291,7 @@ def test_valid_layout_that_does_not_fit_exits_3_and_says_by_how_much() -> None:
          "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "8"],
         capture_output=True, text=True, cwd=REPO, timeout=60,
     )  # fmt: skip
-    assert proc.returncode == EXIT_DOES_NOT_FIT
+    assert proc.returncode == ExitCode.DOES_NOT_FIT
     assert "error: the layout is valid but needs an estimated" in proc.stderr
     assert "GiB more than the 36.0 GiB usable on a100-40g" in proc.stderr
     assert "--recompute-granularity full" in proc.stderr  # what to change
@@ -300,26 +300,26 @@ def test_valid_layout_that_does_not_fit_exits_3_and_says_by_how_much() -> None:
 
 def test_search_where_nothing_fits_exits_3() -> None:
     code, out, err = calc("--gpus 8 --gpu a100-40g --model gpt3-175b --bf16 --top 3")
-    assert code == EXIT_DOES_NOT_FIT
+    assert code == ExitCode.DOES_NOT_FIT
     assert "none fits; least memory first" in out
     assert "none of the" in err and "fits in 36.0 GiB per GPU" in err
 
 
 def test_nodes_presets_and_overrides() -> None:
     code, out, _ = calc("--nodes 2 --gpus-per-node 4 --model gpt3-1.3b --seq-length 4096 --bf16 --json --top 1")
-    assert code == EXIT_OK
+    assert code == ExitCode.OK
     doc = json.loads(out)
     assert doc["cluster"]["world_size"] == 8 and doc["cluster"]["nodes"] == 2
     assert "--seq-length 4096" in doc["layouts"][0]["pretrain_flags"]
     assert "--global-batch-size 512" in doc["layouts"][0]["pretrain_flags"]  # the preset's batch
     code, out, _ = calc("--gpus 8 --model gpt3-1.3b --bf16 --json --top 1 --gpu-memory-gib 1")
-    assert code == EXIT_DOES_NOT_FIT and json.loads(out)["gpu"]["memory_bytes"] == 2**30
+    assert code == ExitCode.DOES_NOT_FIT and json.loads(out)["gpu"]["memory_bytes"] == 2**30
 
 
 def test_explain_breaks_memory_and_time_down() -> None:
     code, out, _ = calc(f"--gpus 16 --gpu h100-sxm {SHAPE_13B} --tp 4 --pp 2 --vp 5 --global-batch-size 256 --bf16 "
                         "--sequence-parallel --recompute-granularity selective --use-distributed-optimizer --explain")  # fmt: skip
-    assert code == EXIT_OK
+    assert code == ExitCode.OK
     for part in ("weights", "gradients", "optimizer states", "activations", "microbatches in flight", "pipeline bubble",
                  "(p-1)/(v*m) = 1/(5*128)", "tensor-parallel", "data-parallel", "compute"):  # fmt: skip
         assert part in out, part
@@ -341,7 +341,7 @@ def test_explain_breaks_memory_and_time_down() -> None:
 )
 def test_emitted_flags_rebuild_the_same_layout_in_pretrain_gpt(args: str) -> None:
     code, out, _ = calc(f"{args} --json --top 3")
-    assert code == EXIT_OK
+    assert code == ExitCode.OK
     doc = json.loads(out)
     for record in doc["layouts"]:
         cfg = parse_args(

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.training.checkpointing import read_tracker
-from megatron_ext.training.resilience import EXIT_CONFIG, EXIT_SAVED_AND_STOPPED
 from tests.conftest import REPO, read_metrics
 
 RECIPES_DIR = REPO / "recipes"
@@ -116,7 +116,7 @@ def test_dry_run_at_the_intended_node_count(recipe: Path, tmp_path: Path) -> Non
 def test_invalid_override_is_refused_with_the_validation_message(recipe: Path, tmp_path: Path) -> None:
     overrides, message = INVALID[recipe.stem]
     proc = run_recipe(recipe, recipe_env(tmp_path, DRY_RUN="1", **overrides))
-    assert proc.returncode == EXIT_CONFIG, proc.stdout + proc.stderr
+    assert proc.returncode == ExitCode.INVALID, proc.stdout + proc.stderr
     assert "error: invalid parallel layout:" in proc.stderr
     assert message in proc.stderr
     assert "refusing to start: pretrain_gpt.py --dry-run rejected this layout (exit 2)" in proc.stdout
@@ -160,7 +160,7 @@ def test_per_gpu_tasks_and_a_container_when_asked(tmp_path: Path) -> None:
 def test_real_data_needs_a_tokenizer_and_is_passed_through(tmp_path: Path) -> None:
     recipe = RECIPES_DIR / "gpt3_126m_tp1_pp1.sh"
     proc = run_recipe(recipe, recipe_env(tmp_path, DRY_RUN="1", DATA_PATH="0.7 /data/web 0.3 /data/books"))
-    assert proc.returncode == EXIT_CONFIG
+    assert proc.returncode == ExitCode.INVALID
     assert "DATA_PATH is set: set TOKENIZER_MODEL" in proc.stderr
     env = recipe_env(tmp_path, DRY_RUN="1", DATA_PATH="0.7 /data/web 0.3 /data/books", TOKENIZER_MODEL="/data/t.model")
     out = run_recipe(recipe, env).stdout
@@ -174,7 +174,7 @@ def test_refused_before_anything_starts(tmp_path: Path) -> None:
     """A real (not dry) run with a broken layout stops at validation, within seconds."""
     start = time.monotonic()
     proc = run_recipe(CPU_RECIPE, recipe_env(tmp_path, NNODES="1", GPUS_PER_NODE="3"))
-    assert proc.returncode == EXIT_CONFIG, proc.stdout + proc.stderr
+    assert proc.returncode == ExitCode.INVALID, proc.stdout + proc.stderr
     assert time.monotonic() - start < 60
     assert "world_size=3 is not divisible by tensor(1) × pipeline(2) = 2" in proc.stdout
     assert "megatron_ext.cli.launch" in proc.stdout  # the command it would have run is shown ...
@@ -185,7 +185,7 @@ def test_refused_before_anything_starts(tmp_path: Path) -> None:
 @pytest.mark.unit
 def test_outside_slurm_more_than_one_node_needs_sbatch(tmp_path: Path) -> None:
     proc = run_recipe(CPU_RECIPE, recipe_env(tmp_path))  # its default is 2 nodes
-    assert proc.returncode == EXIT_CONFIG
+    assert proc.returncode == ExitCode.INVALID
     assert "outside SLURM only NNODES=1 runs here (got 2)" in proc.stderr
 
 
@@ -194,7 +194,7 @@ def test_outside_slurm_one_machine_runs_stops_and_resumes(tmp_path: Path) -> Non
     """``NNODES=1 bash recipe``: torchrun on this machine; exit 75 leaves a checkpoint to continue from."""
     base = {"NNODES": "1", "GPUS_PER_NODE": "2", "TRAIN_ITERS": "6", "EVAL_ITERS": "0"}
     stopped = run_recipe(CPU_RECIPE, recipe_env(tmp_path, EXTRA_ARGS="--exit-interval 3", **base), timeout=300)
-    assert stopped.returncode == EXIT_SAVED_AND_STOPPED, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    assert stopped.returncode == ExitCode.SAVED_AND_STOPPED, stopped.stdout[-3000:] + stopped.stderr[-3000:]
     assert "stopped early with a checkpoint: run the same command again to continue" in stopped.stdout
     assert read_tracker(tmp_path / "run" / "checkpoints") == 3
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.training.checkpointing import read_tracker
-from megatron_ext.training.resilience import EXIT_SAVED_AND_STOPPED
 from tests.conftest import REPO, read_metrics, train_losses
 from tests.recipes.slurm_cluster import ClusterUnavailable, SlurmCluster, check_available, running_cluster
 from tests.recipes.test_recipes import recipe_env
@@ -176,7 +176,7 @@ def test_time_limit_signal_saves_requeues_and_resumes(cluster: SlurmCluster, pla
     stopped_at = int(stop.group(2))
     assert 0 < stopped_at < iters
     assert f"rank 0] saved checkpoint {tmp_path}/checkpoints/iter_{stopped_at:07d}" in first[0]
-    assert f"training exited with {EXIT_SAVED_AND_STOPPED}" in out
+    assert f"training exited with {ExitCode.SAVED_AND_STOPPED}" in out
     assert f"job {job} requeued" in out
     environment = (tmp_path / "logs" / f"{job}.0" / "environment.txt").read_text()
     started = datetime.fromisoformat(re.search(r"^date: (\S+)", environment, re.M).group(1)).replace(tzinfo=None)  # type: ignore[union-attr]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.training.checkpointing import read_tracker
-from megatron_ext.training.resilience import EXIT_SAVED_AND_STOPPED
 from tests.conftest import TINY_MODEL, read_metrics, run_pretrain, train_losses
 
 pytestmark = pytest.mark.distributed
@@ -27,7 +27,7 @@ def test_bf16_trains_saves_and_resumes_exactly(tmp_path: Path) -> None:
     run_pretrain(
         [*BF16, "--save", str(save), "--exit-interval", "3", "--metrics-file", str(metrics)],
         nproc=2,
-        expect=EXIT_SAVED_AND_STOPPED,
+        expect=ExitCode.SAVED_AND_STOPPED,
     )
     assert read_tracker(save) == 3
     run_pretrain([*BF16, "--load", str(save), "--metrics-file", str(metrics)], nproc=2)

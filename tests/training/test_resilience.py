@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.training.checkpointing import CHECKSUMS_FILENAME, TRACKER_FILENAME, is_complete, read_tracker
-from megatron_ext.training.resilience import EXIT_CHECKPOINT, EXIT_NON_FINITE, EXIT_SAVED_AND_STOPPED
 from tests.conftest import REPO, TINY_MODEL, _env, launch_command, read_metrics, run_pretrain, train_losses
 
 pytestmark = pytest.mark.distributed
@@ -61,7 +61,7 @@ def test_exit_interval_then_resume_is_exact(saving: str, tmp_path: Path, uninter
     run_pretrain(
         [*RUN, *extra, "--save", str(save), "--exit-interval", "7", "--metrics-file", str(metrics)],
         nproc=2,
-        expect=EXIT_SAVED_AND_STOPPED,
+        expect=ExitCode.SAVED_AND_STOPPED,
     )
     assert _resume_and_compare(save, metrics, uninterrupted) == 7
 
@@ -71,7 +71,7 @@ def test_exit_duration_then_resume_is_exact(tmp_path: Path, uninterrupted: dict[
     run_pretrain(
         [*RUN, "--save", str(save), "--exit-duration-in-mins", "0", "--metrics-file", str(metrics)],
         nproc=2,
-        expect=EXIT_SAVED_AND_STOPPED,
+        expect=ExitCode.SAVED_AND_STOPPED,
     )
     assert _resume_and_compare(save, metrics, uninterrupted) == 1
 
@@ -117,7 +117,7 @@ def test_signal_saves_stops_and_resumes_exactly(
         os.kill(proc.pid, sig)
     # SIGUSR1: the launcher waits for the workers' save and keeps their code. SIGTERM:
     # torchrun shuts down (the workers save within its grace) and the launcher exits 128 + 15.
-    expected = EXIT_SAVED_AND_STOPPED if sig == signal.SIGUSR1 else 128 + signal.SIGTERM
+    expected = ExitCode.SAVED_AND_STOPPED if sig == signal.SIGUSR1 else 128 + signal.SIGTERM
     assert proc.wait(timeout=120) == expected, (tmp_path / "log").read_text()[-3000:]
     stopped_at = _resume_and_compare(save, metrics, uninterrupted)
     assert stopped_at >= after
@@ -170,7 +170,9 @@ def test_kill_9_during_saves_leaves_a_loadable_checkpoint(tmp_path: Path, uninte
 
 def _saved_run(tmp_path: Path, *extra: str) -> Path:
     save = tmp_path / "ckpt"
-    run_pretrain([*RUN, "--save", str(save), "--exit-interval", "3", *extra], nproc=2, expect=EXIT_SAVED_AND_STOPPED)
+    run_pretrain(
+        [*RUN, "--save", str(save), "--exit-interval", "3", *extra], nproc=2, expect=ExitCode.SAVED_AND_STOPPED
+    )
     return save
 
 
@@ -178,7 +180,7 @@ def test_truncated_shard_is_a_clear_error(tmp_path: Path) -> None:
     save = _saved_run(tmp_path)
     shard = sorted((save / "iter_0000003").glob("*.distcp"))[0]
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    proc = run_pretrain([*RUN, "--load", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    proc = run_pretrain([*RUN, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
     assert f"{shard} is truncated" in proc.stdout
 
 
@@ -189,14 +191,14 @@ def test_corrupted_shard_is_a_clear_error(tmp_path: Path) -> None:
     middle = len(data) // 2
     data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])  # same size, other bytes
     shard.write_bytes(bytes(data))
-    proc = run_pretrain([*RUN, "--load", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    proc = run_pretrain([*RUN, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
     assert f"{shard} is corrupted: CRC-32" in proc.stdout
 
 
 def test_shape_mismatch_is_a_clear_error(tmp_path: Path) -> None:
     save = _saved_run(tmp_path)
     args = [a if a != "64" else "128" for a in RUN]  # --hidden-size 64 -> 128
-    proc = run_pretrain([*args, "--load", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    proc = run_pretrain([*args, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
     assert "does not match the model given by the arguments" in proc.stdout
     assert (
         "decoder.layers.mlp.linear_fc1.weight: checkpoint has shape (8, 256, 64), this model needs (8, 512, 128)"
@@ -209,7 +211,7 @@ def test_missing_checkpoint_starts_fresh_unless_strict(tmp_path: Path) -> None:
     proc = run_pretrain([*RUN, "--train-iters", "1", "--load", str(empty)], nproc=2)
     assert "no checkpoint found under --load" in proc.stdout
     proc = run_pretrain(
-        [*RUN, "--train-iters", "1", "--load", str(empty), "--strict-load"], nproc=2, expect=EXIT_CHECKPOINT
+        [*RUN, "--train-iters", "1", "--load", str(empty), "--strict-load"], nproc=2, expect=ExitCode.CHECKPOINT
     )
     assert "--strict-load: no checkpoint under --load" in proc.stdout
 
@@ -223,7 +225,7 @@ def test_keep_last_checkpoints(tmp_path: Path) -> None:
 def test_repeated_non_finite_losses_stop_the_run(tmp_path: Path) -> None:
     proc = run_pretrain(
         [*TINY_MODEL, "--init-method-std", "1e30", "--train-iters", "10", "--max-consecutive-skipped", "2"],
-        expect=EXIT_NON_FINITE,
+        expect=ExitCode.NON_FINITE,
     )
     assert "3 consecutive iterations (up to 3) had a non-finite loss" in proc.stdout
 
@@ -232,14 +234,14 @@ def test_vocabulary_mismatch_is_a_clear_error(tmp_path: Path) -> None:
     save = _saved_run(tmp_path)
     # The embedding's padded rows may differ with TP, so the shapes alone cannot tell.
     args = [a if a != "255" else "300" for a in RUN]  # --vocab-size 255 -> 300 (both pad to 384)
-    proc = run_pretrain([*args, "--load", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    proc = run_pretrain([*args, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
     assert "was trained with a vocabulary of 256 tokens and this run's tokenizer has 301" in proc.stdout
 
 
 def test_learning_rate_schedule_change_needs_a_choice(tmp_path: Path, uninterrupted: dict[int, float]) -> None:
     save = _saved_run(tmp_path)
     longer = [a if a != "40" else "80" for a in RUN]  # --lr-decay-iters 40 -> 80 (and --train-iters)
-    proc = run_pretrain([*longer, "--load", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    proc = run_pretrain([*longer, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
     assert "the learning-rate schedule differs from the checkpoint's" in proc.stdout
     assert "--override-opt_param-scheduler" in proc.stdout
 
@@ -259,7 +261,9 @@ def test_learning_rate_schedule_change_needs_a_choice(tmp_path: Path, uninterrup
 
 def test_finetuning_into_the_pretraining_directory_is_refused(tmp_path: Path) -> None:
     save = _saved_run(tmp_path, "--save-interval", "1")
-    proc = run_pretrain([*RUN, "--finetune", "--load", str(save), "--save", str(save)], nproc=2, expect=EXIT_CHECKPOINT)
+    proc = run_pretrain(
+        [*RUN, "--finetune", "--load", str(save), "--save", str(save)], nproc=2, expect=ExitCode.CHECKPOINT
+    )
     assert f"--save {save} already holds checkpoints up to iteration 3" in proc.stdout
     assert sorted(p.name for p in save.glob("iter_*")) == ["iter_0000001", "iter_0000002", "iter_0000003"]
 
@@ -274,7 +278,7 @@ def test_save_before_any_successful_step_is_loadable(optimizer: str, tmp_path: P
     run_pretrain(
         [*flags, "--train-iters", "4", "--save", str(save), "--exit-interval", "2"],
         nproc=2,
-        expect=EXIT_SAVED_AND_STOPPED,
+        expect=ExitCode.SAVED_AND_STOPPED,
     )
     assert read_tracker(save) == 2
     proc = run_pretrain([*flags, "--train-iters", "3", "--load", str(save)], nproc=2)

@@ -1,0 +1,33 @@
+"""Exit codes: one table for ``pretrain_gpt.py``, every tool and ``recipes/common.sh``.
+
+Each code means the same thing wherever it is returned; the recipes read
+this table (``python -m megatron_ext.cli.recipe``) instead of restating it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """What a process's exit status says."""
+
+    OK = 0
+    """Done: training finished, the layout is valid and fits, the data was written."""
+    ERROR = 1
+    """Failed on its input or at run time: bad data, a failed worker, a crash."""
+    INVALID = 2
+    """Invalid options or layout, refused before anything started (argparse's own code too)."""
+    CHECKPOINT = 3
+    """``pretrain_gpt.py``: ``--load`` holds a checkpoint this run cannot use (damaged, other model)."""
+    NON_FINITE = 4
+    """``pretrain_gpt.py``: more consecutive non-finite losses than ``--max-consecutive-skipped`` allows."""
+    DOES_NOT_FIT = 5
+    """``tools/layout.py``: the layout is valid but estimated not to fit in GPU memory."""
+    SAVED_AND_STOPPED = 75
+    """Stopped early on purpose (signal, time or iteration limit) after saving: resume by running again
+    (``EX_TEMPFAIL``; the recipes requeue the job)."""
+
+
+SIGNAL_BASE = 128
+"""A tool stopped by signal N exits with ``SIGNAL_BASE + N`` (130 Ctrl-C, 143 SIGTERM), as shells report it."""

@@ -1,0 +1,141 @@
+"""The flag table: every option is a dataclass field, and this module turns fields into flags and back.
+
+A field made with :func:`opt` carries its ``--help`` text, its Megatron-LM
+flag spelling and two roles:
+
+* ``estimate=True``: the layout calculator models it, so ``tools/layout.py``
+  offers the flag and puts it in the ``pretrain_gpt.py`` command line it emits;
+* ``env="NAME"``: a recipe sets it from the environment variable ``NAME``
+  (``megatron_ext.cli.recipe``).
+
+``pretrain_gpt.py``'s parser, the calculator's parser, the command lines they
+emit and the recipes all read these fields, so a new flag is one field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Iterable, Sequence
+from dataclasses import field
+from typing import Any
+
+
+def opt(
+    default: Any,
+    help: str,
+    *,
+    choices: Sequence[Any] | None = None,
+    flag: str | None = None,
+    aliases: Sequence[str] = (),
+    estimate: bool = False,
+    short: str | None = None,
+    env: str | None = None,
+) -> Any:
+    """A dataclass field that is also a command-line option.
+
+    ``flag`` and ``aliases`` override the flag's name (default: the field name
+    with dashes); ``estimate`` marks what the layout calculator models, with an
+    optional ``short`` alias there (``--tp``); ``env`` names the recipe variable.
+    """
+    metadata = {
+        "help": help,
+        "choices": choices,
+        "flag": flag,
+        "aliases": tuple(aliases),
+        "estimate": estimate,
+        "short": short,
+        "env": env,
+    }
+    return field(default=default, metadata=metadata)
+
+
+def flag_of(f: dataclasses.Field[Any]) -> str:
+    """The field's command-line flag: ``--num-layers`` for ``num_layers``."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def value_type(cls: type, name: str) -> tuple[Any, bool]:
+    """(element type, takes several values) of field ``name`` of ``cls``, Optional removed."""
+    tp = typing.get_type_hints(cls)[name]
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        origin = typing.get_origin(tp)
+    if origin is tuple:
+        return typing.get_args(tp)[0], True
+    return tp, False
+
+
+def options(cls: type, *, estimate: bool | None = None) -> list[dataclasses.Field[Any]]:
+    """The option fields of ``cls``: all of them, or those the calculator models (``estimate=True``) or not."""
+    return [f for f in dataclasses.fields(cls) if estimate is None or f.metadata.get("estimate", False) == estimate]
+
+
+def add_options(
+    group: argparse._ArgumentGroup,
+    cls: type,
+    fields: Iterable[dataclasses.Field[Any]],
+    *,
+    dest: str = "{name}",
+    suppress_defaults: bool = True,
+    short_aliases: bool = False,
+) -> None:
+    """Add ``fields`` of ``cls`` to ``group`` as flags, with their help, type and choices.
+
+    ``suppress_defaults``: only options given on the command line appear in the
+    namespace (so that the dataclass defaults apply); otherwise absent options
+    are None (False for switches). ``short_aliases`` adds the calculator's
+    ``--tp``-style spellings.
+    """
+    for f in fields:
+        tp, is_list = value_type(cls, f.name)
+        kwargs: dict[str, Any] = {"dest": dest.format(name=f.name), "help": f.metadata["help"]}
+        if suppress_defaults:
+            kwargs["default"] = argparse.SUPPRESS
+        if tp is bool:
+            kwargs["action"] = "store_true"
+            if not suppress_defaults:
+                kwargs["default"] = False
+        else:
+            kwargs["type"] = tp
+            kwargs["metavar"] = f.name.upper()
+            if not suppress_defaults:
+                kwargs["default"] = None
+            if is_list:
+                kwargs["nargs"] = "+"
+            if f.metadata.get("choices"):
+                kwargs["choices"] = f.metadata["choices"]
+        names = [flag_of(f), *f.metadata.get("aliases", ())]
+        if short_aliases and f.metadata.get("short"):
+            names.append(f.metadata["short"])
+        group.add_argument(*names, **kwargs)
+
+
+def to_argv(values: Any, *, only: Iterable[str] | None = None, always: Iterable[str] = ()) -> list[str]:
+    """The flags that give an options dataclass instance ``values``: those that differ from the defaults.
+
+    ``only`` limits the fields considered; ``always`` are emitted even at their
+    default (when not None). Switches are emitted when true; several values
+    follow their flag.
+    """
+    wanted = set(only) if only is not None else None
+    forced = set(always)
+    argv: list[str] = []
+    for f in dataclasses.fields(values):
+        if wanted is not None and f.name not in wanted:
+            continue
+        value = getattr(values, f.name)
+        if value is None or (value == f.default and f.name not in forced):
+            continue
+        if value is True:
+            argv.append(flag_of(f))
+        elif value is False:
+            continue
+        elif isinstance(value, tuple):
+            argv += [flag_of(f), *map(str, value)]
+        else:
+            argv += [flag_of(f), str(value)]
+    return argv
