@@ -2,7 +2,7 @@
 # The one launcher every recipe sources: resolve the job's geometry, validate
 # the layout before anything starts, launch pretrain_gpt.py with srun + torchrun
 # (or torchrun alone outside SLURM), and requeue the job when training stopped
-# early with a checkpoint (exit code 75, see megatron_ext/training/resilience.py).
+# early with a checkpoint (exit code 75: megatron_ext/config/exit_codes.py).
 #
 # A recipe sets the model shape and hyper-parameters (arrays MODEL and
 # TRAINING) and the defaults of the layout variables below, then sources this
@@ -17,7 +17,8 @@
 #   DEVICE            cuda | cpu | auto, passed as --device (cuda)
 #   GPU_PROFILE       GPU for the memory estimate of tools/layout.py: a100-40g,
 #                     a100-80g, h100-sxm, h200, or none to skip it (h100-sxm)
-# Layout (recipe defaults)
+# Layout, batch, precision, run and data (recipe defaults; each sets pretrain_gpt.py
+# flags through megatron_ext.cli.recipe, which lists them: python -m megatron_ext.cli.recipe --variables)
 #   TP PP             tensor- and pipeline-parallel sizes
 #   VP_LAYERS         layers per virtual pipeline stage (interleaved 1F1B); 0: off
 #   SEQUENCE_PARALLEL DISTRIBUTED_OPTIMIZER   1 to enable, 0 to disable
@@ -27,11 +28,9 @@
 #   OVERLAP           1: overlap the DP gradient reduce (and, with the distributed optimizer,
 #                     the parameter all-gather) with compute, and fuse the cross entropy
 #                     (1 on GPUs, 0 with DEVICE=cpu)
-# Run
 #   TRAIN_ITERS LOG_INTERVAL SAVE_INTERVAL EVAL_INTERVAL EVAL_ITERS   (recipe defaults)
 #   EXTRA_ARGS        more pretrain_gpt.py arguments, split on whitespace ('')
-# Data (mock data when DATA_PATH is empty)
-#   DATA_PATH         dataset prefixes, optionally weighted: 'W1 PREFIX1 W2 PREFIX2' ('')
+#   DATA_PATH         dataset prefixes, optionally weighted: 'W1 PREFIX1 W2 PREFIX2' ('': mock data)
 #   DATA_SPLIT        train,valid,test split (969,30,1)
 #   DATA_CACHE_PATH   where index files are cached ('': next to the data)
 #   TOKENIZER_TYPE    (GPTSentencePieceTokenizer)   TOKENIZER_MODEL  (required with DATA_PATH)
@@ -57,12 +56,11 @@ set -euo pipefail
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly REPO_DIR
-readonly EXIT_CONFIG=2 EXIT_SAVED_AND_STOPPED=75
 
 log() { printf '[recipe] %s\n' "$*"; }
 die() {
   printf '[recipe] error: %s\n' "$*" >&2
-  exit "${EXIT_CONFIG}"
+  exit "${EXIT_INVALID:-2}" # the exit-code table is read below; 2 is its INVALID
 }
 
 # One argument per word, quoted only where the shell needs it: a copy-pastable line.
@@ -104,13 +102,9 @@ fi
 declare -p MODEL TRAINING >/dev/null 2>&1 || die "${recipe_file} must define the arrays MODEL and TRAINING"
 
 # --------------------------------------------------------------- the defaults
-: "${NNODES:=1}" "${GPUS_PER_NODE:=8}" "${LAUNCHER:=torchrun}" "${DEVICE:=cuda}" "${GPU_PROFILE:=h100-sxm}"
-: "${TP:=1}" "${PP:=1}" "${VP_LAYERS:=0}" "${SEQUENCE_PARALLEL:=0}" "${DISTRIBUTED_OPTIMIZER:=0}"
-: "${MICRO_BATCH:=1}" "${GLOBAL_BATCH:=}" "${PRECISION:=bf16}" "${RECOMPUTE:=none}"
-: "${TRAIN_ITERS:=100}" "${LOG_INTERVAL:=10}" "${SAVE_INTERVAL:=1000}" "${EVAL_INTERVAL:=1000}" "${EVAL_ITERS:=10}"
-: "${EXTRA_ARGS:=}" "${SRUN_ARGS:=}"
-: "${DATA_PATH:=}" "${DATA_SPLIT:=969,30,1}" "${DATA_CACHE_PATH:=}"
-: "${TOKENIZER_TYPE:=GPTSentencePieceTokenizer}" "${TOKENIZER_MODEL:=}"
+# (the defaults of the flag variables are megatron_ext/cli/recipe.py's)
+: "${NNODES:=1}" "${GPUS_PER_NODE:=8}" "${LAUNCHER:=torchrun}" "${GPU_PROFILE:=h100-sxm}"
+: "${SRUN_ARGS:=}"
 : "${RUN_NAME:=${recipe_name}}"
 : "${RUN_DIR:=${REPO_DIR}/runs/${RUN_NAME}}"
 : "${CHECKPOINT_DIR:=${RUN_DIR}/checkpoints}" "${LOG_DIR:=${RUN_DIR}/logs}"
@@ -126,6 +120,27 @@ if [[ -z "${PYTHON:-}" ]]; then
     PYTHON=python3
   fi
 fi
+
+# ------------------------------------------------------------------ arguments
+# Python resolves the variables into the pretrain_gpt.py command line (one flag table,
+# megatron_ext/config): pretrain_args, calculator_args (what tools/layout.py models),
+# DEVICE, serial_cuda_connections, the exit codes EXIT_* and TRACKER_FILENAME.
+# It needs only the standard library, so this machine's interpreter runs it.
+host_python="${PYTHON}"
+if [[ -n "${CONTAINER_IMAGE}" ]]; then
+  host_python=python3
+  [[ -x "${REPO_DIR}/.venv/bin/python" ]] && host_python="${REPO_DIR}/.venv/bin/python"
+fi
+export CHECKPOINT_DIR METRICS_FILE TENSORBOARD_DIR
+mapfile -t recipe_variables < <(PYTHONPATH="${REPO_DIR}" "${host_python}" -m megatron_ext.cli.recipe --variables)
+((${#recipe_variables[@]})) || die "could not run ${host_python} -m megatron_ext.cli.recipe (set PYTHON)"
+export "${recipe_variables[@]}"
+resolved="$(PYTHONPATH="${REPO_DIR}" "${host_python}" -m megatron_ext.cli.recipe -- "${MODEL[@]}" "${TRAINING[@]}")" ||
+  exit "$?"
+declare -a pretrain_args calculator_args
+DEVICE="" serial_cuda_connections=0 TRACKER_FILENAME="" EXIT_SAVED_AND_STOPPED="" EXIT_DOES_NOT_FIT=""
+eval "${resolved}"
+pretrain=("${REPO_DIR}/pretrain_gpt.py" "${pretrain_args[@]}")
 
 # --------------------------------------------------------------- job geometry
 in_job=0
@@ -159,62 +174,12 @@ fi
 WORLD_SIZE=$((NNODES * GPUS_PER_NODE))
 export MASTER_ADDR MASTER_PORT
 
-# ------------------------------------------------------------------ arguments
-# Flags the layout calculator reads too: shape (MODEL), layout, batch, precision, recompute.
-parallel=(--tensor-model-parallel-size "${TP}" --pipeline-model-parallel-size "${PP}")
-[[ "${VP_LAYERS:-0}" != 0 ]] && parallel+=(--num-layers-per-virtual-pipeline-stage "${VP_LAYERS}")
-[[ "${SEQUENCE_PARALLEL}" == 1 ]] && parallel+=(--sequence-parallel)
-[[ "${DISTRIBUTED_OPTIMIZER}" == 1 ]] && parallel+=(--use-distributed-optimizer)
-overlap_default=1
-[[ "${DEVICE}" == cpu ]] && overlap_default=0
-: "${OVERLAP:=${overlap_default}}"
-fused=()
-if [[ "${OVERLAP}" == 1 ]]; then
-  parallel+=(--overlap-grad-reduce)
-  [[ "${DISTRIBUTED_OPTIMIZER}" == 1 ]] && parallel+=(--overlap-param-gather)
-  fused=(--cross-entropy-loss-fusion)
-fi
-batch=(--micro-batch-size "${MICRO_BATCH}")
-[[ -n "${GLOBAL_BATCH}" ]] && batch+=(--global-batch-size "${GLOBAL_BATCH}")
-case "${PRECISION}" in
-  bf16 | fp16) precision=("--${PRECISION}") ;;
-  fp32) precision=() ;;
-  *) die "PRECISION must be bf16, fp16 or fp32, got '${PRECISION}'" ;;
-esac
-case "${RECOMPUTE}" in
-  none) recompute=() ;;
-  selective) recompute=(--recompute-granularity selective) ;;
-  full) recompute=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1) ;;
-  *) die "RECOMPUTE must be none, selective or full, got '${RECOMPUTE}'" ;;
-esac
-
-if [[ -n "${DATA_PATH}" ]]; then
-  [[ -n "${TOKENIZER_MODEL}" ]] || die "DATA_PATH is set: set TOKENIZER_MODEL to the tokenizer model file too"
-  read -r -a data_prefixes <<<"${DATA_PATH}"
-  data=(--data-path "${data_prefixes[@]}" --split "${DATA_SPLIT}"
-    --tokenizer-type "${TOKENIZER_TYPE}" --tokenizer-model "${TOKENIZER_MODEL}")
-  [[ -n "${DATA_CACHE_PATH}" ]] && data+=(--data-cache-path "${DATA_CACHE_PATH}")
-else
-  data=(--mock-data)
-fi
-
-run=(--device "${DEVICE}" --train-iters "${TRAIN_ITERS}" --log-interval "${LOG_INTERVAL}"
-  --eval-interval "${EVAL_INTERVAL}" --eval-iters "${EVAL_ITERS}"
-  --save "${CHECKPOINT_DIR}" --load "${CHECKPOINT_DIR}" --save-interval "${SAVE_INTERVAL}"
-  --exit-signal-handler --metrics-file "${METRICS_FILE}")
-[[ -n "${TENSORBOARD_DIR}" ]] && run+=(--tensorboard-dir "${TENSORBOARD_DIR}")
-read -r -a extra_args <<<"${EXTRA_ARGS}"
-
-calculator_args=("${MODEL[@]}" "${parallel[@]}" "${batch[@]}" "${precision[@]}" "${recompute[@]}")
-pretrain_args=("${calculator_args[@]}" "${TRAINING[@]}" "${fused[@]}" "${data[@]}" "${run[@]}" "${extra_args[@]}")
-pretrain=("${REPO_DIR}/pretrain_gpt.py" "${pretrain_args[@]}")
-
 # ---------------------------------------------------------------- environment
 export PYTHONPATH="${REPO_DIR}${PYTHONPATH:+:${PYTHONPATH}}"
 export PYTHONUNBUFFERED=1
 if [[ "${DEVICE}" != cpu ]]; then
   # Megatron-Core orders TP/SP communication behind compute on one hardware queue.
-  if ((TP > 1)) || [[ "${SEQUENCE_PARALLEL}" == 1 ]]; then
+  if ((serial_cuda_connections)); then
     export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
   fi
   export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
@@ -321,7 +286,7 @@ validate() {
     "${calculator_cmd[@]}" || rc=$?
     case "${rc}" in
       0) ;;
-      3) log "refusing to start: estimated not to fit on GPU_PROFILE=${GPU_PROFILE} (the calculator says why above)" ;;
+      "${EXIT_DOES_NOT_FIT}") log "refusing to start: estimated not to fit on GPU_PROFILE=${GPU_PROFILE} (the calculator says why above)" ;;
       *) log "refusing to start: tools/layout.py rejected this layout (exit ${rc})" ;;
     esac
   fi
@@ -377,7 +342,7 @@ validate 2>&1 | tee "${job_log_dir}/validation.txt"
 rc="${PIPESTATUS[0]}"
 ((rc == 0)) || exit "${rc}"
 
-tracker="${CHECKPOINT_DIR}/latest_checkpointed_iteration.txt"
+tracker="${CHECKPOINT_DIR}/${TRACKER_FILENAME}"
 resumed_from="$(cat "${tracker}" 2>/dev/null || echo 0)"
 if ((in_job)) && [[ "${SLURM_RESTART_COUNT:-0}" != 0 ]]; then
   log "restart ${SLURM_RESTART_COUNT} of job ${SLURM_JOB_ID}: resuming from iteration ${resumed_from} under ${CHECKPOINT_DIR}"

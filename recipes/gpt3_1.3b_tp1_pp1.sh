@@ -24,8 +24,8 @@ set -euo pipefail
 # 300B tokens at 1,048,576 per step; cosine decay over 260B tokens, warm-up 375M tokens.
 : "${TRAIN_ITERS:=286102}" "${SAVE_INTERVAL:=1000}" "${EVAL_INTERVAL:=1000}"
 
-MODEL=(--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048
-  --max-position-embeddings 2048 --vocab-size 50257)
+# The shape: megatron_ext/config/presets.py (the calculator's --model gpt3-1.3b too).
+MODEL=(--model gpt3-1.3b)
 TRAINING=(--lr 2e-4 --min-lr 2e-5 --lr-decay-style cosine --lr-warmup-iters 358 --lr-decay-iters 247955
   --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --weight-decay 0.1 --clip-grad 1.0
   --init-method-std 0.014 --seed 1234)

@@ -23,8 +23,8 @@ set -euo pipefail
 # 300B tokens at 524,288 per step; cosine decay over 260B tokens, warm-up 375M tokens.
 : "${TRAIN_ITERS:=572205}" "${SAVE_INTERVAL:=2000}" "${EVAL_INTERVAL:=2000}"
 
-MODEL=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 2048
-  --max-position-embeddings 2048 --vocab-size 50257)
+# The shape: megatron_ext/config/presets.py (the calculator's --model gpt3-126m too).
+MODEL=(--model gpt3-126m)
 TRAINING=(--lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine --lr-warmup-iters 715 --lr-decay-iters 495911
   --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --weight-decay 0.1 --clip-grad 1.0
   --init-method-std 0.02 --seed 1234)

@@ -26,8 +26,8 @@ set -euo pipefail
 # 300B tokens at 2,097,152 per step; cosine decay over 260B tokens, warm-up 375M tokens.
 : "${TRAIN_ITERS:=143051}" "${SAVE_INTERVAL:=500}" "${EVAL_INTERVAL:=1000}"
 
-MODEL=(--num-layers 40 --hidden-size 5120 --num-attention-heads 40 --seq-length 2048
-  --max-position-embeddings 2048 --vocab-size 50257)
+# The shape: megatron_ext/config/presets.py (the calculator's --model gpt3-13b too).
+MODEL=(--model gpt3-13b)
 TRAINING=(--lr 1e-4 --min-lr 1e-5 --lr-decay-style cosine --lr-warmup-iters 179 --lr-decay-iters 123978
   --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --weight-decay 0.1 --clip-grad 1.0
   --init-method-std 0.009 --seed 1234)

@@ -26,8 +26,8 @@ set -euo pipefail
 # 300B tokens at 3,145,728 per step; cosine decay over 260B tokens, warm-up 375M tokens.
 : "${TRAIN_ITERS:=95367}" "${SAVE_INTERVAL:=200}" "${EVAL_INTERVAL:=1000}"
 
-MODEL=(--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048
-  --max-position-embeddings 2048 --vocab-size 50257)
+# The shape: megatron_ext/config/presets.py (the calculator's --model gpt3-175b too).
+MODEL=(--model gpt3-175b)
 TRAINING=(--lr 6e-5 --min-lr 6e-6 --lr-decay-style cosine --lr-warmup-iters 120 --lr-decay-iters 82652
   --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --weight-decay 0.1 --clip-grad 1.0
   --init-method-std 0.006 --seed 1234)

@@ -23,8 +23,8 @@ set -euo pipefail
 : "${OMP_NUM_THREADS:=1}"
 export OMP_NUM_THREADS
 
-MODEL=(--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64
-  --max-position-embeddings 64 --vocab-size 1023)
+# The shape: megatron_ext/config/presets.py (the calculator's --model gpt-tiny too).
+MODEL=(--model gpt-tiny)
 TRAINING=(--lr 3e-3 --min-lr 3e-4 --lr-warmup-iters 4 --lr-decay-style cosine
   --weight-decay 0.01 --clip-grad 1.0 --seed 1234)
 

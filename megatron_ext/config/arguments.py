@@ -12,12 +12,14 @@ import argparse
 import dataclasses
 import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_ext.config.flags import add_options, opt
+from megatron_ext.config.flags import add_options, opt, to_argv
 from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.config.presets import PRESETS, get_preset
 
 
 class ConfigError(ValueError):
@@ -382,15 +384,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for group_name, cls in GROUPS.items():
         group = parser.add_argument_group(group_name, cls.__doc__)
+        if cls is ModelArgs:
+            group.add_argument(
+                "--model",
+                dest=_PRESET,
+                default=argparse.SUPPRESS,
+                choices=list(PRESETS),
+                help="A model preset: expands to its shape flags; flags given after --model override them.",
+            )
         add_options(group, cls, dataclasses.fields(cls), dest=group_name + ".{name}")
     return parser
 
 
+_PRESET = "preset"
+
+
+def preset_argv(name: str) -> list[str]:
+    """The pretrain_gpt.py flags of preset ``name`` (``--model NAME`` expands to these)."""
+    shape = ModelArgs(**get_preset(name).model_flags())
+    return to_argv(shape, always=("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"))
+
+
+def expand_preset(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--model NAME`` replaced by the preset's flags, placed first so later flags win."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--model", choices=list(PRESETS))
+    known, rest = pre.parse_known_args(list(argv))
+    return [*preset_argv(known.model), *rest] if known.model else list(argv)
+
+
 def parse_args(argv: Sequence[str] | None = None, *, world_size: int | None = None) -> TrainingConfig:
     """Parse and validate. Raises ConfigError or LayoutError with every problem named."""
-    namespace = build_parser().parse_args(argv)
+    namespace = build_parser().parse_args(expand_preset(sys.argv[1:] if argv is None else argv))
     given: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
     for dest, value in vars(namespace).items():
+        if dest == _PRESET:
+            continue
         group, name = dest.split(".", 1)
         given[group][name] = tuple(value) if isinstance(value, list) else value
     return make_config(world_size=world_size, **given)

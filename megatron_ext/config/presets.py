@@ -1,7 +1,8 @@
-"""Published GPT shapes for ``tools/layout.py --model``.
+"""Model shapes for ``--model NAME`` of ``pretrain_gpt.py``, ``tools/layout.py`` and the recipes.
 
-Each preset is a set of ``pretrain_gpt.py`` model flags plus the global batch
-size its paper trained with. Sources:
+Each preset is a set of ``pretrain_gpt.py`` model flags (``--model NAME``
+expands to them; flags given after it override them) plus the global batch
+size its paper trained with, which the calculator uses. Sources:
 
 * ``gpt3-*``: Brown et al. 2020, "Language Models are Few-Shot Learners",
   Table 2.1 (layers, d_model, heads, batch size in tokens / 2048), sequence
@@ -62,6 +63,16 @@ PRESETS: Mapping[str, ModelPreset] = MappingProxyType(
     {
         p.name: p
         for p in (
+            ModelPreset(
+                name="gpt-tiny",
+                description="A tiny GPT for CPU rehearsals of a layout (this project's recipes and demo)",
+                num_layers=4,
+                hidden_size=64,
+                num_attention_heads=4,
+                seq_length=64,
+                vocab_size=1023,
+                global_batch_size=8,
+            ),
             ModelPreset(
                 name="gpt3-126m",
                 description=f"{_GPT3} Small",

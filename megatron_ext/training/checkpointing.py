@@ -39,12 +39,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from megatron_ext.config.runtime import TRACKER_FILENAME
 from megatron_ext.config.arguments import TrainingConfig
 from megatron_ext.training.model import unwrap
 
 log = logging.getLogger(__name__)
 
-TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 CHECKSUMS_FILENAME = "checksums.json"
 """Written after every file of a save, before the tracker: the directory is complete."""
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron_ext.config.runtime import serial_cuda_connections
 from megatron_ext.cli.launch import free_port
 from megatron_ext.config.layout import ParallelLayout
 
@@ -116,14 +117,10 @@ def initialize(
 def _set_cuda_connections(layout: ParallelLayout) -> None:
     """One hardware work queue when TP communicates inside every layer.
 
-    Megatron-Core overlaps the tensor-parallel all-reduce / all-gather of a
-    layer with its weight-gradient GEMM by launching the communication
-    first; with a single queue (``CUDA_DEVICE_MAX_CONNECTIONS=1``) the GPU
-    starts them in that order, otherwise the GEMM can take the SMs first and
-    the overlap is lost. Must be set before the CUDA context exists; a value
-    the user chose is kept.
+    Why: ``config.runtime.serial_cuda_connections``. Must be set before the
+    CUDA context exists; a value the user chose is kept.
     """
-    if layout.tp > 1 and "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
+    if serial_cuda_connections(tensor_model_parallel_size=layout.tp) and "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
         os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
         log.info("CUDA_DEVICE_MAX_CONNECTIONS=1 (tensor parallelism overlaps its communication with GEMMs)")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext.cli import recipe
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.training.checkpointing import read_tracker
 from tests.conftest import REPO, read_metrics
@@ -26,9 +27,10 @@ RECIPES = sorted(p for p in RECIPES_DIR.glob("*.sh") if p.name != "common.sh")
 CPU_RECIPE = RECIPES_DIR / "gpt_tiny_cpu_pp2_vp2.sh"
 SETTINGS = sorted(
     set(re.findall(r'"\$\{([A-Z_]+):=', (RECIPES_DIR / "common.sh").read_text()))
+    | set(recipe.variables())
     | {"PYTHON", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"}
 )
-"""The environment variables the recipes read."""
+"""The environment variables the recipes read: common.sh's own and those megatron_ext.cli.recipe resolves."""
 
 # An override per recipe that breaks a layout rule, and the validation module's message for it.
 INVALID = {
@@ -129,7 +131,7 @@ def test_a_layout_estimated_not_to_fit_is_refused(tmp_path: Path) -> None:
     # GPT-3 175B on one node: valid (TP 8, PP 1) but hundreds of GiB per GPU.
     env = recipe_env(tmp_path, DRY_RUN="1", NNODES="1", PP="1", VP_LAYERS="0")
     proc = run_recipe(RECIPES_DIR / "gpt3_175b_tp8_pp8_vp4.sh", env)
-    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.returncode == ExitCode.DOES_NOT_FIT, proc.stdout + proc.stderr
     assert "configuration is valid" in proc.stdout
     assert "refusing to start: estimated not to fit on GPU_PROFILE=h100-sxm" in proc.stdout
 

@@ -1,0 +1,243 @@
+"""Resolve a recipe's environment into the ``pretrain_gpt.py`` command line (``recipes/common.sh`` calls this).
+
+Bash only launches; it never re-encodes a flag. ``recipes/common.sh`` runs::
+
+    python -m megatron_ext.cli.recipe -- "${MODEL[@]}" "${TRAINING[@]}"
+
+(after exporting the variables ``--variables`` lists) and evaluates what it prints: shell assignments (every value quoted with
+``shlex.quote``) of
+
+* ``pretrain_args``: the whole ``pretrain_gpt.py`` command line: the recipe's
+  ``MODEL`` (``--model NAME`` expanded to the preset's flags), the layout,
+  batch, precision and recompute variables, the recipe's ``TRAINING``, data,
+  run and checkpoint variables, then ``EXTRA_ARGS``;
+* ``calculator_args``: the part of it that ``tools/layout.py`` models (the
+  flag table's ``estimate=True`` fields), for the memory estimate;
+* ``serial_cuda_connections``: 1 when ``CUDA_DEVICE_MAX_CONNECTIONS=1`` is
+  needed (``config.runtime``);
+* the exit codes (``EXIT_*``, ``config.exit_codes``) and ``TRACKER_FILENAME``.
+
+Variables that set one flag are named in the flag table (``env=`` on the
+field, e.g. ``TP`` → ``--tensor-model-parallel-size``); the few below that
+set several flags, or none, are here. An empty variable is unset. A value
+that is not valid for its flag exits with code 2 and names the variable.
+Imports only ``megatron_ext.config`` (no torch), so it runs on a login node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from megatron_ext.config.arguments import GROUPS, expand_preset
+from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.flags import flag_of, options, value_type
+from megatron_ext.config.runtime import TRACKER_FILENAME, serial_cuda_connections
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A recipe variable that is not one field of the flag table."""
+
+    name: str
+    default: str
+    help: str
+
+
+SETTINGS = (
+    Setting("PRECISION", "bf16", "bf16 | fp16 | fp32: --bf16, --fp16 or neither."),
+    Setting("RECOMPUTE", "none", "none | selective | full (full: uniform, one layer per checkpoint)."),
+    Setting("VP_LAYERS", "0", "Layers per virtual pipeline stage (interleaved 1F1B); 0: not interleaved."),
+    Setting(
+        "OVERLAP",
+        "",
+        "1: overlap the DP gradient reduce (and, with the distributed optimizer, the parameter all-gather) with "
+        "compute and fuse the cross entropy; default 1 on GPUs, 0 with DEVICE=cpu.",
+    ),
+    Setting("DATA_PATH", "", "Dataset prefixes, optionally weighted ('W1 P1 W2 P2'); empty: --mock-data."),
+    Setting("CHECKPOINT_DIR", "", "--save and --load: a requeued job resumes from it."),
+    Setting("EXTRA_ARGS", "", "More pretrain_gpt.py arguments, split on whitespace."),
+)
+"""Recipe variables with more to them than one flag."""
+
+DEFAULTS: Mapping[str, str] = {
+    "DEVICE": "cuda",
+    "TRAIN_ITERS": "100",
+    "LOG_INTERVAL": "10",
+    "SAVE_INTERVAL": "1000",
+    "EVAL_INTERVAL": "1000",
+    "EVAL_ITERS": "10",
+    "DATA_SPLIT": "969,30,1",
+    "TOKENIZER_TYPE": "GPTSentencePieceTokenizer",
+    **{s.name: s.default for s in SETTINGS},
+}
+"""The recipes' defaults where they differ from pretrain_gpt.py's (a recipe's own `: "${X:=...}"` wins)."""
+
+
+class RecipeError(ValueError):
+    """A recipe variable with a value its flag cannot take."""
+
+
+def table_variables() -> list[tuple[str, str, dataclasses.Field[object]]]:
+    """(variable, group, field) for every flag-table field a recipe variable sets."""
+    return [
+        (f.metadata["env"], group, f)
+        for group, cls in GROUPS.items()
+        for f in options(cls)
+        if f.metadata.get("env")
+    ]
+
+
+def _get(env: Mapping[str, str], name: str) -> str:
+    return env.get(name, "") or DEFAULTS.get(name, "")
+
+
+def _switch(name: str, value: str) -> bool:
+    if value not in ("0", "1"):
+        raise RecipeError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def _table_flags(env: Mapping[str, str], *groups: str) -> list[str]:
+    """The flags of the variables named in the flag table for fields of ``groups``, in table order."""
+    argv: list[str] = []
+    for name, group, f in table_variables():
+        if group not in groups:
+            continue
+        value = _get(env, name)
+        if not value:
+            continue
+        tp, _ = value_type(GROUPS[group], f.name)
+        if tp is bool:
+            if _switch(name, value):
+                argv.append(flag_of(f))
+        else:
+            argv += [flag_of(f), value]
+    return argv
+
+
+def resolve(recipe_argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(pretrain_gpt.py arguments, calculator arguments) for the recipe's MODEL + TRAINING and ``env``."""
+    device = _get(env, "DEVICE")
+    argv = expand_preset(recipe_argv)
+
+    precision = _get(env, "PRECISION")
+    if precision not in ("bf16", "fp16", "fp32"):
+        raise RecipeError(f"PRECISION must be bf16, fp16 or fp32, got {precision!r}")
+    derived = [] if precision == "fp32" else [f"--{precision}"]
+    recompute = _get(env, "RECOMPUTE")
+    recompute_flags = {
+        "none": [],
+        "selective": ["--recompute-granularity", "selective"],
+        "full": ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"],
+    }
+    if recompute not in recompute_flags:
+        raise RecipeError(f"RECOMPUTE must be none, selective or full, got {recompute!r}")
+    derived += recompute_flags[recompute]
+    vp_layers = _get(env, "VP_LAYERS")
+    if vp_layers not in ("", "0"):
+        derived += ["--num-layers-per-virtual-pipeline-stage", vp_layers]
+    overlap = _switch("OVERLAP", _get(env, "OVERLAP") or ("0" if device == "cpu" else "1"))
+    distributed_optimizer = _switch("DISTRIBUTED_OPTIMIZER", _get(env, "DISTRIBUTED_OPTIMIZER") or "0")
+    if overlap:
+        derived.append("--overlap-grad-reduce")
+        if distributed_optimizer:
+            derived.append("--overlap-param-gather")
+
+    layout = _table_flags(env, "model", "parallel", "batch", "optim")
+    data_path = _get(env, "DATA_PATH").split()
+    if data_path:
+        if not _get(env, "TOKENIZER_MODEL"):
+            raise RecipeError("DATA_PATH is set: set TOKENIZER_MODEL to the tokenizer model file too")
+        data = ["--data-path", *data_path, *_table_flags(env, "data")]
+    else:
+        data = ["--mock-data"]
+    checkpoints = _get(env, "CHECKPOINT_DIR")
+    run = _table_flags(env, "run")
+    run += ["--save", checkpoints, "--load", checkpoints] if checkpoints else []
+    run.append("--exit-signal-handler")
+    fused = ["--cross-entropy-loss-fusion"] if overlap else []
+    extra = _get(env, "EXTRA_ARGS").split()
+
+    pretrain = [*argv, *layout, *derived, *fused, *data, *run, *extra]
+    _check(pretrain)
+    return pretrain, calculator_args(pretrain)
+
+
+def _check(pretrain: list[str]) -> None:
+    """Refuse values argparse would refuse (wrong type or choice), naming the flag, before anything launches."""
+    from megatron_ext.config.arguments import build_parser
+
+    parser = build_parser()
+    parser.exit_on_error = False
+    try:
+        parser.parse_known_args(pretrain)
+    except argparse.ArgumentError as exc:
+        raise RecipeError(f"{exc} (from the recipe's variables or its MODEL/TRAINING arrays)") from None
+
+
+def calculator_args(pretrain: Sequence[str]) -> list[str]:
+    """The flags of a pretrain_gpt.py command line that the layout calculator models, with their values."""
+    modelled = {
+        spelling
+        for cls in GROUPS.values()
+        for f in options(cls, estimate=True)
+        for spelling in (flag_of(f), *f.metadata.get("aliases", ()))
+    }
+    out: list[str] = []
+    keep = False
+    for arg in pretrain:
+        if arg.startswith("--"):
+            keep = arg in modelled
+        if keep:
+            out.append(arg)
+    return out
+
+
+def shell_assignments(pretrain: list[str], calculator: list[str], *, device: str) -> str:
+    """What common.sh evaluates: arrays, flags and constants, every value quoted."""
+
+    def array(name: str, values: Sequence[str]) -> str:
+        return f"{name}=({' '.join(shlex.quote(v) for v in values)})"
+
+    tp_flag = "--tensor-model-parallel-size"
+    tp = int(pretrain[len(pretrain) - 1 - pretrain[::-1].index(tp_flag) + 1]) if tp_flag in pretrain else 1
+    lines = [
+        array("pretrain_args", pretrain),
+        array("calculator_args", calculator),
+        f"serial_cuda_connections={int(serial_cuda_connections(tensor_model_parallel_size=tp))}",
+        f"DEVICE={shlex.quote(device)}",
+        f"TRACKER_FILENAME={shlex.quote(TRACKER_FILENAME)}",
+        *(f"EXIT_{code.name}={int(code)}" for code in ExitCode),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def variables() -> list[str]:
+    """Every environment variable the resolver reads (common.sh exports them before calling it)."""
+    return sorted({name for name, _, _ in table_variables()} | {s.name for s in SETTINGS} | set(DEFAULTS))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--variables"]:
+        print("\n".join(variables()))
+        return ExitCode.OK
+    if args[:1] == ["--"]:
+        args = args[1:]
+    try:
+        pretrain, calculator = resolve(args, os.environ)
+    except RecipeError as exc:
+        print(f"[recipe] error: {exc}", file=sys.stderr)
+        return ExitCode.INVALID
+    sys.stdout.write(shell_assignments(pretrain, calculator, device=_get(os.environ, "DEVICE")))
+    return ExitCode.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
