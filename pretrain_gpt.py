@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from megatron_ext.config.arguments import TrainingConfig
-from megatron_ext.training.datasets import Datasets, build_datasets, build_tokenizer
+from megatron_ext.data.tokenizers import Tokenizer
+from megatron_ext.training.datasets import Datasets, build_datasets
 from megatron_ext.training.loop import pretrain
 from megatron_ext.training.model import layer_spec, transformer_config, unwrap
 
@@ -81,9 +82,9 @@ def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tens
     return output, partial(loss_func, loss_mask)
 
 
-def datasets_provider(cfg: TrainingConfig) -> Datasets:
-    """Train / valid / test datasets (Megatron-Core's builders)."""
-    return build_datasets(cfg, build_tokenizer(cfg))
+def datasets_provider(cfg: TrainingConfig, tokenizer: Tokenizer) -> Datasets:
+    """Train / valid / test datasets (Megatron-Core's builders) with the run's tokenizer."""
+    return build_datasets(cfg, tokenizer)
 
 
 if __name__ == "__main__":

@@ -86,10 +86,7 @@ class RecipeError(ValueError):
 def table_variables() -> list[tuple[str, str, dataclasses.Field[object]]]:
     """(variable, group, field) for every flag-table field a recipe variable sets."""
     return [
-        (f.metadata["env"], group, f)
-        for group, cls in GROUPS.items()
-        for f in options(cls)
-        if f.metadata.get("env")
+        (f.metadata["env"], group, f) for group, cls in GROUPS.items() for f in options(cls) if f.metadata.get("env")
     ]
 
 

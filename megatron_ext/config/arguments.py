@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
-import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -413,20 +410,27 @@ def expand_preset(argv: Sequence[str]) -> list[str]:
     return [*preset_argv(known.model), *rest] if known.model else list(argv)
 
 
-def parse_args(argv: Sequence[str] | None = None, *, world_size: int | None = None) -> TrainingConfig:
-    """Parse and validate. Raises ConfigError or LayoutError with every problem named."""
-    namespace = build_parser().parse_args(expand_preset(sys.argv[1:] if argv is None else argv))
+def parse_args(argv: Sequence[str], *, world_size: int | None = None, default_world_size: int = 1) -> TrainingConfig:
+    """Parse and validate (pure, see ``make_config``). Raises ConfigError or LayoutError with every problem named."""
+    namespace = build_parser().parse_args(expand_preset(argv))
     given: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
     for dest, value in vars(namespace).items():
         if dest == _PRESET:
             continue
         group, name = dest.split(".", 1)
         given[group][name] = tuple(value) if isinstance(value, list) else value
-    return make_config(world_size=world_size, **given)
+    return make_config(world_size=world_size, default_world_size=default_world_size, **given)
 
 
-def make_config(*, world_size: int | None = None, **groups: dict[str, Any]) -> TrainingConfig:
-    """Build a TrainingConfig from per-group keyword dicts (as parse_args does)."""
+def make_config(
+    *, world_size: int | None = None, default_world_size: int = 1, **groups: dict[str, Any]
+) -> TrainingConfig:
+    """Build a TrainingConfig from per-group keyword dicts (as parse_args does). Pure: no files, no environment.
+
+    The world size is ``world_size``, else ``--world-size``, else ``default_world_size`` (the launcher's
+    ``WORLD_SIZE``, which the caller reads). The tokenizer's vocabulary is filled in by
+    ``megatron_ext.data.preflight``, which opens the files.
+    """
     built = {name: cls(**groups.get(name, {})) for name, cls in GROUPS.items()}
     model: ModelArgs = built["model"]
     parallel: ParallelArgs = built["parallel"]
@@ -436,24 +440,13 @@ def make_config(*, world_size: int | None = None, **groups: dict[str, Any]) -> T
     data: DataArgs = built["data"]
 
     if world_size is None:
-        world_size = parallel.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+        world_size = parallel.world_size or default_world_size
     if parallel.overlap_param_gather and not parallel.use_distributed_optimizer:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
     if not data.mock_data and not data.data_path and not data.train_data_path:
         raise ConfigError("no training data: give --mock-data or --data-path PREFIX [...]")
     if data.mock_data and model.vocab_size is None and data.tokenizer_type == "NullTokenizer":
         model = dataclasses.replace(model, vocab_size=1023)
-    # The vocabulary comes from the tokenizer; the datasets are checked against it here,
-    # before any process group exists, so a wrong path is one clear error.
-    from megatron_ext.data import sources as data_sources
-
-    try:
-        # Full dataset checks where one process can afford them (--dry-run, global
-        # rank 0); constant-time ones on the other ranks of a large job.
-        full = run.dry_run or int(os.environ.get("RANK", "0")) == 0
-        tokenizer_vocab_size = data_sources.resolve(data, vocab_size=model.vocab_size, full=full)
-    except data_sources.DataError as exc:
-        raise ConfigError(str(exc)) from exc
     if run.train_iters < 0:
         raise ConfigError(f"--train-iters must be >= 0, got {run.train_iters}")
     if run.log_interval < 1:
@@ -466,8 +459,6 @@ def make_config(*, world_size: int | None = None, **groups: dict[str, Any]) -> T
         raise ConfigError(
             "--distrib-optim-fully-reshardable-mem-efficient only applies with --dist-ckpt-optim-fully-reshardable"
         )
-    if run.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError("--tensorboard-dir needs the tensorboard package: pip install tensorboard")
     if optim.lr_decay_iters is None:
         optim = dataclasses.replace(optim, lr_decay_iters=run.train_iters)
     decay = max(optim.lr_decay_iters or 0, 1)
@@ -503,5 +494,4 @@ def make_config(*, world_size: int | None = None, **groups: dict[str, Any]) -> T
         data=data,
         run=run,
         layout=layout,
-        tokenizer_vocab_size=tokenizer_vocab_size,
     )

@@ -64,16 +64,6 @@ PRESETS: Mapping[str, ModelPreset] = MappingProxyType(
         p.name: p
         for p in (
             ModelPreset(
-                name="gpt-tiny",
-                description="A tiny GPT for CPU rehearsals of a layout (this project's recipes and demo)",
-                num_layers=4,
-                hidden_size=64,
-                num_attention_heads=4,
-                seq_length=64,
-                vocab_size=1023,
-                global_batch_size=8,
-            ),
-            ModelPreset(
                 name="gpt3-126m",
                 description=f"{_GPT3} Small",
                 num_layers=12,
@@ -162,6 +152,16 @@ PRESETS: Mapping[str, ModelPreset] = MappingProxyType(
                 seq_length=2048,
                 vocab_size=51200,
                 global_batch_size=3072,
+            ),
+            ModelPreset(
+                name="gpt-tiny",
+                description="A tiny GPT for CPU rehearsals of a layout (this project's recipes and demo)",
+                num_layers=4,
+                hidden_size=64,
+                num_attention_heads=4,
+                seq_length=64,
+                vocab_size=1023,
+                global_batch_size=8,
             ),
         )
     }

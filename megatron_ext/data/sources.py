@@ -1,6 +1,6 @@
 """What ``--data-path`` and the tokenizer flags name, checked before anything starts.
 
-``make_config`` calls :func:`resolve` on every rank, so that a wrong prefix, a
+``preflight.preflight`` calls :func:`resolve` on every rank, so that a wrong prefix, a
 missing ``.bin``/``.idx``, a truncated file or a dataset made with another
 tokenizer is a configuration error (exit code 2, one line per problem)
 instead of a traceback from every rank after the model has been built.
@@ -173,17 +173,17 @@ def check_dataset(prefix: str, tokenizer: Tokenizer, *, full: bool | None = None
     return files
 
 
-def resolve(data: Any, *, vocab_size: int | None, full: bool | None = None) -> int:
-    """Check the tokenizer and every dataset; return the tokenizer's (unpadded) vocabulary size.
+def resolve(data: Any, *, vocab_size: int | None, full: bool | None = None) -> Tokenizer:
+    """Build the tokenizer and check every dataset against it; return the tokenizer.
 
     ``full``: see :func:`check_dataset` (default: full checks on global rank 0 only).
     """
     if data.tokenizer_type == "NullTokenizer" and vocab_size is None:
         raise DataError("--tokenizer-type NullTokenizer needs --vocab-size N")
     # As in Megatron-LM, --vocab-size only sizes the NullTokenizer; other tokenizers bring their own.
-    tokenizer = tokenizer_for(data, vocab_size=vocab_size if data.tokenizer_type == "NullTokenizer" else None)
+    tokenizer = tokenizer_for(data, vocab_size=vocab_size)
     if not data.mock_data:
         for blend in blends(data).values():
             for prefix in blend.prefixes if blend is not None else ():
                 check_dataset(prefix, tokenizer, full=full)
-    return tokenizer.vocab_size
+    return tokenizer

@@ -39,8 +39,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from megatron_ext.config.runtime import TRACKER_FILENAME
 from megatron_ext.config.arguments import TrainingConfig
+from megatron_ext.config.runtime import TRACKER_FILENAME
 from megatron_ext.training.model import unwrap
 
 log = logging.getLogger(__name__)

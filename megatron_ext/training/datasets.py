@@ -30,12 +30,6 @@ class Datasets:
     test: Any | None
 
 
-def build_tokenizer(cfg: TrainingConfig) -> Tokenizer:
-    """The tokenizer of ``--tokenizer-type`` (the one the datasets were preprocessed with)."""
-    null = cfg.data.tokenizer_type == "NullTokenizer"
-    return data_sources.tokenizer_for(cfg.data, vocab_size=cfg.model.vocab_size if null else None)
-
-
 def dataset_sizes(cfg: TrainingConfig) -> list[int]:
     """Samples needed for train / valid / test.
 

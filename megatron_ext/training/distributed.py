@@ -12,9 +12,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatron_ext.config.runtime import serial_cuda_connections
 from megatron_ext.cli.launch import free_port
 from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.config.runtime import serial_cuda_connections
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,10 @@ def _set_cuda_connections(layout: ParallelLayout) -> None:
     Why: ``config.runtime.serial_cuda_connections``. Must be set before the
     CUDA context exists; a value the user chose is kept.
     """
-    if serial_cuda_connections(tensor_model_parallel_size=layout.tp) and "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
+    if (
+        serial_cuda_connections(tensor_model_parallel_size=layout.tp)
+        and "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ
+    ):
         os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
         log.info("CUDA_DEVICE_MAX_CONNECTIONS=1 (tensor parallelism overlaps its communication with GEMMs)")
 

@@ -25,6 +25,8 @@ import torch.distributed as dist
 from megatron_ext.config.arguments import ConfigError, TrainingConfig, parse_args
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.layout import LayoutError
+from megatron_ext.data.preflight import preflight
+from megatron_ext.data.tokenizers import Tokenizer
 from megatron_ext.estimate import plan
 from megatron_ext.estimate.flops import flops_per_step
 from megatron_ext.estimate.hardware import peak_flops_for
@@ -37,7 +39,7 @@ log = logging.getLogger("megatron_ext")
 
 ModelProvider = Callable[..., torch.nn.Module]
 ForwardStep = Callable[[Iterator[Any] | None, torch.nn.Module], tuple[torch.Tensor, Callable[..., Any]]]
-DatasetsProvider = Callable[[TrainingConfig], Datasets]
+DatasetsProvider = Callable[[TrainingConfig, Tokenizer], Datasets]
 
 
 def _configure_logging(rank: int) -> None:
@@ -65,10 +67,16 @@ def pretrain(
     rank = int(os.environ.get("RANK", "0"))
     _configure_logging(rank)
     try:
-        cfg = parse_args(argv)
+        cfg = parse_args(
+            sys.argv[1:] if argv is None else argv, default_world_size=int(os.environ.get("WORLD_SIZE", "1"))
+        )
+        # Full dataset checks where one process can afford them (--dry-run, global rank 0);
+        # constant-time ones on the other ranks of a large job.
+        checked = preflight(cfg, full=cfg.run.dry_run or rank == 0)
     except (ConfigError, LayoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.INVALID
+    cfg = checked.cfg
     if cfg.run.dry_run:
         print("configuration is valid")
         for line in plan.describe(cfg):
@@ -93,6 +101,7 @@ def pretrain(
             model_provider=model_provider,
             forward_step=forward_step,
             datasets_provider=datasets_provider,
+            tokenizer=checked.tokenizer,
         )
         return trainer.train(signal_flag=signal_flag, started=started)
     except checkpointing.CheckpointError as exc:
@@ -155,6 +164,7 @@ class Trainer:
         model_provider: ModelProvider,
         forward_step: ForwardStep,
         datasets_provider: DatasetsProvider,
+        tokenizer: Tokenizer,
     ) -> None:
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -251,7 +261,7 @@ class Trainer:
         if cfg.run.save:
             checkpointing.check_save_directory(cfg.run.save, start_iteration=self.iteration, announce=ctx.rank == 0)
 
-        self.datasets = datasets_provider(cfg)
+        self.datasets = datasets_provider(cfg, tokenizer)
         self.needs_data = [self._unwrapped(c).pre_process or self._unwrapped(c).post_process for c in self.chunks]
         self.metrics = MetricsWriter(
             enabled=ctx.is_logging_rank,

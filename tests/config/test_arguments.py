@@ -28,10 +28,13 @@ def test_parse_full_layout() -> None:
     assert cfg.optim.lr_decay_iters == cfg.run.train_iters
 
 
-def test_world_size_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    cfg = parse_args(["--mock-data", "--micro-batch-size", "1"])
+def test_world_size_from_the_launcher_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's WORLD_SIZE reaches the layout through the caller (pretrain reads it); --world-size wins."""
+    monkeypatch.setenv("WORLD_SIZE", "8")  # building a config reads no environment
+    cfg = parse_args(["--mock-data", "--micro-batch-size", "1"], default_world_size=4)
     assert cfg.layout.world_size == 4 and cfg.layout.global_batch_size == 4
+    cfg = parse_args(["--mock-data", "--world-size", "2"], default_world_size=4)
+    assert cfg.layout.world_size == 2
 
 
 def test_padded_vocab_follows_megatron() -> None:

@@ -7,12 +7,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megatron_ext.config.arguments import ConfigError, parse_args
+from megatron_ext.config.arguments import ConfigError, TrainingConfig, parse_args
 from megatron_ext.data import sources as data_sources
 from megatron_ext.data.indexed import IndexedDatasetFiles, IndexedWriter
+from megatron_ext.data.preflight import preflight
 from megatron_ext.data.tokenizers import NullTokenizer
 from tests.conftest import read_metrics, run_pretrain, run_script
 from tests.data.helpers import shared_data, tool
+
+
+def check(argv: list[str]) -> TrainingConfig:
+    """What pretrain_gpt.py does before it starts: parse (pure), then check the data (preflight)."""
+    return preflight(parse_args(argv), full=True).cfg
+
 
 MODEL = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --hidden-dropout 0 --attention-dropout 0 --device cpu --seed 1234".split()
 
@@ -68,7 +75,7 @@ def test_vocabulary_comes_from_the_tokenizer(datasets: dict[str, Path]) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "padded vocabulary: 1,024" in proc.stdout  # 1,000 pieces → multiple of 128 × TP2
     # --vocab-size sizes only the NullTokenizer; with a real tokenizer it is ignored, as in Megatron-LM.
-    cfg = parse_args([*MODEL, "--data-path", str(datasets["a"]), *tokenizer_flags(datasets), "--vocab-size", "50257"])
+    cfg = check([*MODEL, "--data-path", str(datasets["a"]), *tokenizer_flags(datasets), "--vocab-size", "50257"])
     assert (cfg.vocab_size, cfg.padded_vocab_size) == (1000, 1024)
 
 
@@ -90,7 +97,7 @@ def test_bad_data_options_fail_before_training(datasets: dict[str, Path], flags:
     if "--tokenizer-type" not in args:
         args = [*tokenizer_flags(datasets), *args]
     with pytest.raises(ConfigError, match=message):
-        parse_args([*MODEL, *args])
+        check([*MODEL, *args])
 
 
 @pytest.mark.unit
@@ -196,7 +203,7 @@ def test_blend_weights_reach_megatron_cores_blended_dataset(datasets: dict[str, 
     No --data-cache-path: without a process group Megatron-Core builds the blend's indices in memory."""
     from megatron.core.datasets.blended_dataset import BlendedDataset
 
-    from megatron_ext.training.datasets import build_datasets, build_tokenizer
+    from megatron_ext.training.datasets import build_datasets
 
     cfg = parse_args(
         [
@@ -209,7 +216,8 @@ def test_blend_weights_reach_megatron_cores_blended_dataset(datasets: dict[str, 
             "4",
         ]
     )
-    built = build_datasets(cfg, build_tokenizer(cfg))
+    checked = preflight(cfg, full=True)
+    built = build_datasets(checked.cfg, checked.tokenizer)
     # Weights ignored would give 50% (equal) or A's share of the tokens (by size): both far from 70%.
     sizes = [int(IndexedDatasetFiles.open(datasets[k]).lengths.sum()) for k in ("a", "b")]
     assert abs(sizes[0] / sum(sizes) - 0.7) > 0.05

@@ -1,0 +1,78 @@
+"""megatron_ext.cli.recipe: a recipe's environment through the flag table into a command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from megatron_ext.cli.recipe import RecipeError, calculator_args, resolve, table_variables, variables
+from megatron_ext.config.arguments import parse_args
+from megatron_ext.config.exit_codes import ExitCode
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.unit
+
+TINY = ["--model", "gpt-tiny", "--lr", "3e-3"]
+
+
+def test_variables_become_the_flags_of_their_fields() -> None:
+    env = {"TP": "2", "PP": "2", "VP_LAYERS": "1", "SEQUENCE_PARALLEL": "1", "DISTRIBUTED_OPTIMIZER": "1",
+           "MICRO_BATCH": "2", "GLOBAL_BATCH": "16", "PRECISION": "fp32", "DEVICE": "cpu", "TRAIN_ITERS": "7",
+           "CHECKPOINT_DIR": "/ckpt", "EXTRA_ARGS": "--seed 7"}  # fmt: skip
+    pretrain, calculator = resolve(TINY, env)
+    cfg = parse_args([*pretrain, "--world-size", "8"])
+    assert (cfg.layout.tp, cfg.layout.pp, cfg.layout.vp, cfg.layout.dp) == (2, 2, 2, 2)
+    assert cfg.layout.sequence_parallel and cfg.layout.use_distributed_optimizer
+    assert (cfg.run.train_iters, cfg.run.save, cfg.run.load, cfg.optim.seed) == (7, "/ckpt", "/ckpt", 7)
+    assert cfg.data.mock_data and cfg.model.num_layers == 4 and not cfg.optim.bf16
+    assert "--overlap-grad-reduce" not in pretrain  # OVERLAP defaults to 0 on CPU
+    # The calculator gets the modelled flags only, with their values.
+    assert "--lr" not in calculator and "--train-iters" not in calculator
+    assert calculator[calculator.index("--tensor-model-parallel-size") + 1] == "2"
+
+
+def test_gpu_defaults_overlap_and_fuse() -> None:
+    pretrain, _ = resolve(TINY, {"DISTRIBUTED_OPTIMIZER": "1"})
+    assert {"--bf16", "--overlap-grad-reduce", "--overlap-param-gather", "--cross-entropy-loss-fusion"} <= set(pretrain)
+    assert pretrain[pretrain.index("--device") + 1] == "cuda"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"PRECISION": "bf32"}, "PRECISION must be bf16, fp16 or fp32"),
+        ({"RECOMPUTE": "some"}, "RECOMPUTE must be none, selective or full"),
+        ({"SEQUENCE_PARALLEL": "yes"}, "SEQUENCE_PARALLEL must be 0 or 1"),
+        ({"TP": "two"}, "--tensor-model-parallel-size"),
+        ({"DATA_PATH": "/data/web"}, "set TOKENIZER_MODEL"),
+    ],
+)
+def test_bad_values_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(RecipeError, match=message):
+        resolve(TINY, env)
+
+
+def test_every_table_variable_is_listed_and_unique() -> None:
+    names = [name for name, _, _ in table_variables()]
+    assert len(names) == len(set(names))
+    assert set(names) <= set(variables())
+
+
+def test_calculator_args_keep_values_of_modelled_flags_only() -> None:
+    argv = ["--num-layers", "4", "--lr", "1e-3", "--sequence-parallel", "--data-path", "0.5", "a", "0.5", "b"]
+    assert calculator_args(argv) == ["--num-layers", "4", "--sequence-parallel"]
+
+
+def test_shell_output_is_quoted_and_carries_the_exit_codes() -> None:
+    env = {"PATH": "/usr/bin:/bin", "EXTRA_ARGS": "--seed 3", "CHECKPOINT_DIR": "/path with space/ckpt"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "megatron_ext.cli.recipe", "--", *TINY],
+        capture_output=True, text=True, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    script = proc.stdout + 'printf "%s\\n" "${pretrain_args[@]}"; echo "$EXIT_SAVED_AND_STOPPED $TRACKER_FILENAME"'
+    shown = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert "/path with space/ckpt" in shown
+    assert shown[-1] == f"{int(ExitCode.SAVED_AND_STOPPED)} latest_checkpointed_iteration.txt"

@@ -1,0 +1,86 @@
+"""The flag table drives every parser and every emitted command line; config building is pure."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from megatron_ext.cli.layout import build_parser as calculator_parser
+from megatron_ext.config.arguments import GROUPS, ModelArgs, build_parser, expand_preset, parse_args, preset_argv
+from megatron_ext.config.flags import flag_of, options, to_argv
+from megatron_ext.config.presets import PRESETS
+from megatron_ext.estimate.search import pretrain_flags
+from megatron_ext.estimate.workload import Workload
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.unit
+
+
+def _flags(parser: object) -> set[str]:
+    return {s for action in parser._actions for s in action.option_strings}  # type: ignore[attr-defined]
+
+
+def test_every_field_is_a_pretrain_flag_and_every_modelled_one_a_calculator_flag() -> None:
+    pretrain, calculator = _flags(build_parser()), _flags(calculator_parser())
+    for cls in GROUPS.values():
+        for f in options(cls):
+            assert flag_of(f) in pretrain, f.name
+            # --world-size is also the calculator's own spelling of --gpus.
+            assert (flag_of(f) in calculator) == f.metadata["estimate"] or flag_of(f) == "--world-size", f.name
+            if f.metadata["short"]:
+                assert f.metadata["short"] in calculator and f.metadata["short"] not in pretrain
+
+
+def test_emitted_command_line_parses_back_to_the_same_values() -> None:
+    model = ModelArgs(
+        num_layers=8, hidden_size=256, num_attention_heads=8, group_query_attention=True, num_query_groups=2,
+        swiglu=True, normalization="RMSNorm", position_embedding_type="rope", vocab_size=1000, seq_length=64,
+    )  # fmt: skip
+    argv = to_argv(model)
+    assert "--num-query-groups" in argv and "--hidden-dropout" not in argv  # defaults stay implicit
+    cfg = parse_args([*argv, "--mock-data"])
+    assert cfg.model == model
+
+
+def test_the_calculators_flags_are_what_pretrain_gpt_builds() -> None:
+    cfg = parse_args(
+        "--mock-data --num-layers 8 --hidden-size 64 --num-attention-heads 4 --tensor-model-parallel-size 2 "
+        "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 --sequence-parallel "
+        "--global-batch-size 16 --bf16 --recompute-granularity full --recompute-method block "
+        "--recompute-num-layers 1 --vocab-size 500".split(),
+        world_size=8,
+    )
+    workload = Workload(model=cfg.model, precision="bf16", recompute_granularity="full", recompute_method="block")
+    emitted = " ".join(pretrain_flags(workload, cfg.layout)).split()
+    again = parse_args([*emitted, "--mock-data"], world_size=8)
+    assert again.layout == cfg.layout and again.model == cfg.model
+    assert (again.optim.bf16, again.optim.recompute_method) == (True, "block")
+
+
+def test_model_preset_expands_and_later_flags_win() -> None:
+    for name in PRESETS:
+        cfg = parse_args([*preset_argv(name), "--mock-data"])
+        assert (cfg.model.num_layers, cfg.model.hidden_size) == (PRESETS[name].num_layers, PRESETS[name].hidden_size)
+    argv = expand_preset(["--model", "gpt3-13b", "--num-layers", "8", "--mock-data"])
+    assert parse_args(argv).model.num_layers == 8
+    assert parse_args(["--model", "gpt3-13b", "--mock-data"]).model.hidden_size == 5120
+
+
+def test_config_and_the_recipe_resolver_import_no_torch() -> None:
+    """Pure: a login node (or the recipes' launcher) resolves a command line without torch or files."""
+    code = (
+        "import sys; import megatron_ext.config.arguments, megatron_ext.cli.recipe, megatron_ext.estimate.search; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'numpy')); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_option_fields_all_have_help() -> None:
+    for cls in GROUPS.values():
+        for f in dataclasses.fields(cls):
+            assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
