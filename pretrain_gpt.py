@@ -69,7 +69,7 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[Any
 def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Any]:
     """Run one micro-batch through one model chunk."""
     chunk = unwrap(model)
-    batch = None
+    batch: Any = None
     if chunk.pre_process or chunk.post_process:
         batch = next(data_iterator)
     device = next(model.parameters()).device
@@ -78,7 +78,7 @@ def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tens
     labels = batch["labels"].to(device, non_blocking=True) if chunk.post_process else None
     # (b, s) token ids in; on the last stage (b, s) per-token losses out.
     output = model(tokens, position_ids, None, labels=labels)
-    loss_mask = batch["loss_mask"].to(device, non_blocking=True) if chunk.post_process else None
+    loss_mask: Any = batch["loss_mask"].to(device, non_blocking=True) if chunk.post_process else None
     return output, partial(loss_func, loss_mask)
 
 

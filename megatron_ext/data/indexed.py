@@ -227,8 +227,8 @@ def _signals_deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, handler in old_handlers.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for held, handler in old_handlers.items():
+            signal.signal(held, handler if handler is not None else signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # signals pending in the kernel arrive here
         for signum in dict.fromkeys(caught):
             signal.raise_signal(signum)

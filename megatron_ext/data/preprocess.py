@@ -286,12 +286,13 @@ def _death_message(pid: int, exitcode: int | None) -> str:
             name = signal.Signals(num).name
         except ValueError:
             name = f"signal {num}"
-        why = {
+        causes: dict[int, str] = {
             signal.SIGKILL: "likely out of memory: the kernel's OOM killer sends SIGKILL",
             signal.SIGSEGV: "a crash in native code",
             signal.SIGBUS: "a crash in native code, or an input file truncated while being read",
             signal.SIGABRT: "a crash in native code",
-        }.get(num, "sent by another process")
+        }
+        why = causes.get(num, "sent by another process")
         return f"worker pid {pid} died with signal {num} ({name}, {why})"
     return f"worker pid {pid} exited unexpectedly with code {exitcode}"
 
@@ -351,7 +352,7 @@ class WorkerPool:
             if obj in pipes:
                 worker = pipes[obj]
                 try:
-                    message = obj.recv()
+                    message: Any = worker.results.recv()
                 except (EOFError, OSError):
                     self._died(worker)
                 result = self._result(worker, message)

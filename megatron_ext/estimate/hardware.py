@@ -32,6 +32,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 GIB = 1024**3
 MIB = 1024**2
@@ -95,7 +96,7 @@ class GpuProfile:
         compute_efficiency: float | None = None,
     ) -> GpuProfile:
         """A copy with the given values replaced (units as on the command line: TFLOP/s, GiB, GB/s)."""
-        changes: dict[str, float | int] = {}
+        changes: dict[str, Any] = {}
         if peak_tflops is not None:
             changes["peak_flops"] = peak_tflops * 1e12
         if memory_gib is not None:

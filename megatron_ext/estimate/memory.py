@@ -91,6 +91,7 @@ def layer_activations(
     replicated = s * b * h * (2 * e + e + e + 2 * masks)
     # Split by TP: Q, K, V, the projection input, fc1's output (2f with SwiGLU), the activation's output.
     split = s * b * e * (n * d + 2 * g * d + n * d + f * (2 if m.swiglu else 1) + f)
+    core: float
     if unfused_attention(workload):
         # Unfused attention keeps the softmax output, the dropout mask and the dropout output.
         core = n * s * s * b * (e + (1 + e if m.attention_dropout > 0 else 0))

@@ -150,7 +150,7 @@ def _tagged_ops(
     next_pipeline_rank: int,
 ) -> list[tuple[str, Any, torch.Tensor, int, int]]:
     dist = torch.distributed
-    planned = [
+    planned: list[tuple[str, Any, Any, int, int]] = [
         ("send_prev", dist.isend, tensor_send_prev, prev_pipeline_rank, _GRADIENT_TAG),
         ("recv_prev", dist.irecv, tensor_recv_prev, prev_pipeline_rank, _ACTIVATION_TAG),
         ("send_next", dist.isend, tensor_send_next, next_pipeline_rank, _ACTIVATION_TAG),

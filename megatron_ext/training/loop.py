@@ -194,7 +194,7 @@ class Trainer:
                 clip_grad=o.clip_grad,
                 bf16=o.bf16,
                 fp16=o.fp16,
-                params_dtype=self.chunks[0].config.params_dtype,
+                params_dtype=get_model_config(self.chunks[0]).params_dtype,
                 loss_scale=o.loss_scale,
                 initial_loss_scale=o.initial_loss_scale,
                 use_distributed_optimizer=layout.use_distributed_optimizer,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -142,7 +143,7 @@ def layer_spec(cfg: TrainingConfig, device: torch.device):  # -> ModuleSpec
 ModelProvider = Callable[..., torch.nn.Module]
 
 
-def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: torch.device) -> list[torch.nn.Module]:
+def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: torch.device) -> list[Any]:
     """One model chunk per virtual stage of this pipeline rank, wrapped in Megatron DDP."""
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -182,8 +183,8 @@ def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: 
     ]
 
 
-def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
-    """The GPTModel inside the DDP (and Float16Module) wrappers."""
+def unwrap(chunk: torch.nn.Module) -> Any:
+    """The GPTModel inside the DDP (and Float16Module) wrappers (typed Any: Megatron-Core's modules are untyped)."""
     from megatron.core.utils import unwrap_model
 
     return unwrap_model(chunk)
