@@ -340,11 +340,18 @@ class TrainingConfig:
     run: RunArgs
     layout: ParallelLayout
     tokenizer_vocab_size: int | None = None
-    """The tokenizer's vocabulary before padding (resolved by make_config; None: null tokenizer of --vocab-size)."""
+    """The tokenizer's vocabulary before padding (filled in by ``data.preflight``; None: the null tokenizer's)."""
+    checkpoint_padded_vocab_size: int | None = None
+    """The padded vocabulary of the checkpoint under ``--load``, kept instead of this run's padding
+    (``training.checkpointing.keep_checkpoint_vocabulary``): the padding depends on TP, and rows the
+    checkpoint does not have would enter every softmax with fresh random weights."""
 
     @property
     def padded_vocab_size(self) -> int:
-        """Vocabulary padded to a multiple of make_vocab_size_divisible_by × TP (Megatron)."""
+        """The checkpoint's padded vocabulary when resuming, else the vocabulary padded to a multiple of
+        make_vocab_size_divisible_by × TP (Megatron)."""
+        if self.checkpoint_padded_vocab_size is not None:
+            return self.checkpoint_padded_vocab_size
         return pad_vocab_size(
             self.vocab_size,
             self.model.make_vocab_size_divisible_by,

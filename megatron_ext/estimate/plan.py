@@ -5,7 +5,7 @@ Used by ``--dry-run`` and printed at the start of every run.
 
 from __future__ import annotations
 
-from megatron_ext.config.arguments import TrainingConfig
+from megatron_ext.config.arguments import TrainingConfig, pad_vocab_size
 from megatron_ext.estimate.shapes import ParameterCounts
 from megatron_ext.estimate.shapes import parameter_counts as model_parameter_counts
 
@@ -16,6 +16,13 @@ def parameter_counts(cfg: TrainingConfig) -> ParameterCounts:
     return model_parameter_counts(cfg.model, padded_vocab_size=cfg.padded_vocab_size, tp=layout.tp, pp=layout.pp)
 
 
+def _kept_padding(cfg: TrainingConfig) -> str:
+    if cfg.checkpoint_padded_vocab_size is None:
+        return ""
+    own = pad_vocab_size(cfg.vocab_size, cfg.model.make_vocab_size_divisible_by, cfg.layout.tp)
+    return f" (the checkpoint's under --load; TP {cfg.layout.tp} alone would pad {cfg.vocab_size:,} tokens to {own:,})"
+
+
 def describe(cfg: TrainingConfig) -> list[str]:
     """The plan: layout, batch, tokens per step, parameters."""
     counts = parameter_counts(cfg)
@@ -24,7 +31,7 @@ def describe(cfg: TrainingConfig) -> list[str]:
     lines = list(layout.describe())
     lines += [
         f"tokens per step: {tokens:,} ({layout.global_batch_size} sequences × {cfg.model.seq_length})",
-        f"padded vocabulary: {cfg.padded_vocab_size:,}",
+        f"padded vocabulary: {cfg.padded_vocab_size:,}" + _kept_padding(cfg),
         f"parameters: {counts.total:,} in total, {counts.max_per_rank:,} on the most loaded rank",
         f"training: {cfg.run.train_iters} iterations = {cfg.run.train_iters * tokens:,} tokens",
     ]

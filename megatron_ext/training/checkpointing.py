@@ -24,6 +24,7 @@ at every save). The regular optimizer's state is always per parameter.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_ext.config.arguments import TrainingConfig
+from megatron_ext.config.layout import divisors
 from megatron_ext.config.runtime import TRACKER_FILENAME
 from megatron_ext.training.model import unwrap
 
@@ -285,11 +287,64 @@ def _check_files(path: Path) -> dict[str, Any]:
     return dict(dist_checkpointing.load_tensors_metadata(str(path)))
 
 
+_VOCAB_TENSORS = ("embedding.word_embeddings.weight", "output_layer.weight")
+"""The tensors whose first dimension is the padded vocabulary."""
+
+
+def saved_padded_vocab_size(root: str | Path) -> int | None:
+    """The padded vocabulary of the latest checkpoint under ``root``, from its tensor index (None: none readable).
+
+    Read before any model or process group exists; a damaged checkpoint is
+    reported by ``load_checkpoint`` itself.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    iteration = read_tracker(root)
+    if iteration is None:
+        return None
+    try:
+        metadata = FileSystemReader(str(checkpoint_dir(root, iteration))).read_metadata().state_dict_metadata
+    except Exception:
+        return None
+    for key, item in metadata.items():
+        size = getattr(item, "size", None)
+        if size is not None and key.endswith(_VOCAB_TENSORS):
+            return int(size[0])
+    return None
+
+
+def keep_checkpoint_vocabulary(cfg: TrainingConfig) -> TrainingConfig:
+    """``cfg`` with the padded vocabulary of the checkpoint under ``--load``, if there is one.
+
+    Megatron pads the vocabulary to a multiple of ``--make-vocab-size-divisible-by``
+    × TP, so another TP would pad it differently; the checkpoint's padding is
+    kept whenever the new TP divides it. Rows added beyond it would take part in
+    every softmax (a zero row still adds ``exp(0)``), so they cannot be made
+    inert: a TP that does not divide it is refused with the sizes and what works.
+    """
+    if not cfg.run.load:
+        return cfg
+    saved = saved_padded_vocab_size(cfg.run.load)
+    if saved is None or saved == cfg.padded_vocab_size or saved < cfg.vocab_size:
+        return cfg  # nothing to keep, or another vocabulary: load_checkpoint names the mismatch
+    tp = cfg.layout.tp
+    if saved % tp:
+        working = [t for t in divisors(saved) if t <= 8 and cfg.model.num_attention_heads % t == 0]
+        raise CheckpointError(
+            f"{cfg.run.load}: the checkpoint's padded vocabulary ({saved:,} rows for {cfg.vocab_size:,} tokens) "
+            f"is not divisible by tensor({tp}), and extra rows would change every softmax; resume under TP in "
+            f"{working}. For checkpoints that move between TP 1, 2, 4 and 8, train with "
+            f"--make-vocab-size-divisible-by {cfg.model.make_vocab_size_divisible_by * 8} (padding to a multiple "
+            "that each of them divides)"
+        )
+    return dataclasses.replace(cfg, checkpoint_padded_vocab_size=saved)
+
+
 def _check_shapes(path: Path, model_sd: dict[str, Any], saved: dict[str, Any]) -> None:
     """Every model tensor must exist in the checkpoint with the same global shape.
 
-    The vocabulary tensors may differ in their first (padded vocabulary) dimension
-    only: the padding depends on TP. The vocabulary itself is checked apart.
+    The vocabulary tensors too: the run keeps the checkpoint's padding
+    (``keep_checkpoint_vocabulary``), so a difference there is an error as well.
     """
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
@@ -302,8 +357,7 @@ def _check_shapes(path: Path, model_sd: dict[str, Any], saved: dict[str, Any]) -
             problems.append(f"{item.key}: not in the checkpoint")
             continue
         want, have = tuple(item.global_shape), tuple(saved[item.key].global_shape)
-        compared = (want[1:], have[1:]) if item.allow_shape_mismatch else (want, have)
-        if compared[0] != compared[1]:
+        if want != have:
             problems.append(f"{item.key}: checkpoint has shape {have}, this model needs {want}")
     if problems:
         shown = sorted(set(problems))

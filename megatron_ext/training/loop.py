@@ -76,7 +76,12 @@ def pretrain(
     except (ConfigError, LayoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.INVALID
-    cfg = checked.cfg
+    try:
+        # Before the model is built: a resumed run keeps the checkpoint's padded vocabulary.
+        cfg = checkpointing.keep_checkpoint_vocabulary(checked.cfg)
+    except checkpointing.CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.CHECKPOINT
     if cfg.run.dry_run:
         print("configuration is valid")
         for line in plan.describe(cfg):
