@@ -27,7 +27,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs, build_layout
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import add_options, options, value_type
 from megatron_ext.config.layout import LayoutError, ParallelLayout
@@ -193,23 +193,11 @@ def evaluate_layout_from_flags(
     args: argparse.Namespace, workload: Workload, cluster: Cluster, batch: int | None
 ) -> ParallelLayout:
     """The layout of the given flags, built exactly as ``pretrain_gpt.py`` builds it (LayoutError if invalid)."""
-    m = workload.model
-    return ParallelLayout.from_flags(
-        world_size=cluster.gpus,
-        tensor_model_parallel_size=args.tensor_model_parallel_size or 1,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size or 1,
-        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-        num_layers_per_virtual_pipeline_stage=args.num_layers_per_virtual_pipeline_stage,
-        sequence_parallel=args.sequence_parallel,
-        use_distributed_optimizer=args.use_distributed_optimizer,
-        micro_batch_size=args.micro_batch_size or 1,
-        global_batch_size=batch,
-        num_layers=m.num_layers,
-        num_attention_heads=m.num_attention_heads,
-        num_query_groups=m.effective_num_query_groups,
-        ffn_hidden_size=m.effective_ffn_hidden_size,
-        seq_length=m.seq_length,
-        gpus_per_node=cluster.gpus_per_node,
+    given = {f.name: getattr(args, f.name) for f in options(ParallelArgs, estimate=True)}
+    parallel = ParallelArgs(**{name: value for name, value in given.items() if value is not None})
+    batch_args = BatchArgs(micro_batch_size=args.micro_batch_size or 1, global_batch_size=batch)
+    return build_layout(
+        workload.model, parallel, batch_args, world_size=cluster.gpus, gpus_per_node=cluster.gpus_per_node
     )
 
 

@@ -429,6 +429,35 @@ def parse_args(argv: Sequence[str], *, world_size: int | None = None, default_wo
     return make_config(world_size=world_size, default_world_size=default_world_size, **given)
 
 
+LAYOUT_FLAGS = frozenset(
+    {f.name for f in dataclasses.fields(ParallelArgs)}
+    & (
+        {f.name for f in dataclasses.fields(ParallelLayout)} - {"world_size"}
+        | {"num_layers_per_virtual_pipeline_stage"}
+    )
+)
+"""The ParallelArgs the layout takes, by name: a new layout flag is a field of both and flows through."""
+
+
+def build_layout(
+    model: ModelArgs, parallel: ParallelArgs, batch: BatchArgs, *, world_size: int, gpus_per_node: int | None = None
+) -> ParallelLayout:
+    """The layout of these flags (LayoutError if invalid): pretrain_gpt.py, --dry-run and the calculator build it here."""
+    flags = {name: getattr(parallel, name) for name in LAYOUT_FLAGS}
+    return ParallelLayout.from_flags(
+        world_size=world_size,
+        **flags,
+        micro_batch_size=batch.micro_batch_size,
+        global_batch_size=batch.global_batch_size,
+        num_layers=model.num_layers,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.effective_num_query_groups,
+        ffn_hidden_size=model.effective_ffn_hidden_size,
+        seq_length=model.seq_length,
+        gpus_per_node=gpus_per_node,
+    )
+
+
 def make_config(
     *, world_size: int | None = None, default_world_size: int = 1, **groups: dict[str, Any]
 ) -> TrainingConfig:
@@ -476,22 +505,7 @@ def make_config(
             f"({decay} iterations: --lr-decay-iters, default --train-iters); lower the warm-up or lengthen the decay"
         )
 
-    layout = ParallelLayout.from_flags(
-        world_size=world_size,
-        tensor_model_parallel_size=parallel.tensor_model_parallel_size,
-        pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
-        num_layers_per_virtual_pipeline_stage=parallel.num_layers_per_virtual_pipeline_stage,
-        sequence_parallel=parallel.sequence_parallel,
-        use_distributed_optimizer=parallel.use_distributed_optimizer,
-        micro_batch_size=batch.micro_batch_size,
-        global_batch_size=batch.global_batch_size,
-        num_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads,
-        num_query_groups=model.effective_num_query_groups,
-        ffn_hidden_size=model.effective_ffn_hidden_size,
-        seq_length=model.seq_length,
-    )
+    layout = build_layout(model, parallel, batch, world_size=world_size)
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
     return TrainingConfig(
         model=model,

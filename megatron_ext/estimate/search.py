@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_ext.config.arguments import BatchArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.arguments import LAYOUT_FLAGS, BatchArgs, OptimizerArgs, ParallelArgs
 from megatron_ext.config.flags import options, to_argv
 from megatron_ext.config.layout import ParallelLayout, divisors
 from megatron_ext.estimate.hardware import GpuProfile
@@ -256,12 +256,12 @@ def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
     """The ``pretrain_gpt.py`` flags of this model and layout, ready for a recipe (the flag table's spelling)."""
     m = workload.model
     full = workload.recompute_granularity == "full"
+    # The layout's own factors, by name (a new layout flag flows through), and VP as layers per virtual stage.
+    from_layout = {name: getattr(layout, name) for name in LAYOUT_FLAGS if hasattr(layout, name)}
+    from_layout["virtual_pipeline_model_parallel_size"] = None
     parallel = ParallelArgs(
-        tensor_model_parallel_size=layout.tp,
-        pipeline_model_parallel_size=layout.pp,
+        **from_layout,
         num_layers_per_virtual_pipeline_stage=layout.layers_per_virtual_stage if layout.interleaved else None,
-        sequence_parallel=layout.sequence_parallel,
-        use_distributed_optimizer=layout.use_distributed_optimizer,
         overlap_grad_reduce=workload.overlap_grad_reduce,
         overlap_param_gather=workload.overlap_param_gather,
     )

@@ -84,3 +84,12 @@ def test_option_fields_all_have_help() -> None:
     for cls in GROUPS.values():
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
+
+
+def test_every_layout_flag_is_modelled_by_the_calculator() -> None:
+    """A ParallelArgs field that the layout takes (by name) must also be one the calculator reads and emits."""
+    from megatron_ext.config.arguments import LAYOUT_FLAGS, ParallelArgs
+
+    modelled = {f.name for f in options(ParallelArgs, estimate=True)}
+    assert {"tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel"} <= LAYOUT_FLAGS
+    assert modelled >= LAYOUT_FLAGS
