@@ -29,7 +29,7 @@ from typing import Any
 
 from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs, build_layout
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.config.flags import add_options, options, value_type
+from megatron_ext.config.flags import Parser, add_options, options, value_type
 from megatron_ext.config.layout import LayoutError, ParallelLayout
 from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.estimate.hardware import GIB, PROFILES, get_profile
@@ -55,19 +55,12 @@ def _add_modelled_flags(group: argparse._ArgumentGroup, cls: type) -> None:
     add_options(group, cls, options(cls, estimate=True), suppress_defaults=False, short_aliases=True)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        hint = ""
-        if "unrecognized arguments" in message:
-            hint = (
-                "\n  the calculator takes the pretrain_gpt.py flags it models (shape, layout, batch, precision, "
-                "recompute, overlap) and no others: remove the rest from its command line (see --help)"
-            )
-        self.exit(ExitCode.INVALID, f"{self.prog}: error: {message}{hint}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
+        unrecognized_hint=(
+            "; the calculator takes the pretrain_gpt.py flags it models (shape, layout, batch, precision, "
+            "recompute, overlap) and no others: remove the rest from its command line (see --help)"
+        ),
         prog="tools/layout.py",
         description=(
             "3D-parallel layout calculator for Megatron-Core GPT pretraining: enumerate, validate and rank "

@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="Skip lines that are not JSON objects, lack a key, hold a non-string or invalid UTF-8; count them "
         "per reason (default: stop at the first one and write nothing).",
     )
+    g.add_argument(
+        "--allow-empty-output",
+        action="store_true",
+        help="Write empty datasets when no document has a token (default: an error, nothing written).",
+    )
     g.add_argument("--chunk-mb", type=float, default=1.0, help="Input read per task, in MB (whole lines).")
     return p
 
@@ -96,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         chunk_bytes=max(int(args.chunk_mb * (1 << 20)), 4096),
         log_interval=args.log_interval,
         quiet=args.quiet,
+        allow_empty=args.allow_empty_output,
     )
     try:
         summary = preprocess.run(spec, opts)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_ext.config.flags import add_options, opt, to_argv
+from megatron_ext.config.flags import Parser, add_options, bound_problems, opt, to_argv
 from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.presets import PRESETS, get_preset
 
@@ -23,46 +23,68 @@ class ConfigError(ValueError):
     """Contradictory or out-of-range options (not layout rules: see LayoutError)."""
 
 
+class _Options:
+    """An argument group: on creation every value is checked against its field's bounds (the flag table's
+    ``minimum``/``maximum``/``above``), then against the others (``_relations``); every problem is named."""
+
+    def __post_init__(self) -> None:
+        problems = bound_problems(self)
+        if problems:
+            raise ConfigError("; ".join(problems))
+        self._relations()
+
+    def _relations(self) -> None:
+        """Rules between fields (ConfigError naming the flags and a fix)."""
+
+
 @dataclass(frozen=True, kw_only=True)
-class ModelArgs:
+class ModelArgs(_Options):
     """Shape of the GPT."""
 
-    num_layers: int = opt(2, "Number of transformer layers.", estimate=True)
-    hidden_size: int = opt(64, "Transformer hidden size.", estimate=True)
+    num_layers: int = opt(2, "Number of transformer layers.", estimate=True, minimum=1)
+    hidden_size: int = opt(64, "Transformer hidden size.", estimate=True, minimum=1)
     ffn_hidden_size: int | None = opt(
-        None, "MLP hidden size (default 4 × hidden, or 8/3 × hidden rounded to 64 with --swiglu).", estimate=True
+        None,
+        "MLP hidden size (default 4 × hidden, or 8/3 × hidden rounded to 64 with --swiglu).",
+        estimate=True,
+        minimum=1,
     )
-    num_attention_heads: int = opt(4, "Number of attention heads.", estimate=True)
+    num_attention_heads: int = opt(4, "Number of attention heads.", estimate=True, minimum=1)
     group_query_attention: bool = opt(False, "Use grouped-query attention (see --num-query-groups).", estimate=True)
-    num_query_groups: int | None = opt(None, "Number of key/value groups with --group-query-attention.", estimate=True)
-    kv_channels: int | None = opt(None, "Projection size per head (default hidden / heads).", estimate=True)
-    seq_length: int = opt(128, "Sequence length in tokens.", estimate=True)
+    num_query_groups: int | None = opt(
+        None, "Number of key/value groups with --group-query-attention.", estimate=True, minimum=1
+    )
+    kv_channels: int | None = opt(None, "Projection size per head (default hidden / heads).", estimate=True, minimum=1)
+    seq_length: int = opt(128, "Sequence length in tokens.", estimate=True, minimum=1)
     max_position_embeddings: int | None = opt(
-        None, "Positions of the learned position embedding (default --seq-length).", estimate=True
+        None, "Positions of the learned position embedding (default --seq-length).", estimate=True, minimum=1
     )
     position_embedding_type: str = opt(
         "learned_absolute", "Position embedding.", choices=["learned_absolute", "rope", "none"], estimate=True
     )
-    rotary_base: int = opt(10000, "Base of the rotary embedding with rope.")
-    rotary_percent: float = opt(1.0, "Share of each head's dimensions that rope rotates.")
+    rotary_base: int = opt(10000, "Base of the rotary embedding with rope.", above=0)
+    rotary_percent: float = opt(1.0, "Share of each head's dimensions that rope rotates.", above=0, maximum=1)
     swiglu: bool = opt(False, "Use a SwiGLU MLP (gated SiLU) instead of GeLU.", estimate=True)
     normalization: str = opt("LayerNorm", "Normalization layer.", choices=["LayerNorm", "RMSNorm"], estimate=True)
-    norm_epsilon: float = opt(1e-5, "Epsilon of the normalization layers.")
+    norm_epsilon: float = opt(1e-5, "Epsilon of the normalization layers.", above=0)
     untie_embeddings_and_output_weights: bool = opt(
         False, "Separate input embedding and output layer weights.", estimate=True
     )
     disable_bias_linear: bool = opt(False, "No bias in the linear layers.", estimate=True)
-    hidden_dropout: float = opt(0.1, "Dropout probability after attention and MLP.", estimate=True)
-    attention_dropout: float = opt(0.1, "Dropout probability on attention scores.", estimate=True)
-    init_method_std: float = opt(0.02, "Standard deviation of the normal weight initialisation.")
+    hidden_dropout: float = opt(
+        0.1, "Dropout probability after attention and MLP.", estimate=True, minimum=0, maximum=1
+    )
+    attention_dropout: float = opt(0.1, "Dropout probability on attention scores.", estimate=True, minimum=0, maximum=1)
+    init_method_std: float = opt(0.02, "Standard deviation of the normal weight initialisation.", above=0)
     vocab_size: int | None = opt(
         None,
         "Vocabulary before padding: the null tokenizer's (mock data) here; the tokenizer's in the layout calculator "
         "(default there 50257, GPT-2 BPE, unless --model).",
         estimate=True,
+        minimum=1,
     )
     make_vocab_size_divisible_by: int = opt(
-        128, "Pad the vocabulary to a multiple of this × tensor-parallel size.", estimate=True
+        128, "Pad the vocabulary to a multiple of this × tensor-parallel size.", estimate=True, minimum=1
     )
     transformer_impl: str = opt(
         "auto",
@@ -103,7 +125,7 @@ class ModelArgs:
     def effective_kv_channels(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
 
-    def __post_init__(self) -> None:
+    def _relations(self) -> None:
         if self.group_query_attention and self.num_query_groups is None:
             raise ConfigError("--group-query-attention needs --num-query-groups")
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
@@ -113,7 +135,10 @@ class ModelArgs:
             )
         max_pos = self.max_position_embeddings
         if self.position_embedding_type == "learned_absolute" and max_pos is not None and max_pos < self.seq_length:
-            raise ConfigError(f"max_position_embeddings={max_pos} is smaller than seq_length={self.seq_length}")
+            raise ConfigError(
+                f"--max-position-embeddings {max_pos} is smaller than --seq-length {self.seq_length}: learned "
+                f"positions need one per token; raise it to {self.seq_length} or more (or use --position-embedding-type rope)"
+            )
         if self.transformer_impl == "transformer_engine" and self.attention_backend == "local":
             raise ConfigError(
                 "--attention-backend local is Megatron-Core's attention of the local spec and contradicts "
@@ -122,20 +147,24 @@ class ModelArgs:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ParallelArgs:
+class ParallelArgs(_Options):
     """How the model and the batch are split over processes."""
 
     tensor_model_parallel_size: int = opt(
-        1, "Tensor-parallel size (keep it within a node).", estimate=True, short="--tp", env="TP"
+        1, "Tensor-parallel size (keep it within a node).", estimate=True, short="--tp", env="TP", minimum=1
     )
     pipeline_model_parallel_size: int = opt(
-        1, "Pipeline-parallel size (stages across nodes).", estimate=True, short="--pp", env="PP"
+        1, "Pipeline-parallel size (stages across nodes).", estimate=True, short="--pp", env="PP", minimum=1
     )
     num_layers_per_virtual_pipeline_stage: int | None = opt(
-        None, "Layers per virtual stage: turns on the interleaved 1F1B schedule.", estimate=True
+        None, "Layers per virtual stage: turns on the interleaved 1F1B schedule.", estimate=True, minimum=1
     )
     virtual_pipeline_model_parallel_size: int | None = opt(
-        None, "Virtual stages (model chunks) per pipeline rank; interleaved 1F1B when > 1.", estimate=True, short="--vp"
+        None,
+        "Virtual stages (model chunks) per pipeline rank; interleaved 1F1B when > 1.",
+        estimate=True,
+        short="--vp",
+        minimum=1,
     )
     sequence_parallel: bool = opt(
         False, "Sequence parallelism in the TP regions (needs TP > 1).", estimate=True, env="SEQUENCE_PARALLEL"
@@ -147,51 +176,56 @@ class ParallelArgs:
     overlap_param_gather: bool = opt(
         False, "Overlap the parameter all-gather with forward (needs the distributed optimizer).", estimate=True
     )
-    world_size: int | None = opt(None, "World size for --dry-run (default: $WORLD_SIZE, or 1). Ignored in real runs.")
+    world_size: int | None = opt(
+        None, "World size for --dry-run (default: $WORLD_SIZE, or 1). Ignored in real runs.", minimum=1
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
-class BatchArgs:
-    micro_batch_size: int = opt(1, "Sequences per microbatch per data-parallel rank.", estimate=True, env="MICRO_BATCH")
+class BatchArgs(_Options):
+    micro_batch_size: int = opt(
+        1, "Sequences per microbatch per data-parallel rank.", estimate=True, env="MICRO_BATCH", minimum=1
+    )
     global_batch_size: int | None = opt(
         None,
         "Sequences per optimizer step over all ranks (default micro-batch × DP).",
         estimate=True,
         env="GLOBAL_BATCH",
+        minimum=1,
     )
 
 
 @dataclass(frozen=True, kw_only=True)
-class OptimizerArgs:
+class OptimizerArgs(_Options):
     optimizer: str = opt("adam", "Optimizer.", choices=["adam", "sgd"])
-    lr: float = opt(1e-4, "Peak learning rate.")
-    min_lr: float = opt(0.0, "Learning rate at the end of decay.")
-    lr_warmup_iters: int = opt(0, "Iterations of linear warm-up.")
-    lr_decay_iters: int | None = opt(None, "Iterations of decay (default --train-iters).")
+    lr: float = opt(1e-4, "Peak learning rate.", above=0)
+    min_lr: float = opt(0.0, "Learning rate at the end of decay.", minimum=0)
+    lr_warmup_iters: int = opt(0, "Iterations of linear warm-up.", minimum=0)
+    lr_decay_iters: int | None = opt(None, "Iterations of decay (default --train-iters).", minimum=0)
     lr_decay_style: str = opt("linear", "Decay shape.", choices=["constant", "linear", "cosine", "inverse-square-root"])
-    weight_decay: float = opt(0.01, "Weight decay.")
-    adam_beta1: float = opt(0.9, "Adam beta1.")
-    adam_beta2: float = opt(0.999, "Adam beta2.")
-    adam_eps: float = opt(1e-8, "Adam epsilon.")
-    sgd_momentum: float = opt(0.9, "SGD momentum.")
-    clip_grad: float = opt(1.0, "Clip the global gradient norm to this (0 disables).")
+    weight_decay: float = opt(0.01, "Weight decay.", minimum=0)
+    adam_beta1: float = opt(0.9, "Adam beta1.", minimum=0, maximum=1)
+    adam_beta2: float = opt(0.999, "Adam beta2.", minimum=0, maximum=1)
+    adam_eps: float = opt(1e-8, "Adam epsilon.", above=0)
+    sgd_momentum: float = opt(0.9, "SGD momentum.", minimum=0, maximum=1)
+    clip_grad: float = opt(1.0, "Clip the global gradient norm to this (0 disables).", minimum=0)
     bf16: bool = opt(False, "bf16 mixed precision (fp32 master weights).", estimate=True)
     fp16: bool = opt(False, "fp16 mixed precision with dynamic loss scaling.", estimate=True)
-    loss_scale: float | None = opt(None, "Static loss scale for fp16 (default dynamic).")
-    initial_loss_scale: float = opt(2.0**32, "Initial dynamic loss scale for fp16.")
-    seed: int = opt(1234, "Random seed.")
+    loss_scale: float | None = opt(None, "Static loss scale for fp16 (default dynamic).", above=0)
+    initial_loss_scale: float = opt(2.0**32, "Initial dynamic loss scale for fp16.", above=0)
+    seed: int = opt(1234, "Random seed.", minimum=0)
     recompute_granularity: str | None = opt(
         None, "Activation recomputation.", choices=["full", "selective"], estimate=True
     )
     recompute_method: str | None = opt(
         None, "With full recomputation: which layers.", choices=["uniform", "block"], estimate=True
     )
-    recompute_num_layers: int | None = opt(None, "With full recomputation: layers per group.", estimate=True)
+    recompute_num_layers: int | None = opt(None, "With full recomputation: layers per group.", estimate=True, minimum=1)
     calculate_per_token_loss: bool = opt(
         False, "Average the loss over all tokens of the step instead of per microbatch."
     )
 
-    def __post_init__(self) -> None:
+    def _relations(self) -> None:
         if self.bf16 and self.fp16:
             raise ConfigError("--bf16 and --fp16 are mutually exclusive; choose one")
         if self.recompute_granularity == "full" and self.recompute_method is None:
@@ -199,11 +233,13 @@ class OptimizerArgs:
         if self.recompute_method is not None and self.recompute_granularity != "full":
             raise ConfigError("--recompute-method is only used with --recompute-granularity full")
         if self.min_lr > self.lr:
-            raise ConfigError(f"--min-lr {self.min_lr} is larger than --lr {self.lr}")
+            raise ConfigError(
+                f"--min-lr {self.min_lr:g} is larger than --lr {self.lr:g}; lower --min-lr to --lr or less"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
-class DataArgs:
+class DataArgs(_Options):
     """Training data (Megatron indexed datasets, made by tools/preprocess_data.py) and the tokenizer."""
 
     mock_data: bool = opt(False, "Train on Megatron-Core's mock GPT dataset (no files).")
@@ -238,9 +274,9 @@ class DataArgs:
     )
     vocab_file: str | None = opt(None, "GPT2BPETokenizer: vocab.json.")
     merge_file: str | None = opt(None, "GPT2BPETokenizer: merges.txt.")
-    num_workers: int = opt(0, "Data-loader worker processes.")
+    num_workers: int = opt(0, "Data-loader worker processes.", minimum=0)
 
-    def __post_init__(self) -> None:
+    def _relations(self) -> None:
         per_split = self.train_data_path or self.valid_data_path or self.test_data_path
         if self.data_path and per_split:
             raise ConfigError("--data-path and --train/valid/test-data-path are mutually exclusive; use one form")
@@ -251,21 +287,21 @@ class DataArgs:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunArgs:
-    train_iters: int = opt(10, "Optimizer steps to train.", env="TRAIN_ITERS")
-    log_interval: int = opt(1, "Log every this many iterations.", env="LOG_INTERVAL")
+class RunArgs(_Options):
+    train_iters: int = opt(10, "Optimizer steps to train.", env="TRAIN_ITERS", minimum=0)
+    log_interval: int = opt(1, "Log every this many iterations.", env="LOG_INTERVAL", minimum=1)
     eval_interval: int = opt(
-        0, "Evaluate every this many iterations (0: only at the end if --eval-iters).", env="EVAL_INTERVAL"
+        0, "Evaluate every this many iterations (0: only at the end if --eval-iters).", env="EVAL_INTERVAL", minimum=0
     )
-    eval_iters: int = opt(0, "Batches per evaluation (0 disables evaluation).", env="EVAL_ITERS")
+    eval_iters: int = opt(0, "Batches per evaluation (0 disables evaluation).", env="EVAL_ITERS", minimum=0)
     save: str | None = opt(None, "Directory to save checkpoints into.")
     load: str | None = opt(None, "Directory to load a checkpoint from.")
-    save_interval: int = opt(0, "Save every this many iterations (0: only at the end).", env="SAVE_INTERVAL")
+    save_interval: int = opt(0, "Save every this many iterations (0: only at the end).", env="SAVE_INTERVAL", minimum=0)
     exit_interval: int = opt(
-        0, "Save a checkpoint and stop (exit code 75) after an iteration divisible by this (0: never)."
+        0, "Save a checkpoint and stop (exit code 75) after an iteration divisible by this (0: never).", minimum=0
     )
     exit_duration_in_mins: float | None = opt(
-        None, "Save and stop (exit code 75) once the longest-running rank has trained this many minutes."
+        None, "Save and stop (exit code 75) once the longest-running rank has trained this many minutes.", above=0
     )
     exit_signal_handler: bool = opt(
         False, "On SIGTERM, SIGUSR1 or SIGUSR2: finish the iteration, save, stop with exit code 75."
@@ -275,12 +311,13 @@ class RunArgs:
         "Write checkpoints in the background (Megatron-Core's async dist-checkpointing); the tracker "
         "names a checkpoint only once its files are complete.",
     )
-    keep_last_checkpoints: int = opt(0, "Keep only the newest K complete checkpoints under --save (0: all).")
+    keep_last_checkpoints: int = opt(0, "Keep only the newest K complete checkpoints under --save (0: all).", minimum=0)
     strict_load: bool = opt(False, "Fail when --load holds no checkpoint instead of starting fresh.")
     max_consecutive_skipped: int = opt(
         3,
         "Tolerate this many non-finite losses in a row (fp16: overflows at the minimum loss scale); one more "
         "stops the run with an error (exit code 4).",
+        minimum=0,
     )
     no_load_optim: bool = opt(False, "Do not load optimizer state from --load.")
     dist_ckpt_optim_fully_reshardable: bool = opt(
@@ -318,7 +355,7 @@ class RunArgs:
     device: str = opt(
         "auto", "Where to run: cuda, cpu, or auto (cuda when available).", choices=["auto", "cuda", "cpu"], env="DEVICE"
     )
-    distributed_timeout_minutes: int = opt(10, "Timeout of collective operations.")
+    distributed_timeout_minutes: int = opt(10, "Timeout of collective operations.", minimum=1)
     timing_log_level: int = opt(
         0,
         "Megatron-Core timers: 0 none, 1 the step (forward-backward, optimizer), 2 also every microbatch's "
@@ -382,7 +419,7 @@ GROUPS: dict[str, type] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description="Pretrain a GPT with Megatron-Core (TP × interleaved PP × DP).",
         allow_abbrev=False,
     )
@@ -483,10 +520,6 @@ def make_config(
         raise ConfigError("no training data: give --mock-data or --data-path PREFIX [...]")
     if data.mock_data and model.vocab_size is None and data.tokenizer_type == "NullTokenizer":
         model = dataclasses.replace(model, vocab_size=1023)
-    if run.train_iters < 0:
-        raise ConfigError(f"--train-iters must be >= 0, got {run.train_iters}")
-    if run.log_interval < 1:
-        raise ConfigError(f"--log-interval must be >= 1, got {run.log_interval}")
     if run.override_opt_param_scheduler and run.use_checkpoint_opt_param_scheduler:
         raise ConfigError(
             "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler contradict each other; give one"

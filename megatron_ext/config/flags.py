@@ -23,6 +23,18 @@ from dataclasses import field
 from typing import Any
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, ``error: …`` with a hint, and exit code 2 (INVALID)."""
+
+    def __init__(self, *args: Any, unrecognized_hint: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.unrecognized_hint = unrecognized_hint
+
+    def error(self, message: str) -> typing.NoReturn:
+        hint = self.unrecognized_hint if "unrecognized arguments" in message else ""
+        self.exit(2, f"error: {message}{hint or ' (see --help)'}\n")
+
+
 def opt(
     default: Any,
     help: str,
@@ -33,12 +45,17 @@ def opt(
     estimate: bool = False,
     short: str | None = None,
     env: str | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
 ) -> Any:
     """A dataclass field that is also a command-line option.
 
     ``flag`` and ``aliases`` override the flag's name (default: the field name
     with dashes); ``estimate`` marks what the layout calculator models, with an
     optional ``short`` alias there (``--tp``); ``env`` names the recipe variable.
+    ``minimum``/``maximum`` bound the value inclusively, ``above`` exclusively
+    (``bound_problems`` checks them for every tool that takes the flag).
     """
     metadata = {
         "help": help,
@@ -48,6 +65,9 @@ def opt(
         "estimate": estimate,
         "short": short,
         "env": env,
+        "minimum": minimum,
+        "maximum": maximum,
+        "above": above,
     }
     return field(default=default, metadata=metadata)
 
@@ -112,6 +132,25 @@ def add_options(
         if short_aliases and f.metadata.get("short"):
             names.append(f.metadata["short"])
         group.add_argument(*names, **kwargs)
+
+
+def bound_problems(values: Any) -> list[str]:
+    """Every field of an options dataclass instance outside its bounds, each naming the flag, value and range."""
+    problems = []
+    for f in dataclasses.fields(values):
+        value = getattr(values, f.name)
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        lo, hi, above = f.metadata.get("minimum"), f.metadata.get("maximum"), f.metadata.get("above")
+        if above is not None and not value > above:
+            problems.append(f"{flag_of(f)} must be greater than {above:g}, got {value:g}")
+        elif lo is not None and value < lo:
+            problems.append(f"{flag_of(f)} must be at least {lo:g}, got {value:g}")
+        elif hi is not None and value > hi:
+            problems.append(f"{flag_of(f)} must be at most {hi:g}, got {value:g}")
+        elif value != value or value in (float("inf"), float("-inf")):  # NaN, infinities
+            problems.append(f"{flag_of(f)} must be a finite number, got {value}")
+    return problems
 
 
 def to_argv(values: Any, *, only: Iterable[str] | None = None, always: Iterable[str] = ()) -> list[str]:

@@ -41,6 +41,7 @@ import re
 import signal
 import sys
 import traceback
+import zlib
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +109,8 @@ class Options:
     log_interval: int = 1000
     quiet: bool = False
     level: str = "document"
+    allow_empty: bool = False
+    """Publish empty datasets when no document has a token (default: an error, nothing written)."""
 
 
 @dataclass
@@ -176,6 +179,12 @@ def expand_inputs(patterns: Sequence[str]) -> list[Path]:
     for pattern in patterns:
         if glob.has_magic(pattern):
             matches = sorted(glob.glob(pattern))
+            for m in matches:
+                if Path(m).is_symlink() and not Path(m).exists():
+                    raise PreprocessError(
+                        f"--input {pattern!r}: {m} is a symbolic link that leads nowhere (broken, or a loop); "
+                        "fix or remove it"
+                    )
             found = [Path(m) for m in matches if Path(m).is_file()]
             if not found:
                 what = f"only directories ({', '.join(matches[:3])}{', …' if len(matches) > 3 else ''})"
@@ -211,11 +220,17 @@ def _gzip_chunks(path: Path, file_id: int, chunk_bytes: int, seq0: int) -> Itera
     seq = seq0
     with open(path, "rb") as raw, gzip.open(raw, "rb") as f:
         while True:
-            data = f.read(chunk_bytes)
+            try:
+                data = f.read(chunk_bytes)
+                if data and not data.endswith(b"\n"):
+                    data += f.readline()
+            except (EOFError, OSError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+                raise PreprocessError(
+                    f"{path}: the gzip stream is truncated or damaged after {raw.tell():,} compressed bytes "
+                    f"({exc}). Nothing was written. Download or compress it again"
+                ) from None
             if not data:
                 return
-            if not data.endswith(b"\n"):
-                data += f.readline()
             yield Chunk(seq=seq, file_id=file_id, start=0, end=len(data), data=data, position=raw.tell())
             seq += 1
 
@@ -686,6 +701,15 @@ def _drive(
             docs=docs, nbytes=result.nbytes, tokens=sum(t.size for t in result.tokens.values()), position=chunk.position
         )
         submit()
+    if not opts.allow_empty and all(w.num_tokens == 0 for w in writers.values()):
+        bad = sum(skipped.values())
+        raise PreprocessError(
+            f"no document with any token in {len(files)} input file(s) ({lines:,} lines"
+            + (f", {bad:,} bad lines skipped" if bad else "")
+            + (f", {sum(empty.values()):,} empty documents" if any(empty.values()) else "")
+            + "). Nothing was written. Check --input and --json-keys, or pass --allow-empty-output to write "
+            "empty datasets"
+        )
     return Summary(
         outputs={},
         documents=documents,

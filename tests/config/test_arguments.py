@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from megatron_ext.config.arguments import ConfigError, build_parser, pad_vocab_size, parse_args
@@ -73,3 +75,31 @@ def test_layout_errors_surface_from_parse() -> None:
 def test_help_is_field_docs() -> None:
     text = " ".join(build_parser().format_help().split())
     assert "Layers per virtual stage: turns on the interleaved 1F1B schedule." in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ("--num-attention-heads 0", "--num-attention-heads must be at least 1, got 0"),
+        ("--seq-length -1", "--seq-length must be at least 1, got -1"),
+        ("--hidden-size 0", "--hidden-size must be at least 1, got 0"),
+        ("--lr -1", "--lr must be greater than 0, got -1"),
+        ("--lr 1e-4 --min-lr 1e-3", "--min-lr 0.001 is larger than --lr 0.0001; lower --min-lr"),
+        ("--hidden-dropout 1.5", "--hidden-dropout must be at most 1, got 1.5"),
+        ("--max-position-embeddings 64 --seq-length 128", "raise it to 128 or more"),
+        ("--train-iters -3", "--train-iters must be at least 0, got -3"),
+        ("--adam-eps 0", "--adam-eps must be greater than 0, got 0"),
+    ],
+)
+def test_out_of_range_values_are_named_with_the_flag(flags: str, message: str) -> None:
+    """Each bound comes from the flag table, so pretrain_gpt.py, --dry-run and the calculator refuse alike."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_args(["--mock-data", *flags.split()])
+
+
+def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--mock-data", "--num-layers", "two"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: argument --num-layers: invalid int value: 'two'") and len(err.splitlines()) == 1

@@ -464,3 +464,50 @@ def test_merge_and_inspect_tools(data: dict[str, Path], tmp_path: Path) -> None:
         check=False,
     )
     assert wrong_tokenizer.returncode == 1 and "another tokenizer" in wrong_tokenizer.stderr
+
+
+def _null(inp: Path | str, prefix: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """Preprocess with the null tokenizer (ids are the text's numbers): no model file needed."""
+    return tool(
+        "preprocess_data", "--input", str(inp), "--output-prefix", str(prefix), "--tokenizer-type", "NullTokenizer",
+        "--vocab-size", "1000", "--quiet", *extra, check=False,
+    )  # fmt: skip
+
+
+def test_a_corpus_without_tokens_is_refused_unless_allowed(tmp_path: Path) -> None:
+    empty, bad = tmp_path / "empty.jsonl", tmp_path / "bad.jsonl"
+    empty.write_bytes(b"")
+    bad.write_text('not json\n{"title": "no text key"}\n')
+    for inp, extra, why in ((empty, (), "(0 lines)"), (bad, ("--skip-bad-lines",), "2 bad lines skipped")):
+        proc = _null(inp, tmp_path / "out", *extra)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.startswith("error: no document with any token") and why in proc.stderr
+        assert "--allow-empty-output" in proc.stderr and leftovers(tmp_path) == []
+    assert _null(empty, tmp_path / "out", "--allow-empty-output").returncode == 0
+    assert (tmp_path / "out_text_document.idx").exists()
+
+
+def test_a_truncated_gzip_file_stops_with_its_name(tmp_path: Path) -> None:
+    whole = gzip.compress(b"".join(json.dumps({"text": "1 2 3 " * 50}).encode() + b"\n" for _ in range(2000)))
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    proc = _null(cut, tmp_path / "out")
+    assert proc.returncode == 1 and proc.stderr.startswith("error:") and "cut.jsonl.gz" in proc.stderr, proc.stderr
+    assert leftovers(tmp_path) == []
+
+
+def test_a_symlink_loop_in_the_input_glob_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "loop.jsonl").symlink_to(tmp_path / "loop.jsonl")
+    (tmp_path / "ok.jsonl").write_text(json.dumps({"text": "1 2 3"}) + "\n")
+    proc = _null(tmp_path / "*.jsonl", tmp_path / "out")
+    assert proc.returncode == 1 and proc.stderr.startswith("error:") and "loop.jsonl" in proc.stderr, proc.stderr
+    assert leftovers(tmp_path) == []
+
+
+def test_a_document_many_sequences_long_is_kept_whole(tmp_path: Path) -> None:
+    """Documents are not cut at any sequence length: the training sampler spans them."""
+    inp = tmp_path / "long.jsonl"
+    inp.write_text(json.dumps({"text": " ".join(str(i % 900) for i in range(200_000))}) + "\n")
+    assert _null(inp, tmp_path / "out", "--append-eod").returncode == 0
+    proc = tool("inspect_dataset", str(tmp_path / "out_text_document"), "--json")
+    assert json.loads(proc.stdout)["tokens"] == 200_001
