@@ -14,15 +14,16 @@ import sys
 import time
 
 from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.flags import Parser, above, at_least
 from megatron_ext.data.corpus import SOURCES, build_corpus
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", required=True, help="JSON Lines file to write.")
-    p.add_argument("--target-mb", type=float, default=4.0, help="Stop once this many MB are written.")
+    p.add_argument("--target-mb", type=above(0), default=4.0, help="Stop once this many MB are written.")
     p.add_argument("--sources", nargs="+", default=list(SOURCES), choices=SOURCES, help="Where text comes from.")
-    p.add_argument("--workers", type=int, default=2, help="Processes that parse files.")
+    p.add_argument("--workers", type=at_least(1), default=2, help="Processes that parse files.")
     args = p.parse_args(argv)
     start = time.perf_counter()
     counts = build_corpus(args.output, target_mb=args.target_mb, sources=tuple(args.sources), workers=args.workers)

@@ -20,6 +20,7 @@ import sys
 import numpy as np
 
 from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.flags import Parser, at_least
 from megatron_ext.data.indexed import IndexedDatasetError, IndexedDatasetFiles
 from megatron_ext.data.tokenizers import TOKENIZER_TYPES, TokenizerError, build_tokenizer
 
@@ -35,17 +36,17 @@ def histogram(lengths: np.ndarray, bins: int = 10) -> list[tuple[int, int, int]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prefix", help="Dataset prefix (without .bin/.idx).")
     p.add_argument("--verify", action="store_true", help="Check that .idx and .bin agree; exit 1 if not.")
-    p.add_argument("--show", type=int, default=0, help="Decode the first N documents (needs a tokenizer).")
-    p.add_argument("--max-chars", type=int, default=500, help="Characters shown per decoded document.")
+    p.add_argument("--show", type=at_least(0), default=0, help="Decode the first N documents (needs a tokenizer).")
+    p.add_argument("--max-chars", type=at_least(1), default=500, help="Characters shown per decoded document.")
     p.add_argument("--json", action="store_true", help="Print the statistics as JSON.")
     p.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, help="Tokenizer to decode with.")
     p.add_argument("--tokenizer-model", help="SentencePiece .model or Hugging Face directory.")
     p.add_argument("--vocab-file", help="GPT2BPETokenizer vocab.json.")
     p.add_argument("--merge-file", help="GPT2BPETokenizer merges.txt.")
-    p.add_argument("--vocab-size", type=int, help="NullTokenizer vocabulary size.")
+    p.add_argument("--vocab-size", type=at_least(1), help="NullTokenizer vocabulary size.")
     args = p.parse_args(argv)
     prefix = args.prefix[:-4] if args.prefix.endswith((".bin", ".idx")) else args.prefix
     try:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.flags import Parser
 from megatron_ext.data.indexed import IndexedDatasetError, merge_datasets
 
 
@@ -36,7 +37,7 @@ def prefixes_of(inputs: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="Dataset prefixes, or directories of them.")
     p.add_argument("--output-prefix", required=True, help="Prefix of the merged .bin/.idx.")
     args = p.parse_args(argv)

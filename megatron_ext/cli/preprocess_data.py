@@ -20,12 +20,13 @@ import signal
 import sys
 
 from megatron_ext.config.exit_codes import SIGNAL_BASE, ExitCode
+from megatron_ext.config.flags import Parser, above, at_least
 from megatron_ext.data import preprocess
 from megatron_ext.data.tokenizers import TOKENIZER_TYPES, TokenizerError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("input data")
     g.add_argument("--input", nargs="+", required=True, help="JSON Lines file(s) or glob(s); .gz is read as gzip.")
     g.add_argument("--json-keys", nargs="+", default=["text"], help="Keys to extract; one dataset per key.")
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer-model", help="SentencePiece .model file, or a local Hugging Face directory.")
     g.add_argument("--vocab-file", help="GPT2BPETokenizer: vocab.json.")
     g.add_argument("--merge-file", help="GPT2BPETokenizer: merges.txt.")
-    g.add_argument("--vocab-size", type=int, help="NullTokenizer: number of ids (eod is this number).")
+    g.add_argument("--vocab-size", type=at_least(1), help="NullTokenizer: number of ids (eod is this number).")
     g.add_argument("--append-eod", action="store_true", help="Append the end-of-document id to every document.")
     g.add_argument("--lang", default="english", help="Accepted for compatibility (sentence splitting only).")
     g = p.add_argument_group("output data")
@@ -44,19 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("runtime")
     g.add_argument(
         "--workers",
-        type=int,
+        type=at_least(1),
         default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
         help="Worker processes that parse and tokenize (default: the CPUs available).",
     )
     g.add_argument(
         "--partitions",
-        type=int,
+        type=at_least(1),
         default=1,
         help="Accepted for compatibility: must divide --workers; the output is the same for any value "
         "(document order is always kept).",
     )
     g.add_argument("--keep-sequential-samples", action="store_true", help="Accepted; order is always kept.")
-    g.add_argument("--log-interval", type=int, default=1000, help="Documents between progress lines (no terminal).")
+    g.add_argument(
+        "--log-interval", type=at_least(1), default=1000, help="Documents between progress lines (no terminal)."
+    )
     g.add_argument("--quiet", action="store_true", help="No progress output.")
     g.add_argument(
         "--skip-bad-lines",
@@ -69,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Write empty datasets when no document has a token (default: an error, nothing written).",
     )
-    g.add_argument("--chunk-mb", type=float, default=1.0, help="Input read per task, in MB (whole lines).")
+    g.add_argument("--chunk-mb", type=above(0), default=1.0, help="Input read per task, in MB (whole lines).")
     return p
 
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.flags import Parser, above, at_least
 from megatron_ext.data.preprocess import expand_inputs
 
 
@@ -113,23 +114,23 @@ def train(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="JSON Lines file(s) or glob(s) (.gz allowed).")
     p.add_argument("--json-keys", nargs="+", default=["text"], help="Keys whose text is used.")
     p.add_argument("--model-prefix", required=True, help="Writes PREFIX.model and PREFIX.vocab.")
     p.add_argument("--model-type", default="bpe", choices=["bpe", "unigram"], help="SentencePiece algorithm.")
-    p.add_argument("--vocab-size", type=int, default=32000, help="Pieces in the vocabulary.")
-    p.add_argument("--character-coverage", type=float, default=0.9995, help="Share of characters covered.")
+    p.add_argument("--vocab-size", type=at_least(1), default=32000, help="Pieces in the vocabulary.")
+    p.add_argument("--character-coverage", type=above(0), default=0.9995, help="Share of characters covered.")
     p.add_argument("--user-defined-symbols", nargs="*", default=[], help="Special tokens kept whole.")
     p.add_argument("--byte-fallback", action="store_true", help="Unknown characters become UTF-8 byte pieces.")
     p.add_argument(
         "--normalization", default="identity", choices=["identity", "nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf"]
     )
     p.add_argument("--split-digits", action="store_true", help="Every digit is its own piece.")
-    p.add_argument("--input-sentence-size", type=int, default=2_000_000, help="Lines sampled (bounds memory).")
-    p.add_argument("--max-sentence-length", type=int, default=4192, help="Longer lines (bytes) are left out.")
-    p.add_argument("--num-threads", type=int, default=2, help="Trainer threads.")
-    p.add_argument("--seed", type=int, default=1234, help="Sampling seed.")
+    p.add_argument("--input-sentence-size", type=at_least(1), default=2_000_000, help="Lines sampled (bounds memory).")
+    p.add_argument("--max-sentence-length", type=at_least(1), default=4192, help="Longer lines (bytes) are left out.")
+    p.add_argument("--num-threads", type=at_least(1), default=2, help="Trainer threads.")
+    p.add_argument("--seed", type=at_least(0), default=1234, help="Sampling seed.")
     args = p.parse_args(argv)
     start = time.perf_counter()
     try:

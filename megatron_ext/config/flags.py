@@ -35,6 +35,37 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}{hint or ' (see --help)'}\n")
 
 
+def at_least(minimum: float, kind: type = int) -> Any:
+    """An argparse ``type`` for a number of ``kind`` no smaller than ``minimum`` (one-line error otherwise)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        if value < minimum or value != value:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def above(bound: float) -> Any:
+    """An argparse ``type`` for a float greater than ``bound``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+        if not value > bound or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a number greater than {bound:g}, got {text}")
+        return value
+
+    return parse
+
+
 def opt(
     default: Any,
     help: str,
