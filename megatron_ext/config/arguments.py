@@ -476,6 +476,17 @@ LAYOUT_FLAGS = frozenset(
 """The ParallelArgs the layout takes, by name: a new layout flag is a field of both and flows through."""
 
 
+def model_layout_facts(model: ModelArgs) -> dict[str, int]:
+    """What the layout rules need to know of the model (layers, heads, groups, MLP width, sequence)."""
+    return {
+        "num_layers": model.num_layers,
+        "num_attention_heads": model.num_attention_heads,
+        "num_query_groups": model.effective_num_query_groups,
+        "ffn_hidden_size": model.effective_ffn_hidden_size,
+        "seq_length": model.seq_length,
+    }
+
+
 def build_layout(
     model: ModelArgs, parallel: ParallelArgs, batch: BatchArgs, *, world_size: int, gpus_per_node: int | None = None
 ) -> ParallelLayout:
@@ -486,11 +497,7 @@ def build_layout(
         **flags,
         micro_batch_size=batch.micro_batch_size,
         global_batch_size=batch.global_batch_size,
-        num_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads,
-        num_query_groups=model.effective_num_query_groups,
-        ffn_hidden_size=model.effective_ffn_hidden_size,
-        seq_length=model.seq_length,
+        **model_layout_facts(model),
         gpus_per_node=gpus_per_node,
     )
 

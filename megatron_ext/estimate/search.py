@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_ext.config.arguments import LAYOUT_FLAGS, BatchArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.arguments import LAYOUT_FLAGS, BatchArgs, OptimizerArgs, ParallelArgs, model_layout_facts
 from megatron_ext.config.flags import options, to_argv
 from megatron_ext.config.layout import ParallelLayout, divisors
 from megatron_ext.estimate.hardware import GpuProfile
@@ -234,11 +234,7 @@ def search(
                         use_distributed_optimizer=use_distributed_optimizer,
                         micro_batch_size=b,
                         global_batch_size=global_batch_size,
-                        num_layers=layers,
-                        num_attention_heads=model.num_attention_heads,
-                        num_query_groups=model.effective_num_query_groups,
-                        ffn_hidden_size=model.effective_ffn_hidden_size,
-                        seq_length=model.seq_length,
+                        **model_layout_facts(model),
                         gpus_per_node=cluster.gpus_per_node,
                     )
                     if problems:
