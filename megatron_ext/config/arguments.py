@@ -301,7 +301,7 @@ class RunArgs(_Options):
         0, "Save a checkpoint and stop (exit code 75) after an iteration divisible by this (0: never).", minimum=0
     )
     exit_duration_in_mins: float | None = opt(
-        None, "Save and stop (exit code 75) once the longest-running rank has trained this many minutes.", above=0
+        None, "Save and stop (exit code 75) once the longest-running rank has trained this many minutes.", minimum=0
     )
     exit_signal_handler: bool = opt(
         False, "On SIGTERM, SIGUSR1 or SIGUSR2: finish the iteration, save, stop with exit code 75."
