@@ -196,14 +196,22 @@ def calculator_args(pretrain: Sequence[str]) -> list[str]:
     return out
 
 
+def _last_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value of the last ``flag`` in ``argv`` (argparse's rule: the last one wins), or None."""
+    value = None
+    for i, arg in enumerate(argv[:-1]):
+        if arg == flag:
+            value = argv[i + 1]
+    return value
+
+
 def shell_assignments(pretrain: list[str], calculator: list[str], *, device: str) -> str:
     """What common.sh evaluates: arrays, flags and constants, every value quoted."""
 
     def array(name: str, values: Sequence[str]) -> str:
         return f"{name}=({' '.join(shlex.quote(v) for v in values)})"
 
-    tp_flag = "--tensor-model-parallel-size"
-    tp = int(pretrain[len(pretrain) - 1 - pretrain[::-1].index(tp_flag) + 1]) if tp_flag in pretrain else 1
+    tp = int(_last_value(pretrain, "--tensor-model-parallel-size") or 1)
     lines = [
         array("pretrain_args", pretrain),
         array("calculator_args", calculator),
