@@ -36,9 +36,10 @@ def model_provider(
     from megatron.core.models.gpt import GPTModel
 
     m = cfg.model
+    config = transformer_config(cfg, device)
     return GPTModel(
-        config=transformer_config(cfg, device),
-        transformer_layer_spec=layer_spec(cfg, device),
+        config=config,
+        transformer_layer_spec=layer_spec(cfg, device, config=config, vp_stage=vp_stage),
         vocab_size=cfg.padded_vocab_size,
         max_sequence_length=m.max_position_embeddings or m.seq_length,
         pre_process=pre_process,

@@ -187,7 +187,10 @@ def evaluate_layout_from_flags(
 ) -> ParallelLayout:
     """The layout of the given flags, built exactly as ``pretrain_gpt.py`` builds it (LayoutError if invalid)."""
     given = {f.name: getattr(args, f.name) for f in options(ParallelArgs, estimate=True)}
-    parallel = ParallelArgs(**{name: value for name, value in given.items() if value is not None})
+    try:
+        parallel = ParallelArgs(**{name: value for name, value in given.items() if value is not None})
+    except ConfigError as exc:  # an out-of-range factor (--tp 0): the same one-line refusal as a broken rule
+        raise LayoutError([str(exc)]) from None
     batch_args = BatchArgs(micro_batch_size=args.micro_batch_size or 1, global_batch_size=batch)
     return build_layout(
         workload.model, parallel, batch_args, world_size=cluster.gpus, gpus_per_node=cluster.gpus_per_node

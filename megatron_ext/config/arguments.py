@@ -157,13 +157,60 @@ class ParallelArgs(_Options):
         1, "Pipeline-parallel size (stages across nodes).", estimate=True, short="--pp", env="PP", minimum=1
     )
     num_layers_per_virtual_pipeline_stage: int | None = opt(
-        None, "Layers per virtual stage: turns on the interleaved 1F1B schedule.", estimate=True, minimum=1
+        None,
+        "Layers per virtual stage (even splits only): turns on the interleaved 1F1B schedule.",
+        estimate=True,
+        minimum=1,
     )
     virtual_pipeline_model_parallel_size: int | None = opt(
         None,
         "Virtual stages (model chunks) per pipeline rank; interleaved 1F1B when > 1.",
+        flag="--num-virtual-stages-per-pipeline-rank",
+        aliases=("--virtual-pipeline-model-parallel-size",),
         estimate=True,
         short="--vp",
+        env="VP",
+        minimum=1,
+    )
+    decoder_first_pipeline_num_layers: int | None = opt(
+        None,
+        "Transformer layers on the first pipeline stage (the other stages share the rest evenly).",
+        estimate=True,
+        env="FIRST_STAGE_LAYERS",
+        minimum=1,
+    )
+    decoder_last_pipeline_num_layers: int | None = opt(
+        None,
+        "Transformer layers on the last pipeline stage (the other stages share the rest evenly).",
+        estimate=True,
+        env="LAST_STAGE_LAYERS",
+        minimum=1,
+    )
+    account_for_embedding_in_pipeline_split: bool = opt(
+        False,
+        "Count the embedding as a layer when splitting layers over pipeline stages.",
+        estimate=True,
+        env="ACCOUNT_FOR_EMBEDDING",
+    )
+    account_for_loss_in_pipeline_split: bool = opt(
+        False,
+        "Count the output layer and loss as a layer when splitting layers over pipeline stages.",
+        estimate=True,
+        env="ACCOUNT_FOR_LOSS",
+    )
+    pipeline_model_parallel_layout: str | None = opt(
+        None,
+        'Megatron-Core layout string placing every layer, e.g. "Et*3|(t*4|)*30,t*3L" (E embedding, '
+        "t transformer layer, L loss, | between virtual stages); sets VP.",
+        estimate=True,
+        env="PIPELINE_LAYOUT",
+    )
+    microbatch_group_size_per_vp_stage: int | None = opt(
+        None,
+        "Interleaved 1F1B: microbatches run through one virtual stage before the next (default PP).",
+        flag="--microbatch-group-size-per-virtual-pipeline-stage",
+        estimate=True,
+        env="MICROBATCH_GROUP_SIZE",
         minimum=1,
     )
     sequence_parallel: bool = opt(

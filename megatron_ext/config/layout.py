@@ -15,8 +15,11 @@ nodes).
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
+from functools import cached_property
 from typing import Any
 
+from megatron_ext.config.stages import Stage, StageSplit, expand_layout, split_problems
+from megatron_ext.config.stages import stages as stages_of
 from megatron_ext.estimate.pipeline import bubble_fraction
 
 
@@ -52,6 +55,18 @@ class ParallelLayout:
     """PP: pipeline stages, each holding a contiguous share of the layers."""
     virtual_pipeline_model_parallel_size: int | None = None
     """VP: model chunks per pipeline rank (interleaved 1F1B when > 1)."""
+    decoder_first_pipeline_num_layers: int | None = None
+    """Transformer layers on the first pipeline rank (None: an even share); see ``stages.py``."""
+    decoder_last_pipeline_num_layers: int | None = None
+    """Transformer layers on the last pipeline rank (None: an even share)."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the embedding as one layer when splitting (its chunk builds one layer fewer)."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the output layer and loss as one layer when splitting."""
+    pipeline_model_parallel_layout: str | None = None
+    """Megatron-Core's layout string placing E, t and L on every virtual stage (sets VP)."""
+    microbatch_group_size_per_vp_stage: int | None = None
+    """Interleaved 1F1B: microbatches run through one chunk before the next (None: PP, depth-first)."""
     sequence_parallel: bool = False
     """Split LayerNorm/dropout activations along the sequence in TP regions."""
     use_distributed_optimizer: bool = False
@@ -83,36 +98,66 @@ class ParallelLayout:
     ) -> ParallelLayout:
         """Build from Megatron-LM style flags.
 
-        Resolves ``--num-layers-per-virtual-pipeline-stage`` into VP and a
-        missing global batch into micro-batch × DP, checking the flags agree.
+        Resolves ``--num-layers-per-virtual-pipeline-stage`` and
+        ``--pipeline-model-parallel-layout`` into VP, and a missing global batch
+        into micro-batch × DP, with Megatron-LM's rules (``arguments.py``): at
+        most one of the three ways to give VP, and layers per virtual stage only
+        with an even split.
         """
         problems: list[str] = []
-        tp = int(kwargs.get("tensor_model_parallel_size", 1) or 1)  # type: ignore[call-overload]
         pp = int(kwargs.get("pipeline_model_parallel_size", 1) or 1)  # type: ignore[call-overload]
         vp = kwargs.get("virtual_pipeline_model_parallel_size")
         num_layers = int(kwargs["num_layers"])  # type: ignore[call-overload]
-        if num_layers_per_virtual_pipeline_stage is not None:
-            per_stage = num_layers_per_virtual_pipeline_stage
-            if per_stage < 1 or num_layers % pp or (num_layers // pp) % per_stage:
+        layout = kwargs.get("pipeline_model_parallel_layout")
+        given = [
+            flag
+            for flag, value in (
+                ("--num-layers-per-virtual-pipeline-stage", num_layers_per_virtual_pipeline_stage),
+                ("--num-virtual-stages-per-pipeline-rank", vp),
+                ("--pipeline-model-parallel-layout", layout),
+            )
+            if value is not None
+        ]
+        if len(given) > 1:
+            problems.append(f"{' and '.join(given)} each set the virtual pipeline size; give one of them")
+        elif layout is not None:
+            try:
+                entries = len(expand_layout(str(layout)))
+            except ValueError as exc:
+                problems.append(str(exc))
+            else:
+                if entries % pp == 0:
+                    vp = entries // pp
+                # otherwise problems() names the stage count
+        elif num_layers_per_virtual_pipeline_stage is not None:
+            per_chunk = num_layers_per_virtual_pipeline_stage
+            if kwargs.get("decoder_first_pipeline_num_layers") is not None or (
+                kwargs.get("decoder_last_pipeline_num_layers") is not None
+            ):
                 problems.append(
-                    f"num_layers_per_virtual_pipeline_stage={per_stage} does not divide the "
-                    f"layers per pipeline stage (num_layers={num_layers} / pipeline({pp})"
-                    f"{' = ' + str(num_layers // pp) if num_layers % pp == 0 else ' is not whole'}); "
-                    f"choose one of {divisors(num_layers // pp) if num_layers % pp == 0 else 'the divisors of layers per stage'}"
+                    "--num-layers-per-virtual-pipeline-stage assumes an even split; with "
+                    "--decoder-first/last-pipeline-num-layers give --num-virtual-stages-per-pipeline-rank instead"
                 )
             else:
-                derived = num_layers // pp // per_stage
-                if vp is not None and vp != derived:
+                # The account-for flags count the embedding / loss as layers here too (Megatron-LM).
+                slots = num_layers + sum(
+                    bool(kwargs.get(k))
+                    for k in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+                )
+                if per_chunk < 1 or slots % pp or (slots // pp) % per_chunk:
+                    per_rank = f"{slots // pp}" if slots % pp == 0 else "not whole"
+                    choices = divisors(slots // pp) if slots % pp == 0 else "the divisors of layers per stage"
                     problems.append(
-                        f"--virtual-pipeline-model-parallel-size {vp} contradicts "
-                        f"--num-layers-per-virtual-pipeline-stage {per_stage} "
-                        f"(which gives {derived} = {num_layers} layers / pipeline({pp}) / {per_stage}); give one of them"
+                        f"num_layers_per_virtual_pipeline_stage={per_chunk} does not divide the layers per "
+                        f"pipeline stage ({slots} / pipeline({pp}) = {per_rank}); choose one of {choices}"
                     )
-                vp = derived
+                else:
+                    vp = slots // pp // per_chunk
         if problems:
             raise LayoutError(problems)
         if global_batch_size is None:
             world = int(kwargs["world_size"])  # type: ignore[call-overload]
+            tp = int(kwargs.get("tensor_model_parallel_size", 1) or 1)  # type: ignore[call-overload]
             dp = max(world // (tp * pp), 1)
             global_batch_size = int(kwargs.get("micro_batch_size", 1) or 1) * dp  # type: ignore[call-overload]
         if vp is not None and int(vp) <= 1:  # type: ignore[call-overload]
@@ -171,28 +216,56 @@ class ParallelLayout:
         return self.global_batch_size // (self.micro_batch_size * self.dp)
 
     @property
-    def layers_per_pipeline_stage(self) -> int:
-        return self.num_layers // self.pp
-
-    @property
-    def layers_per_virtual_stage(self) -> int:
-        """Layers in one model chunk (= per pipeline stage when not interleaved)."""
-        return self.num_layers // (self.pp * self.vp)
-
-    @property
     def bubble_fraction(self) -> float:
         """Pipeline bubble relative to ideal compute, (p − 1)/(v·m): ``estimate.pipeline.bubble_fraction``."""
         return bubble_fraction(pp=self.pp, vp=self.vp, num_microbatches=self.num_microbatches)
 
-    def stage_layers(self, pipeline_rank: int, virtual_rank: int = 0) -> range:
-        """Global layer indices held by one (pipeline rank, model chunk).
+    @property
+    def microbatch_group_size(self) -> int:
+        """Microbatches per chunk before the next (Megatron-Core's default: PP)."""
+        return self.microbatch_group_size_per_vp_stage or self.pp
 
-        Interleaving assigns chunk v of rank r the layers of virtual stage
-        ``v·p + r``, so each rank holds v non-contiguous groups.
-        """
-        per = self.layers_per_virtual_stage
-        start = (virtual_rank * self.pp + pipeline_rank) * per
-        return range(start, start + per)
+    @property
+    def split(self) -> StageSplit:
+        """The flags that place the layers."""
+        return StageSplit(
+            num_layers=self.num_layers,
+            pp=self.pp,
+            vp=self.vp,
+            first=self.decoder_first_pipeline_num_layers,
+            last=self.decoder_last_pipeline_num_layers,
+            account_for_embedding=self.account_for_embedding_in_pipeline_split,
+            account_for_loss=self.account_for_loss_in_pipeline_split,
+            layout=self.pipeline_model_parallel_layout,
+        )
+
+    @property
+    def uneven(self) -> bool:
+        """One of the uneven-split flags places the layers."""
+        return self.split.mode != "uniform"
+
+    @cached_property
+    def stages(self) -> tuple[tuple[Stage, ...], ...]:
+        """Every model chunk, ``[pipeline_rank][virtual_stage]``: layers, embedding, loss (``stages.py``)."""
+        return stages_of(self.split)
+
+    def stage_layers(self, pipeline_rank: int, virtual_rank: int = 0) -> range:
+        """Global layer indices held by one (pipeline rank, model chunk)."""
+        return self.stages[pipeline_rank][virtual_rank].layers
+
+    def rank_layers(self, pipeline_rank: int) -> int:
+        """Transformer layers on one pipeline rank (all of its chunks)."""
+        return sum(chunk.num_layers for chunk in self.stages[pipeline_rank])
+
+    @property
+    def layers_per_pipeline_stage(self) -> int:
+        """The most transformer layers on one pipeline rank (every rank's count when the split is even)."""
+        return max(self.rank_layers(r) for r in range(self.pp))
+
+    @property
+    def layers_per_virtual_stage(self) -> int:
+        """The most transformer layers in one model chunk (every chunk's count when the split is even)."""
+        return max(chunk.num_layers for rank in self.stages for chunk in rank)
 
     # -------------------------------------------------------------- validation
     def __post_init__(self) -> None:
@@ -230,25 +303,13 @@ class ParallelLayout:
                 f"tensor_model_parallel_size={tp} exceeds gpus_per_node={self.gpus_per_node}; "
                 f"tensor parallelism must stay within a node: use TP <= {self.gpus_per_node}"
             )
-        if self.num_layers % pp:
-            fits = [d for d in divisors(self.num_layers) if d <= max(pp * 2, 8)]
+        if vp > 1 and pp == 1:
             p.append(
-                f"num_layers={self.num_layers} is not divisible by pipeline({pp}); "
-                f"try {_nearest_multiples(self.num_layers, pp)} layers or PP in {fits}"
+                f"virtual_pipeline_model_parallel_size={vp} needs pipeline parallelism: "
+                "interleaving splits the layers of each pipeline rank; use PP >= 2 or VP=1"
             )
-        elif vp > 1:
-            if pp == 1:
-                p.append(
-                    f"virtual_pipeline_model_parallel_size={vp} needs pipeline parallelism: "
-                    "interleaving splits the layers of each pipeline rank; use PP >= 2 or VP=1"
-                )
-            if self.num_layers % (pp * vp):
-                ok_vp = [d for d in divisors(self.num_layers // pp) if d > 1]
-                p.append(
-                    f"num_layers={self.num_layers} is not divisible by pipeline({pp}) × "
-                    f"virtual({vp}) = {pp * vp}; try {_nearest_multiples(self.num_layers, pp * vp)} "
-                    f"layers or VP in {[1, *ok_vp]}"
-                )
+        else:
+            p += split_problems(self.split)
         heads = self.num_attention_heads
         if heads % tp:
             p.append(
@@ -293,26 +354,97 @@ class ParallelLayout:
                 f"micro_batch({self.micro_batch_size}) × data_parallel({dp}) = {per_step}; "
                 f"try {_nearest_multiples(self.global_batch_size, per_step)}"
             )
-        elif vp > 1 and self.num_microbatches % pp:
-            m = self.num_microbatches
-            need = per_step * pp
-            p.append(
-                f"interleaved schedule: microbatches per step ({m} = global_batch {self.global_batch_size} / "
-                f"(micro_batch {self.micro_batch_size} × data_parallel {dp})) must be a multiple of "
-                f"pipeline({pp}); try global_batch_size {_nearest_multiples(self.global_batch_size, need)} "
-                f"or VP=1"
-            )
+        else:
+            p += self._group_problems()
         return p
+
+    def _group_problems(self) -> list[str]:
+        """Interleaved 1F1B's microbatch groups (Megatron-Core's ``forward_backward_pipelining_with_interleaving``)."""
+        m, pp, given = self.num_microbatches, self.pp, self.microbatch_group_size_per_vp_stage
+        if given is not None and not self.interleaved:
+            return [
+                f"microbatch_group_size_per_vp_stage={given} only applies to the interleaved schedule (VP > 1); "
+                "drop it, or interleave with --num-virtual-stages-per-pipeline-rank"
+            ]
+        if not self.interleaved:
+            return []
+        group = self.microbatch_group_size
+        source = f"microbatch_group_size_per_vp_stage={group}" if given else f"the microbatch group (PP = {pp})"
+        counted = (
+            f"microbatches per step ({m} = global_batch {self.global_batch_size} / (micro_batch "
+            f"{self.micro_batch_size} × data_parallel {self.dp}))"
+        )
+        need = self.micro_batch_size * self.dp * pp
+        if given is not None and not pp <= group <= m:
+            return [f"{source} must lie between pipeline({pp}) and the {counted}; use {pp}..{max(m, pp)}"]
+        if group > m:
+            return [
+                f"interleaved schedule: {counted} must be at least pipeline({pp}); try global_batch_size "
+                f"{_nearest_multiples(self.global_batch_size, need)} or VP=1"
+            ]
+        if 0 < m % group < pp:
+            groups = [g for g in range(pp, m + 1) if not 0 < m % g < pp]
+            return [
+                f"interleaved schedule: {counted} leave a last group of {m % group} after groups of {group} "
+                f"({source}), fewer than pipeline({pp}): Megatron-Core refuses it (it would stall the "
+                f"pipeline); use --microbatch-group-size-per-virtual-pipeline-stage in {groups[:8]}, or "
+                f"global_batch_size {_nearest_multiples(self.global_batch_size, need)}, or VP=1"
+            ]
+        return []
 
     # ---------------------------------------------------------------- report
     def describe(self) -> list[str]:
-        """The derived numbers, one 'name: value' line each."""
+        """The derived numbers, one 'name: value' line each, and the stage table when the layers are uneven."""
         vp_text = f" × VP {self.vp} (interleaved 1F1B)" if self.interleaved else ""
-        return [
+        group = self.microbatch_group_size_per_vp_stage
+        lines = [
             f"world size: {self.world_size} = TP {self.tp} × PP {self.pp} × DP {self.dp}{vp_text}",
             f"micro-batch: {self.micro_batch_size}, global batch: {self.global_batch_size}, "
-            f"microbatches per step (gradient accumulation): {self.num_microbatches}",
-            f"layers per pipeline stage: {self.layers_per_pipeline_stage}"
-            + (f", per virtual stage: {self.layers_per_virtual_stage}" if self.interleaved else ""),
-            f"pipeline bubble (p-1)/(v*m): {self.bubble_fraction:.3f}",
+            f"microbatches per step (gradient accumulation): {self.num_microbatches}"
+            + (f", in groups of {group} per virtual stage" if group is not None else ""),
         ]
+        if self.uneven:
+            lines += self.stage_table()
+        else:
+            lines.append(
+                f"layers per pipeline stage: {self.layers_per_pipeline_stage}"
+                + (f", per virtual stage: {self.layers_per_virtual_stage}" if self.interleaved else "")
+            )
+        lines.append(f"pipeline bubble (p-1)/(v*m): {self.bubble_fraction:.3f}")
+        return lines
+
+    def stage_table(self) -> list[str]:
+        """What every pipeline rank holds, chunk by chunk; consecutive ranks that hold alike share a row."""
+        split = self.split.mode
+        head = f"pipeline stages ({split} split; E embedding, Nt transformer layers, L loss"
+        lines = [head + (", virtual stages left to right):" if self.interleaved else "):")]
+
+        def row(rank: int) -> str:
+            return " | ".join(_contents(chunk) for chunk in self.stages[rank])
+
+        rows: list[tuple[int, int, str]] = []
+        for rank in range(self.pp):
+            text = row(rank)
+            if rows and rows[-1][2] == text:
+                rows[-1] = (rows[-1][0], rank, text)
+            else:
+                rows.append((rank, rank, text))
+        label_width = max(len(_ranks(a, b)) for a, b, _ in rows)
+        text_width = max(len(text) for _, _, text in rows)
+        for first, last, text in rows:
+            lines.append(
+                f"  {_ranks(first, last):<{label_width}}  {text:<{text_width}}  "
+                f"({self.rank_layers(first)} layers{' each' if last > first else ''})"
+            )
+        return lines
+
+
+def _ranks(first: int, last: int) -> str:
+    return f"rank {first}" if first == last else f"ranks {first}-{last}"
+
+
+def _contents(chunk: Stage) -> str:
+    parts = ["E"] if chunk.embedding else []
+    parts += [f"{chunk.num_layers}t"] if chunk.num_layers or not (chunk.embedding or chunk.loss) else []
+    parts += ["L"] if chunk.loss else []
+    return "+".join(parts)

@@ -17,7 +17,8 @@ Language Model Training on GPU Clusters Using Megatron-LM", §2.2):
 Warm-up and in-flight counts are those of Megatron-Core's schedules
 (``megatron/core/pipeline_parallel/schedules.py``, ``get_pp_rank_microbatches``):
 rank ``r`` runs ``min(m, p − r − 1)`` warm-up forward passes under 1F1B and
-``min(m·v, 2·(p − r − 1) + (v − 1)·p)`` chunk passes interleaved, and so holds
+``min(m·v, 2·(p − r − 1) + (v − 1)·n)`` chunk passes interleaved (``n`` the
+microbatch group size, ``p`` by default), and so holds
 one more than that at its peak. ``schedule.py`` turns these into the full order
 of passes and a simulated timeline.
 """
@@ -30,14 +31,21 @@ def bubble_fraction(*, pp: int, vp: int, num_microbatches: int) -> float:
     return (pp - 1) / (vp * num_microbatches)
 
 
-def warmup_passes(*, pp: int, vp: int, num_microbatches: int, pipeline_rank: int) -> int:
-    """Forward passes (of one model chunk each) a rank runs before its first backward pass."""
+def warmup_passes(*, pp: int, vp: int, num_microbatches: int, pipeline_rank: int, group_size: int | None = None) -> int:
+    """Forward passes (of one model chunk each) a rank runs before its first backward pass.
+
+    ``group_size``: interleaved 1F1B's microbatch group (``--microbatch-group-size-per-virtual-pipeline-stage``,
+    default ``p``); each extra chunk adds one group of warm-up passes.
+    """
     if vp == 1:
         return min(num_microbatches, pp - pipeline_rank - 1)
-    return min(num_microbatches * vp, 2 * (pp - pipeline_rank - 1) + (vp - 1) * pp)
+    group = group_size or pp
+    return min(num_microbatches * vp, 2 * (pp - pipeline_rank - 1) + (vp - 1) * group)
 
 
-def in_flight_passes(*, pp: int, vp: int, num_microbatches: int, pipeline_rank: int) -> int:
+def in_flight_passes(
+    *, pp: int, vp: int, num_microbatches: int, pipeline_rank: int, group_size: int | None = None
+) -> int:
     """Most (microbatch, model chunk) forward passes whose activations one rank holds at once.
 
     The warm-up passes plus the one that starts the steady state; the first
@@ -45,5 +53,7 @@ def in_flight_passes(*, pp: int, vp: int, num_microbatches: int, pipeline_rank: 
     ``p·(1 + (p − 1)/(p·v))`` microbatches' worth of its layers (Narayanan et
     al. 2021, §2.2.2).
     """
-    warmup = warmup_passes(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank)
+    warmup = warmup_passes(
+        pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank, group_size=group_size
+    )
     return min(num_microbatches * vp, warmup + 1)

@@ -13,7 +13,13 @@ from megatron_ext.estimate.shapes import parameter_counts as model_parameter_cou
 def parameter_counts(cfg: TrainingConfig) -> ParameterCounts:
     """The run's parameter counts (``shapes.parameter_counts`` for its model, vocabulary and layout)."""
     layout = cfg.layout
-    return model_parameter_counts(cfg.model, padded_vocab_size=cfg.padded_vocab_size, tp=layout.tp, pp=layout.pp)
+    return model_parameter_counts(
+        cfg.model,
+        padded_vocab_size=cfg.padded_vocab_size,
+        tp=layout.tp,
+        pp=layout.pp,
+        stage_layers=tuple(layout.rank_layers(r) for r in range(layout.pp)),
+    )
 
 
 def _kept_padding(cfg: TrainingConfig) -> str:

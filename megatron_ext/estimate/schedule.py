@@ -10,12 +10,13 @@ chunks per rank and ``m`` microbatches:
 * **1F1B** (``v = 1``): rank ``r`` runs ``w = min(m, p − r − 1)`` warm-up
   forward passes, then ``m − w`` times "forward ``w + i``, backward ``i``",
   then the ``w`` remaining backward passes.
-* **Interleaved 1F1B** (``v > 1``, ``m`` a multiple of ``p``): the
-  microbatches are taken in groups of ``p`` (``microbatch_group_size_per_vp_stage``);
+* **Interleaved 1F1B** (``v > 1``): the microbatches are taken in groups of
+  ``n`` (``microbatch_group_size_per_vp_stage``, ``p`` by default; a last
+  group smaller than ``p`` is refused);
   the *schedule table* lists, group by group, every chunk ``0 … v−1`` for the
   group's microbatches. Forward pass ``k`` runs table entry ``k``; backward
   pass ``k`` runs the same microbatch on the mirrored chunk ``v − 1 − c``.
-  Rank ``r`` runs ``w = min(m·v, 2·(p − r − 1) + (v − 1)·p)`` warm-up forward
+  Rank ``r`` runs ``w = min(m·v, 2·(p − r − 1) + (v − 1)·n)`` warm-up forward
   passes, then "forward ``w + i``, backward ``i``", then the rest of the
   backward passes (``get_pp_rank_microbatches``, ``get_schedule_table``).
 
@@ -49,9 +50,10 @@ class PipelinePass:
     """Model chunk (virtual stage index on this rank, 0-based)."""
 
 
-def validate(*, pp: int, vp: int, num_microbatches: int) -> ParallelLayout:
+def validate(*, pp: int, vp: int, num_microbatches: int, group_size: int | None = None) -> ParallelLayout:
     """The pipeline as a ParallelLayout (one GPU per stage): the same rules and messages as pretrain_gpt.py."""
     return ParallelLayout(
+        microbatch_group_size_per_vp_stage=group_size,
         world_size=pp,
         pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vp if vp > 1 else None,
@@ -73,13 +75,19 @@ def schedule_table(num_microbatches: int, num_chunks: int, group_size: int) -> l
     return table
 
 
-def schedule_order(*, pp: int, vp: int, num_microbatches: int, pipeline_rank: int) -> list[PipelinePass]:
-    """Every pass of one pipeline rank in the order Megatron-Core runs them (see the module docstring)."""
-    validate(pp=pp, vp=vp, num_microbatches=num_microbatches)
+def schedule_order(
+    *, pp: int, vp: int, num_microbatches: int, pipeline_rank: int, group_size: int | None = None
+) -> list[PipelinePass]:
+    """Every pass of one pipeline rank in the order Megatron-Core runs them (see the module docstring).
+
+    ``group_size``: the interleaved schedule's microbatch group (default ``pp``).
+    """
+    validate(pp=pp, vp=vp, num_microbatches=num_microbatches, group_size=group_size)
     if not 0 <= pipeline_rank < pp:
         raise ValueError(f"pipeline_rank={pipeline_rank} is outside 0..{pp - 1}")
     total = num_microbatches * vp
-    table = schedule_table(num_microbatches, vp, pp) if vp > 1 else [(mb, 0) for mb in range(num_microbatches)]
+    group = group_size or pp
+    table = schedule_table(num_microbatches, vp, group) if vp > 1 else [(mb, 0) for mb in range(num_microbatches)]
 
     def forward(k: int) -> PipelinePass:
         mb, chunk = table[k]
@@ -89,7 +97,9 @@ def schedule_order(*, pp: int, vp: int, num_microbatches: int, pipeline_rank: in
         mb, chunk = table[k]
         return PipelinePass("B", mb, vp - 1 - chunk)
 
-    warmup = warmup_passes(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank)
+    warmup = warmup_passes(
+        pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank, group_size=group_size
+    )
     order = [forward(k) for k in range(warmup)]
     for k in range(total - warmup):
         order += [forward(k + warmup), backward(k)]
@@ -161,6 +171,7 @@ def simulate(
     backward_time: float = 2.0,
     p2p_time: float = 0.0,
     orders: list[list[PipelinePass]] | None = None,
+    group_size: int | None = None,
 ) -> Timeline:
     """Place every pass at the earliest time its rank and input allow.
 
@@ -170,7 +181,10 @@ def simulate(
     if forward_time <= 0 or backward_time <= 0 or p2p_time < 0:
         raise ValueError("forward and backward times must be positive and the p2p time non-negative")
     if orders is None:
-        orders = [schedule_order(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=r) for r in range(pp)]
+        orders = [
+            schedule_order(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=r, group_size=group_size)
+            for r in range(pp)
+        ]
     elif len(orders) != pp:
         raise ValueError(f"{len(orders)} rank orders given for {pp} pipeline ranks")
     duration = {"F": forward_time / vp, "B": backward_time / vp}

@@ -86,19 +86,37 @@ class ParameterCounts:
     """Word (and learned position) embeddings."""
     output_layer: int
     """Untied output projection (0 when tied)."""
-    first_stage_rank: int
-    """A rank of the first stage: its layers and the embeddings (with PP = 1, everything)."""
-    last_stage_rank: int
-    """A rank of the last stage: its layers, the final norm and the output layer (or the tied copy)."""
+    stage_ranks: tuple[int, ...]
+    """A rank of every pipeline stage: its layers, plus the embeddings on the first stage and the
+    final norm and output layer (or the tied copy) on the last (with PP = 1, everything)."""
+
+    @property
+    def first_stage_rank(self) -> int:
+        return self.stage_ranks[0]
+
+    @property
+    def last_stage_rank(self) -> int:
+        return self.stage_ranks[-1]
 
     @property
     def max_per_rank(self) -> int:
-        """Parameters on the most loaded rank (a first or last pipeline stage)."""
-        return max(self.first_stage_rank, self.last_stage_rank)
+        """Parameters on the most loaded rank (any stage: with uneven stages a middle one may be)."""
+        return max(self.stage_ranks)
 
 
-def parameter_counts(model: ModelArgs, *, padded_vocab_size: int, tp: int = 1, pp: int = 1) -> ParameterCounts:
-    """Exact parameter counts of Megatron-Core's GPTModel for this shape, split TP × PP."""
+def parameter_counts(
+    model: ModelArgs,
+    *,
+    padded_vocab_size: int,
+    tp: int = 1,
+    pp: int = 1,
+    stage_layers: tuple[int, ...] | None = None,
+) -> ParameterCounts:
+    """Exact parameter counts of Megatron-Core's GPTModel for this shape, split TP × PP.
+
+    ``stage_layers``: transformer layers on each pipeline rank (``ParallelLayout.rank_layers``);
+    by default an even split.
+    """
     layer = layer_parameters(model)
     norm = norm_parameters(model)
     word = padded_vocab_size * model.hidden_size
@@ -106,18 +124,15 @@ def parameter_counts(model: ModelArgs, *, padded_vocab_size: int, tp: int = 1, p
     untied = model.untie_embeddings_and_output_weights
     output_layer = word if untied else 0
 
-    layers_per_rank = (model.num_layers // pp) * layer.per_rank(tp)
-    first = layers_per_rank + word // tp + position
-    if pp == 1:
-        first += norm + (word // tp if untied else 0)
-        last = first
-    else:
-        last = layers_per_rank + norm + word // tp
+    layers = stage_layers or (model.num_layers // pp,) * pp
+    ranks = [count * layer.per_rank(tp) for count in layers]
+    ranks[0] += word // tp + position
+    # The last stage holds the final norm and the output layer; tied, a copy of the embedding (PP > 1).
+    ranks[-1] += norm + (word // tp if untied or len(ranks) > 1 else 0)
     return ParameterCounts(
         total=layer.total * model.num_layers + word + position + norm + output_layer,
         per_layer=layer.total,
         embedding=word + position,
         output_layer=output_layer,
-        first_stage_rank=first,
-        last_stage_rank=last,
+        stage_ranks=tuple(ranks),
     )

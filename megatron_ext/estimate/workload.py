@@ -67,6 +67,8 @@ class Workload:
         """Megatron's padding: a multiple of ``make_vocab_size_divisible_by × TP``."""
         return pad_vocab_size(int(self.model.vocab_size or 0), self.model.make_vocab_size_divisible_by, tensor_parallel)
 
-    def parameter_counts(self, *, tp: int, pp: int) -> ParameterCounts:
+    def parameter_counts(self, *, tp: int, pp: int, stage_layers: tuple[int, ...] | None = None) -> ParameterCounts:
         """Exact parameter counts of the model split TP × PP (``shapes.parameter_counts``)."""
-        return parameter_counts(self.model, padded_vocab_size=self.padded_vocab_size(tp), tp=tp, pp=pp)
+        return parameter_counts(
+            self.model, padded_vocab_size=self.padded_vocab_size(tp), tp=tp, pp=pp, stage_layers=stage_layers
+        )

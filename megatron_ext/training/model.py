@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron_ext.config.arguments import TrainingConfig
+from megatron_ext.config.layout import ParallelLayout
 
 
 def params_dtype(cfg: TrainingConfig) -> torch.dtype:
@@ -65,6 +66,13 @@ def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> Transfo
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vp if layout.interleaved else None,
+        # Uneven stages: Megatron-Core places the layers (ParallelLayout.stages predicts the same placement).
+        num_layers_in_first_pipeline_stage=layout.decoder_first_pipeline_num_layers,
+        num_layers_in_last_pipeline_stage=layout.decoder_last_pipeline_num_layers,
+        account_for_embedding_in_pipeline_split=layout.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=layout.account_for_loss_in_pipeline_split,
+        pipeline_model_parallel_layout=layout.pipeline_model_parallel_layout,
+        microbatch_group_size_per_vp_stage=layout.microbatch_group_size_per_vp_stage,
         sequence_parallel=layout.sequence_parallel,
         params_dtype=dtype,
         pipeline_dtype=dtype,
@@ -112,12 +120,13 @@ def _has_softmax_kernels() -> bool:
     )
 
 
-def layer_spec(cfg: TrainingConfig, device: torch.device):  # -> ModuleSpec
+def layer_spec(cfg: TrainingConfig, device: torch.device, *, config: Any, vp_stage: int | None):  # -> ModuleSpec
+    """The layers of one model chunk: Megatron-Core's spec, with as many layers as it places on the chunk."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     from megatron_ext.training.attention import SDPAttention, sdpa_kernels
     from megatron_ext.training.norms import TorchNorm
@@ -134,10 +143,12 @@ def layer_spec(cfg: TrainingConfig, device: torch.device):  # -> ModuleSpec
     # PyTorch's norms (fused kernels on GPU), marked for the TP gradient sum of
     # sequence parallelism, whether or not apex is installed: Megatron-Core's
     # fallbacks refuse sequence parallelism (torch) or RMSNorm (apex). The final
-    # norm is the block's, so the block is spelled out (same layers per chunk).
+    # norm is the block's, so the block is spelled out, with the chunk's layer
+    # count from Megatron-Core's own placement (uneven stages included).
     spec.submodules.input_layernorm = TorchNorm
     spec.submodules.pre_mlp_layernorm = TorchNorm
-    return TransformerBlockSubmodules(layer_specs=[spec] * cfg.layout.layers_per_virtual_stage, layer_norm=TorchNorm)
+    layers = get_num_layers_to_build(config, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=TorchNorm)
 
 
 ModelProvider = Callable[..., torch.nn.Module]
@@ -158,6 +169,7 @@ def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: 
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_arg),
             vp_stage=vp_arg,
         )
+        check_placement(chunk, layout, vp_stage)
         chunk.to(device)
         if cfg.optim.bf16 or cfg.optim.fp16:
             # As Megatron-LM: every parameter in half precision (the optimizer keeps
@@ -181,6 +193,26 @@ def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: 
         )
         for index, chunk in enumerate(chunks)
     ]
+
+
+def check_placement(chunk: torch.nn.Module, layout: ParallelLayout, vp_stage: int) -> None:
+    """The chunk Megatron-Core built holds what ``layout.stages`` says: its layers, embedding and loss.
+
+    The calculator, ``--dry-run`` and the per-stage report all read ``layout.stages``; a
+    disagreement with the model that runs would make every one of them wrong.
+    """
+    from megatron.core import parallel_state
+
+    model = unwrap(chunk)
+    rank = parallel_state.get_pipeline_model_parallel_rank()
+    expected = layout.stages[rank][vp_stage]
+    built = [layer.layer_number - 1 for layer in model.decoder.layers]  # Megatron-Core counts from 1
+    holds = (list(expected.layers), bool(model.pre_process), bool(model.post_process))
+    if (built, bool(model.pre_process), bool(model.post_process)) != holds:
+        raise RuntimeError(
+            f"pipeline rank {rank}, virtual stage {vp_stage}: Megatron-Core built layers {built} "
+            f"(embedding {model.pre_process}, loss {model.post_process}), the layout expects {expected.describe()}"
+        )
 
 
 def unwrap(chunk: torch.nn.Module) -> Any:

@@ -74,7 +74,7 @@ def test_layout_errors_surface_from_parse() -> None:
 
 def test_help_is_field_docs() -> None:
     text = " ".join(build_parser().format_help().split())
-    assert "Layers per virtual stage: turns on the interleaved 1F1B schedule." in text
+    assert "Layers per virtual stage (even splits only): turns on the interleaved 1F1B schedule." in text
 
 
 @pytest.mark.parametrize(

@@ -119,8 +119,9 @@ def test_interleaved_microbatches_must_be_multiple_of_pipeline() -> None:
         global_batch_size=6,
         micro_batch_size=1,
     )
-    assert "microbatches per step (6" in msg and "multiple of pipeline(4)" in msg
-    assert "try global_batch_size 4 or 8" in msg
+    assert "microbatches per step (6" in msg and "fewer than pipeline(4)" in msg
+    assert "--microbatch-group-size-per-virtual-pipeline-stage in [6]" in msg
+    assert "global_batch_size 4 or 8" in msg
 
 
 def test_virtual_needs_pipeline() -> None:
@@ -144,7 +145,7 @@ def test_every_problem_is_reported_at_once() -> None:
 
 
 def test_contradicting_virtual_flags() -> None:
-    with pytest.raises(LayoutError, match="contradicts"):
+    with pytest.raises(LayoutError, match="each set the virtual pipeline size; give one of them"):
         make(
             pipeline_model_parallel_size=2,
             num_layers_per_virtual_pipeline_stage=2,

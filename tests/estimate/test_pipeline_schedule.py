@@ -49,19 +49,18 @@ def test_warmup_counts_are_megatron_cores() -> None:
     from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches
 
     for p, v, m in SHAPES:
-        for rank in range(p):
-            # Megatron-Core reads the pipeline group's size and rank from its communicator.
-            group = types.SimpleNamespace(size=lambda p=p: p, rank=lambda rank=rank: rank)
-            communicator = types.SimpleNamespace(
-                pp_group=group, virtual_pipeline_model_parallel_size=v if v > 1 else None
-            )
-            _, _, warmup, _ = get_pp_rank_microbatches(m, v, p, p2p_communicator=communicator)
-            assert warmup_passes(pp=p, vp=v, num_microbatches=m, pipeline_rank=rank) == min(warmup, m * v), (
-                p,
-                v,
-                m,
-                rank,
-            )
+        # The default microbatch group (p) and, interleaved, every larger one the schedule accepts.
+        groups = [p] + ([n for n in range(p + 1, m + 1) if not 0 < m % n < p] if v > 1 else [])
+        for n in groups:
+            for rank in range(p):
+                # Megatron-Core reads the pipeline group's size and rank from its communicator.
+                group = types.SimpleNamespace(size=lambda p=p: p, rank=lambda rank=rank: rank)
+                communicator = types.SimpleNamespace(
+                    pp_group=group, virtual_pipeline_model_parallel_size=v if v > 1 else None
+                )
+                _, _, warmup, _ = get_pp_rank_microbatches(m, v, n, p2p_communicator=communicator)
+                ours = warmup_passes(pp=p, vp=v, num_microbatches=m, pipeline_rank=rank, group_size=n)
+                assert ours == min(warmup, m * v), (p, v, m, n, rank)
 
 
 @pytest.mark.unit
@@ -88,7 +87,7 @@ def test_known_order_of_the_last_rank_of_an_interleaved_pipeline() -> None:
 
 @pytest.mark.unit
 def test_invalid_pipelines_get_the_layout_messages() -> None:
-    with pytest.raises(LayoutError, match=r"microbatches per step \(6 = .*must be a multiple of pipeline\(4\)"):
+    with pytest.raises(LayoutError, match=r"microbatches per step \(6 = .*fewer than pipeline\(4\)"):
         schedule_order(pp=4, vp=2, num_microbatches=6, pipeline_rank=0)
     with pytest.raises(LayoutError, match="needs pipeline parallelism"):
         schedule_order(pp=1, vp=2, num_microbatches=4, pipeline_rank=0)
@@ -190,7 +189,7 @@ def test_plot_schedule_cli(tmp_path: Path) -> None:
     decode_png(stem.with_suffix(".png").read_bytes())
     ET.fromstring(stem.with_suffix(".svg").read_text())
     assert run(["--pp", "4", "--vp", "2", "-m", "6"], stdout=out, stderr=err) == 2
-    assert "must be a multiple of pipeline(4)" in err.getvalue()
+    assert "fewer than pipeline(4)" in err.getvalue()
     # The script itself, as a user runs it.
     proc = subprocess.run(
         [
