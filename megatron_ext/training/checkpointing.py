@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_ext.config.arguments import TrainingConfig
-from megatron_ext.config.layout import divisors
+from megatron_ext.config.layout import ParallelLayout, divisors
 from megatron_ext.config.runtime import TRACKER_FILENAME
 from megatron_ext.training.model import unwrap
 
@@ -398,7 +398,7 @@ def _optimizer_has_state(optimizer: Any, *, device: torch.device) -> bool:
     return bool(flag.item())
 
 
-def _layout_record(cfg: TrainingConfig) -> dict[str, int]:
+def _layout_record(cfg: TrainingConfig) -> dict[str, Any]:
     layout = cfg.layout
     return {
         "tp": layout.tp,
@@ -406,7 +406,35 @@ def _layout_record(cfg: TrainingConfig) -> dict[str, int]:
         "vp": layout.vp,
         "dp": layout.dp,
         "distributed_optimizer": layout.use_distributed_optimizer,
+        "stages": _stage_record(layout),
     }
+
+
+def _stage_record(layout: ParallelLayout) -> list[list[int]]:
+    """Transformer layers of every [pipeline rank][virtual stage]: what a per-rank optimizer shard covers."""
+    return [[chunk.num_layers for chunk in rank] for rank in layout.stages]
+
+
+def per_rank_format_refusal(saved_layout: dict[str, Any], layout: ParallelLayout) -> str | None:
+    """Why a per-rank (``dp_reshardable``) distributed-optimizer state cannot load under ``layout``, or None.
+
+    Each rank's shard is a flat buffer over its chunks' parameters: it survives a change of DP only.
+    Checkpoints written before the stage split was recorded compare TP, PP and VP.
+    """
+    changed = [k for k in ("tp", "pp", "vp") if saved_layout.get(k) != getattr(layout, k)]
+    if changed:
+        was = " × ".join(f"{k.upper()} {saved_layout.get(k)}" for k in changed)
+        now = " × ".join(f"{k.upper()} {getattr(layout, k)}" for k in changed)
+    elif saved_layout.get("stages", _stage_record(layout)) != _stage_record(layout):
+        was = f"layers per pipeline rank and virtual stage {saved_layout['stages']}"
+        now = f"{_stage_record(layout)}"
+    else:
+        return None
+    return (
+        f"its distributed-optimizer state was saved per rank (loadable under another DP only) with {was}, "
+        f"and this run has {now}. Resume once with the saved layout and --dist-ckpt-optim-fully-reshardable, "
+        "or pass --no-load-optim to load only the model"
+    )
 
 
 def _iteration_dirs(root: Path) -> dict[int, Path]:
@@ -587,15 +615,9 @@ def load_checkpoint(
         )
     saved_format = common.get("optimizer_format", "fully_reshardable")
     if load_optim and cfg.layout.use_distributed_optimizer and saved_format == "dp_reshardable":
-        changed = [k for k in ("tp", "pp", "vp") if saved_layout.get(k) != getattr(cfg.layout, k)]
-        if changed:
-            was = " × ".join(f"{k.upper()} {saved_layout.get(k)}" for k in changed)
-            now = " × ".join(f"{k.upper()} {getattr(cfg.layout, k)}" for k in changed)
-            raise CheckpointError(
-                f"{path}: its distributed-optimizer state was saved per rank (loadable under another DP only) "
-                f"with {was}, and this run has {now}. Resume once with the saved layout and "
-                "--dist-ckpt-optim-fully-reshardable, or pass --no-load-optim to load only the model"
-            )
+        refusal = per_rank_format_refusal(saved_layout, cfg.layout)
+        if refusal:
+            raise CheckpointError(f"{path}: {refusal}")
     if load_optim:
         _prepare_distributed_optimizer_for_load(optimizer)
         request["optimizer"] = optimizer.sharded_state_dict(

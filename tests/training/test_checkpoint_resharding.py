@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from megatron_ext.training.checkpointing import read_tracker
-from tests.conftest import ITERS, TINY_MODEL, assert_matches_baseline, run_pretrain, train_from_seed
+from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.training.checkpointing import per_rank_format_refusal, read_tracker
+from tests.conftest import ITERS, TINY_MODEL, assert_matches_baseline, run_pretrain, train_from_seed, train_losses
 
 pytestmark = pytest.mark.distributed
 
@@ -41,6 +42,13 @@ def interrupted(seed_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory)
     [
         ("tp1-pp2", 2, ["--pipeline-model-parallel-size", "2"]),
         ("dp4", 4, []),
+        # Saved with even stages, resumed uneven: 2 | 4 | 2 layers.
+        (
+            "pp3-first-and-last-stage-2-layers",
+            3,
+            "--pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 2 "
+            "--decoder-last-pipeline-num-layers 2".split(),
+        ),
     ],
 )
 def test_resume_under_another_layout(
@@ -120,3 +128,46 @@ def test_switching_optimizer_flavour_is_a_clear_error(interrupted: Path, tmp_pat
         expect=3,
     )
     assert "saved without --use-distributed-optimizer" in proc.stdout + proc.stderr
+
+
+UNEVEN_LAYOUT = ["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Ett|ttt|t|ttL"]
+"""Interleaved PP2 × VP2 with 2 | 3 | 1 | 2 layers per virtual stage (the embedding and loss at the ends)."""
+
+
+def test_uneven_stages_save_and_resume_even_with_the_optimizer_resharded(
+    seed_checkpoint: Path, baseline: dict[int, float], baseline_grad_norms: dict[int, float], tmp_path: Path
+) -> None:
+    """A layout string's run matches the baseline, and its checkpoint resumes under even stages."""
+    save = tmp_path / "ckpt"
+    train_from_seed(
+        seed_checkpoint, tmp_path / "a.jsonl", 2, [*UNEVEN_LAYOUT, *DISTOPT], "--save", str(save),
+        "--exit-interval", str(HALF), "--dist-ckpt-optim-fully-reshardable", expect=75,
+    )  # fmt: skip
+    first_half = {it: loss for it, loss in baseline.items() if it <= HALF}
+    assert train_losses(tmp_path / "a.jsonl") == pytest.approx(first_half, rel=1e-5)
+    _resume(save, tmp_path / "b.jsonl", 2, "--pipeline-model-parallel-size", "2",
+            "--num-virtual-stages-per-pipeline-rank", "2")  # fmt: skip
+    assert_matches_baseline(
+        tmp_path / "b.jsonl", baseline, baseline_grad_norms, name="layout string -> even pp2-vp2", first=HALF + 1
+    )
+
+
+@pytest.mark.unit
+def test_a_per_rank_optimizer_state_refuses_another_stage_split() -> None:
+    """Same TP, PP and VP but other layers per rank: the per-rank flat shards no longer line up."""
+
+    def layout(**flags: object) -> ParallelLayout:
+        return ParallelLayout.from_flags(world_size=2, pipeline_model_parallel_size=2, num_layers=8,
+                                         num_attention_heads=2, global_batch_size=8, **flags)  # fmt: skip
+
+    even = layout()
+    uneven = layout(decoder_first_pipeline_num_layers=3)
+    saved = {"tp": 1, "pp": 2, "vp": 1, "stages": [[3], [5]]}
+    refusal = per_rank_format_refusal(saved, even)
+    assert refusal is not None
+    assert "layers per pipeline rank and virtual stage [[3], [5]], and this run has [[4], [4]]" in refusal
+    assert per_rank_format_refusal(saved, uneven) is None
+    # Checkpoints from before the split was recorded: TP, PP and VP decide.
+    assert per_rank_format_refusal({"tp": 1, "pp": 2, "vp": 1}, even) is None
+    assert "with PP 2, and this run has PP 1" in (per_rank_format_refusal(saved, ParallelLayout.from_flags(
+        world_size=1, num_layers=8, num_attention_heads=2, global_batch_size=8)) or "")  # fmt: skip

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_matches_baseline, train_from_seed
+from tests.conftest import TINY_MODEL, assert_matches_baseline, grad_norms, run_pretrain, train_from_seed, train_losses
 
 pytestmark = pytest.mark.distributed
 
@@ -47,6 +47,35 @@ LAYOUTS = {
         4,
         "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2".split(),
     ),
+    # Uneven stages (Megatron-Core places the layers; ParallelLayout.stages is checked against it at build).
+    # First rank 2 layers (1 per chunk), last rank 6 (3 per chunk), interleaved.
+    "pp2-vp2-first-stage-2-layers": (
+        2,
+        "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+        "--decoder-first-pipeline-num-layers 2".split(),
+    ),
+    # 8 layers + the embedding = 9 slots on 3 ranks: E+2 | 3 | 3.
+    "pp3-account-for-embedding": (
+        3,
+        "--pipeline-model-parallel-size 3 --account-for-embedding-in-pipeline-split".split(),
+    ),
+}
+# The layout-string row and uneven <-> even resharding are in test_checkpoint_resharding.py.
+
+ODD_LAYERS = ["--num-layers", "7"]
+"""An odd layer count: its own seed and baseline (TINY_MODEL with 7 layers)."""
+ODD_LAYOUTS = {
+    # 7 layers + embedding + loss = 9 slots on 3 ranks: E+2 | 3 | 2+L.
+    "7-layers-pp3-account-for-embedding-and-loss": (
+        3,
+        "--pipeline-model-parallel-size 3 --account-for-embedding-in-pipeline-split "
+        "--account-for-loss-in-pipeline-split".split(),
+    ),
+    # Megatron-Core's layout string, interleaved: E+1 | 2 | 2 | 2+L.
+    "7-layers-pp2-layout-string-vp2": (
+        2,
+        ["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et|tt|tt|ttL"],
+    ),
 }
 
 
@@ -61,3 +90,26 @@ def test_layout_matches_baseline(
     nproc, flags = LAYOUTS[name]
     train_from_seed(seed_checkpoint, tmp_path / "m.jsonl", nproc, flags)
     assert_matches_baseline(tmp_path / "m.jsonl", baseline, baseline_grad_norms, name=name)
+
+
+@pytest.fixture(scope="module")
+def odd_seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("seed7") / "ckpt"
+    run_pretrain([*TINY_MODEL, *ODD_LAYERS, "--train-iters", "0", "--save", str(root)])
+    return root
+
+
+@pytest.fixture(scope="module")
+def odd_baseline(odd_seed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    metrics = tmp_path_factory.mktemp("baseline7") / "m.jsonl"
+    train_from_seed(odd_seed, metrics, 1, ODD_LAYERS)
+    return metrics
+
+
+@pytest.mark.parametrize("name", list(ODD_LAYOUTS))
+def test_odd_layer_count_layout_matches_its_baseline(
+    name: str, odd_seed: Path, odd_baseline: Path, tmp_path: Path
+) -> None:
+    nproc, flags = ODD_LAYOUTS[name]
+    train_from_seed(odd_seed, tmp_path / "m.jsonl", nproc, [*ODD_LAYERS, *flags])
+    assert_matches_baseline(tmp_path / "m.jsonl", train_losses(odd_baseline), grad_norms(odd_baseline), name=name)
