@@ -6,12 +6,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.layout import LayoutError
-from megatron_ext.estimate.schedule import PipelinePass, schedule_order, simulate, validate
+from megatron_ext.estimate.schedule import PipelinePass, TimedPass, Timeline, schedule_order, simulate, validate
 from megatron_ext.estimate.schedule_plot import write
+
+if TYPE_CHECKING:  # torch stays unimported unless a trace is read
+    from megatron_ext.training.stage_timing import TimedPass as StagePass
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,9 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Draw Megatron-Core's 1F1B / interleaved 1F1B pipeline timeline (PNG and SVG).",
         allow_abbrev=False,
     )
-    parser.add_argument(
-        "--pp", "--pipeline-model-parallel-size", dest="pp", type=int, required=True, help="Pipeline ranks p."
-    )
+    parser.add_argument("--pp", "--pipeline-model-parallel-size", dest="pp", type=int, help="Pipeline ranks p.")
     parser.add_argument(
         "--vp",
         "--virtual-pipeline-model-parallel-size",
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="Model chunks per rank v.",
     )
-    parser.add_argument("--num-microbatches", "-m", type=int, required=True, help="Microbatches per step m.")
+    parser.add_argument("--num-microbatches", "-m", type=int, help="Microbatches per step m.")
     parser.add_argument(
         "--forward-time", type=float, default=1.0, help="Forward time of a microbatch through one stage (default 1)."
     )
@@ -42,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", type=Path, help="Output stem (default schedule_p<P>_v<V>_m<M>): .png and .svg.")
     parser.add_argument("--width", type=int, default=1200, help="Picture width in pixels (default 1200).")
     parser.add_argument("--trace", type=Path, help="Draw a recorded order (tools/record_schedule.py's directory).")
+    parser.add_argument(
+        "--timeline",
+        type=Path,
+        help="Draw a measured run (pretrain_gpt.py --timeline's trace) above its simulation with the measured "
+        "per-stage times; p, v and m come from the trace.",
+    )
     parser.add_argument("--print-order", action="store_true", help="Also print every rank's order.")
     return parser
 
@@ -49,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     out, err = stdout or sys.stdout, stderr or sys.stderr
     args = build_parser().parse_args(argv)
+    if args.timeline is not None:
+        return _measured(args, out, err)
+    if args.pp is None or args.num_microbatches is None:
+        print("error: give --pp and --num-microbatches, or --timeline TRACE (see --help)", file=err)
+        return ExitCode.INVALID
     try:
         validate(pp=args.pp, vp=args.vp, num_microbatches=args.num_microbatches)
     except LayoutError as exc:
@@ -97,5 +109,78 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         for rank in range(p):
             order = orders[rank] if orders else schedule_order(pp=p, vp=v, num_microbatches=m, pipeline_rank=rank)
             print(f"rank {rank}: " + " ".join(f"{s.kind}{s.microbatch}.{s.chunk}" for s in order), file=out)
+    print(f"wrote {png} and {svg}", file=out)
+    return ExitCode.OK
+
+
+def measured_timeline(passes: dict[int, list[StagePass]]) -> Timeline:
+    """One measured step (passes per pipeline rank) as a Timeline starting at 0."""
+    origin = min(p.start for rank in passes.values() for p in rank)
+    vp = 1 + max(p.chunk for rank in passes.values() for p in rank)
+    m = 1 + max(p.microbatch for rank in passes.values() for p in rank)
+    placed = tuple(
+        TimedPass(rank, PipelinePass(p.kind, p.microbatch, p.chunk), p.start - origin, p.end - origin)
+        for rank in sorted(passes)
+        for p in passes[rank]
+    )
+    busy = [sum(p.end - p.start for p in passes[r]) for r in sorted(passes)]
+    slowest = busy.index(max(busy))
+    forward = sum(p.end - p.start for p in passes[slowest] if p.kind == "F") / m
+    return Timeline(
+        pp=len(passes), vp=vp, num_microbatches=m, forward_time=forward, backward_time=max(busy) / m - forward,
+        passes=placed,
+    )  # fmt: skip
+
+
+def chunk_times(passes: dict[int, list[StagePass]], vp: int) -> list[list[tuple[float, float]]]:
+    """Mean measured (forward, backward) of one microbatch through every [rank][chunk]."""
+    out = []
+    for rank in sorted(passes):
+        row = []
+        for chunk in range(vp):
+            times = []
+            for kind in "FB":
+                spans = [p.end - p.start for p in passes[rank] if p.kind == kind and p.chunk == chunk]
+                times.append(sum(spans) / len(spans) if spans else 1e-9)
+            row.append((times[0], times[1]))
+        out.append(row)
+    return out
+
+
+def _measured(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from megatron_ext.training.stage_timing import load_timeline
+
+    try:
+        by_stage = load_timeline(args.timeline)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: {args.timeline} is not a trace of pretrain_gpt.py --timeline ({exc})", file=err)
+        return ExitCode.INVALID
+    if not by_stage or sorted(by_stage) != list(range(len(by_stage))) or not all(by_stage.values()):
+        print(f"error: {args.timeline} does not hold a step for every pipeline rank", file=err)
+        return ExitCode.INVALID
+    step = {rank: steps[-1] for rank, steps in by_stage.items()}  # the last step kept: steady state
+    measured = measured_timeline(step)
+    p, v, m = measured.pp, measured.vp, measured.num_microbatches
+    times = chunk_times(step, v)
+    simulated = simulate(pp=p, vp=v, num_microbatches=m, chunk_times=times)
+    busy = [sum(f + b for f, b in row) * m for row in times]
+    slowest = busy.index(max(busy))
+    imbalance = max(busy) / (sum(busy) / len(busy)) - 1
+    notes = [" *" if r == slowest else "" for r in range(p)]
+    per_rank = ", ".join(f"{b * 1000:.0f}" for b in busy)
+    panels = [
+        (measured, f"measured: p={p} v={v} m={m}, step {measured.makespan * 1000:.1f} ms; busy ms per rank "
+                   f"{per_rank}; stage imbalance {imbalance:.1%} (* slowest: rank {slowest})", notes),
+        (simulated, f"simulated with the measured per-stage times: step {simulated.makespan * 1000:.1f} ms, "
+                    f"bubble {simulated.bubble_of_step:.1%} of the step", notes),
+    ]  # fmt: skip
+    stem = args.output or args.timeline.with_suffix("")
+    png, svg = write(measured, stem, width=args.width, panels=panels)
+    print(
+        f"measured step {measured.makespan * 1000:.1f} ms, simulated {simulated.makespan * 1000:.1f} ms; "
+        f"stage imbalance {imbalance:.1%}, slowest pipeline rank {slowest}; idle share of the measured step "
+        f"{1 - sum(busy) / (len(busy) * measured.makespan):.1%}",
+        file=out,
+    )
     print(f"wrote {png} and {svg}", file=out)
     return ExitCode.OK

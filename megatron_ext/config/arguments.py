@@ -398,6 +398,12 @@ class RunArgs(_Options):
     metrics_file: str | None = opt(
         None, "Append one JSON object per logged iteration (JSON Lines).", env="METRICS_FILE"
     )
+    timeline: str | None = opt(
+        None,
+        "Write the start and end of every forward and backward pass of every rank, for the last few steps, "
+        "to this JSON file (a Chrome trace: chrome://tracing or Perfetto; tools/plot_schedule.py --timeline).",
+        env="TIMELINE",
+    )
     dry_run: bool = opt(False, "Validate and print the plan; create no process group; exit 0 if valid.")
     device: str = opt(
         "auto", "Where to run: cuda, cpu, or auto (cuda when available).", choices=["auto", "cuda", "cpu"], env="DEVICE"

@@ -32,6 +32,7 @@ microbatch and stage (``t_f/v``, ``t_b/v`` per chunk) the step takes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from megatron_ext.config.layout import ParallelLayout
@@ -172,14 +173,20 @@ def simulate(
     p2p_time: float = 0.0,
     orders: list[list[PipelinePass]] | None = None,
     group_size: int | None = None,
+    chunk_times: Sequence[Sequence[tuple[float, float]]] | None = None,
 ) -> Timeline:
     """Place every pass at the earliest time its rank and input allow.
 
     ``orders`` (one list per rank) defaults to Megatron-Core's order
     (``schedule_order``); a recorded order can be given instead.
+    ``chunk_times[rank][chunk]`` gives (forward, backward) of one microbatch
+    through that chunk, for uneven or measured stages; by default every chunk
+    takes ``forward_time / vp`` and ``backward_time / vp``.
     """
     if forward_time <= 0 or backward_time <= 0 or p2p_time < 0:
         raise ValueError("forward and backward times must be positive and the p2p time non-negative")
+    if chunk_times is not None and (len(chunk_times) != pp or any(len(row) != vp for row in chunk_times)):
+        raise ValueError(f"chunk_times must give (forward, backward) for {pp} ranks × {vp} chunks")
     if orders is None:
         orders = [
             schedule_order(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=r, group_size=group_size)
@@ -187,7 +194,11 @@ def simulate(
         ]
     elif len(orders) != pp:
         raise ValueError(f"{len(orders)} rank orders given for {pp} pipeline ranks")
-    duration = {"F": forward_time / vp, "B": backward_time / vp}
+    times = chunk_times or [[(forward_time / vp, backward_time / vp)] * vp for _ in range(pp)]
+    if chunk_times is not None:
+        # The timeline's ideal is the slowest stage's busy time: it sets the pace.
+        slowest = max(times, key=lambda row: sum(f + b for f, b in row))
+        forward_time, backward_time = sum(f for f, _ in slowest), sum(b for _, b in slowest)
     done: dict[tuple[int, str, int, int], float] = {}
     placed: list[list[TimedPass]] = [[] for _ in range(pp)]
     free = [0.0] * pp
@@ -214,7 +225,7 @@ def simulate(
                     break
                 ready = 0.0 if dep is None else done[dep] + (p2p_time if dep[0] != rank else 0.0)
                 start = max(free[rank], ready)
-                end = start + duration[step.kind]
+                end = start + times[rank][step.chunk][0 if step.kind == "F" else 1]
                 done[(rank, step.kind, step.microbatch, step.chunk)] = end
                 placed[rank].append(TimedPass(rank, step, start, end))
                 free[rank] = end

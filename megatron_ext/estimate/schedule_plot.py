@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -182,21 +183,21 @@ class PngCanvas:
 
 @dataclass(frozen=True)
 class Geometry:
-    """Where the timeline goes on the picture."""
+    """Where the timelines go on the picture."""
 
     width: int
     """Picture width, pixels."""
     height: int
     """Picture height, pixels."""
     pixels_per_time: float
-    """Horizontal scale."""
+    """Horizontal scale (shared by all timelines of the picture)."""
 
     def x(self, t: float) -> float:
         return LEFT + t * self.pixels_per_time
 
     @staticmethod
-    def y(rank: int) -> float:
-        return TOP + rank * (ROW_HEIGHT + ROW_GAP)
+    def y(rank: int, top: float = TOP) -> float:
+        return top + rank * (ROW_HEIGHT + ROW_GAP)
 
 
 def title(timeline: Timeline) -> str:
@@ -209,31 +210,61 @@ def title(timeline: Timeline) -> str:
     )
 
 
-def geometry(timeline: Timeline, *, width: int) -> Geometry:
-    legend_rows = 2
-    height = TOP + timeline.pp * (ROW_HEIGHT + ROW_GAP) + 24 * legend_rows
-    return Geometry(width=width, height=height, pixels_per_time=(width - LEFT - RIGHT) / timeline.makespan)
+LEGEND_HEIGHT = 48
+"""The legend rows under the last timeline."""
+PANEL_HEAD = 40
+"""A panel's title and subtitle above its rows."""
 
 
-def draw(timeline: Timeline, canvas: Canvas, geo: Geometry) -> None:
-    """Draw title, rank rows (idle background), passes and legend."""
-    canvas.text(8, 8, title(timeline))
-    canvas.text(8, 24, "boxes: microbatch number; blue forward, orange backward, darker = later model chunk; grey idle")
+def _panel_height(timeline: Timeline) -> float:
+    return PANEL_HEAD + timeline.pp * (ROW_HEIGHT + ROW_GAP)
+
+
+def geometry(timeline: Timeline, *, width: int, others: Sequence[Timeline] = ()) -> Geometry:
+    panels = [timeline, *others]
+    height = 4 + sum(_panel_height(t) for t in panels) + LEGEND_HEIGHT
+    makespan = max(t.makespan for t in panels)
+    return Geometry(width=width, height=int(height), pixels_per_time=(width - LEFT - RIGHT) / makespan)
+
+
+def draw(
+    timeline: Timeline,
+    canvas: Canvas,
+    geo: Geometry,
+    *,
+    top: float = 8,
+    heading: str | None = None,
+    rank_notes: Sequence[str] = (),
+    legend: bool = True,
+) -> float:
+    """Draw one panel (title, rank rows with idle background, passes) from ``top``; returns the panel's bottom."""
+    canvas.text(8, top, heading or title(timeline))
+    canvas.text(
+        8, top + 16, "boxes: microbatch number; blue forward, orange backward, darker = later model chunk; grey idle"
+    )
+    rows_top = top + PANEL_HEAD - 4
     for rank in range(timeline.pp):
-        y = geo.y(rank)
-        canvas.text(8, y + ROW_HEIGHT / 2 - 6, f"rank {rank}")
+        y = geo.y(rank, rows_top)
+        note = rank_notes[rank] if rank < len(rank_notes) else ""
+        canvas.text(8, y + ROW_HEIGHT / 2 - 6, f"rank {rank}{note}")
         canvas.rect(geo.x(0), y, timeline.makespan * geo.pixels_per_time, ROW_HEIGHT, IDLE)
     for p in timeline.passes:
         colors = FORWARD_COLORS if p.step.kind == "F" else BACKWARD_COLORS
         color = colors[p.step.chunk % len(colors)]
-        x, y = geo.x(p.start), geo.y(p.rank)
+        x, y = geo.x(p.start), geo.y(p.rank, rows_top)
         w = (p.end - p.start) * geo.pixels_per_time
         canvas.rect(x, y, w, ROW_HEIGHT, color)
         label = str(p.step.microbatch)
         if text_width(label) + 2 <= w:
             ink = (255, 255, 255) if sum(color) < 400 else TEXT
             canvas.text(x + (w - text_width(label)) / 2 + 1, y + ROW_HEIGHT / 2 - 6, label, ink)
-    y = geo.y(timeline.pp) + 2
+    bottom = geo.y(timeline.pp, rows_top)
+    if legend:
+        _legend(timeline, canvas, bottom + 2)
+    return bottom
+
+
+def _legend(timeline: Timeline, canvas: Canvas, y: float) -> None:
     x = float(LEFT)
     for chunk in range(timeline.vp):
         for kind, colors in (("F", FORWARD_COLORS), ("B", BACKWARD_COLORS)):
@@ -245,24 +276,44 @@ def draw(timeline: Timeline, canvas: Canvas, geo: Geometry) -> None:
     canvas.text(x + 18, y + 1, "idle")
 
 
-def render_svg(timeline: Timeline, *, width: int = 1200) -> str:
-    geo = geometry(timeline, width=width)
+def draw_panels(panels: Sequence[tuple[Timeline, str, Sequence[str]]], canvas: Canvas, geo: Geometry) -> None:
+    """Timelines one above the other on one time scale: (timeline, heading, per-rank notes) each."""
+    top = 8.0
+    for index, (timeline, heading, notes) in enumerate(panels):
+        top = draw(timeline, canvas, geo, top=top, heading=heading, rank_notes=notes, legend=index == len(panels) - 1)
+        top += 4 if index < len(panels) - 1 else 0
+
+
+Panel = tuple[Timeline, str, Sequence[str]]
+"""A timeline with its heading and per-rank notes."""
+
+
+def _panels(timeline: Timeline, panels: Sequence[Panel] | None) -> list[Panel]:
+    return list(panels) if panels else [(timeline, title(timeline), ())]
+
+
+def render_svg(timeline: Timeline, *, width: int = 1200, panels: Sequence[Panel] | None = None) -> str:
+    drawn = _panels(timeline, panels)
+    geo = geometry(drawn[0][0], width=width, others=[p[0] for p in drawn[1:]])
     canvas = SvgCanvas(geo.width, geo.height)
-    draw(timeline, canvas, geo)
+    draw_panels(drawn, canvas, geo)
     return canvas.render()
 
 
-def render_png(timeline: Timeline, *, width: int = 1200) -> bytes:
-    geo = geometry(timeline, width=width)
+def render_png(timeline: Timeline, *, width: int = 1200, panels: Sequence[Panel] | None = None) -> bytes:
+    drawn = _panels(timeline, panels)
+    geo = geometry(drawn[0][0], width=width, others=[p[0] for p in drawn[1:]])
     canvas = PngCanvas(geo.width, geo.height)
-    draw(timeline, canvas, geo)
+    draw_panels(drawn, canvas, geo)
     return canvas.render()
 
 
-def write(timeline: Timeline, stem: Path, *, width: int = 1200) -> tuple[Path, Path]:
-    """Write ``stem.png`` and ``stem.svg``; returns their paths."""
+def write(
+    timeline: Timeline, stem: Path, *, width: int = 1200, panels: Sequence[Panel] | None = None
+) -> tuple[Path, Path]:
+    """Write ``stem.png`` and ``stem.svg`` (``panels``: several timelines stacked); returns their paths."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
-    png.write_bytes(render_png(timeline, width=width))
-    svg.write_text(render_svg(timeline, width=width))
+    png.write_bytes(render_png(timeline, width=width, panels=panels))
+    svg.write_text(render_svg(timeline, width=width, panels=panels))
     return png, svg

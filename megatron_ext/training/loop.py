@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from megatron_ext.training import checkpointing, distributed, resilience, timing
 from megatron_ext.training.datasets import Datasets, chunk_iterators
 from megatron_ext.training.metrics import MetricsWriter
 from megatron_ext.training.model import build_model_chunks, count_parameters, unwrap
+from megatron_ext.training.stage_timing import StageTimer
 
 log = logging.getLogger("megatron_ext")
 
@@ -171,6 +173,7 @@ class Trainer:
         datasets_provider: DatasetsProvider,
         tokenizer: Tokenizer,
     ) -> None:
+        from megatron.core import parallel_state
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -178,10 +181,18 @@ class Trainer:
 
         self.cfg = cfg
         self.ctx = ctx
-        self.forward_step = forward_step
         layout = cfg.layout
         provider = functools.partial(model_provider, cfg, device=ctx.device)
         self.chunks = build_model_chunks(provider, cfg=cfg, device=ctx.device)
+        # Every pass timed: per-stage cost and imbalance in the log, and --timeline.
+        self.stage_timer = StageTimer(
+            device=ctx.device,
+            pipeline_rank=parallel_state.get_pipeline_model_parallel_rank(),
+            pipeline_size=layout.pp,
+            keep_timeline=cfg.run.timeline is not None,
+        )
+        self.stage_timer.instrument(self.chunks)
+        self.forward_step = self.stage_timer.wrap(forward_step)
         # Megatron-Core's timers (dummies below --timing-log-level) for the schedule and optimizer.
         self.timers = timing.StepTimers(level=cfg.run.timing_log_level, device=ctx.device)
 
@@ -337,6 +348,7 @@ class Trainer:
         self.optimizer.zero_grad()
         losses = self._forward_backward(data_iterator, forward_only=False)
         loss = self._reduce_loss(losses)
+        self.stage_timer.end_step()
         lr = float(self.optimizer.param_groups[0]["lr"])
         if not math.isfinite(loss):
             # Every rank sees the same value, so all skip together.
@@ -477,6 +489,10 @@ class Trainer:
         finished = stop is None
         self.timers.collect()  # the last, unlogged window counts towards the run's bubble
         self._log_bubble()
+        if run.timeline:
+            self.stage_timer.write_timeline(Path(run.timeline))
+            if self.ctx.rank == 0:
+                log.info("timeline of the last %d steps written to %s", len(self.stage_timer.timeline), run.timeline)
         if finished and run.eval_iters > 0 and (run.eval_interval <= 0 or self.iteration % run.eval_interval):
             self._log_eval(self.evaluate("valid"))
         if finished:
@@ -548,6 +564,9 @@ class Trainer:
             record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
             if self.peak_flops:
                 record["mfu"] = tflops * 1e12 / self.peak_flops
+        stages = self.stage_timer.collect()
+        if stages is not None:
+            record.update(stages.as_record())
         if per_rank_timers:
             record["time_ms"] = timing.breakdown_ms(per_rank_timers, iterations=window.iterations)
             bubble = timing.measure_bubble(per_rank_timers, predicted=self.cfg.layout.bubble_fraction)
@@ -572,6 +591,8 @@ class Trainer:
                     f"skipped {window.skipped} (non-finite loss or fp16 overflow; {self.skipped_iterations} in all)"
                 )
             log.info(" | ".join(parts))
+            if stages is not None and self.cfg.layout.pp > 1:
+                log.info("  %s", stages.describe())
             if "time_ms" in record:
                 log.info("  time per iteration (ms, max over ranks): %s", _format_times(record["time_ms"]))
         self.metrics.write(record)

@@ -240,3 +240,20 @@ def test_order_matches_a_recorded_cpu_run_of_megatron_cores_schedule(tmp_path: P
     # The recorded order, placed on the timeline, has the formula's bubble too.
     timeline = simulate(pp=p, vp=v, num_microbatches=m, orders=[recorded[r] for r in range(p)])
     assert timeline.bubble_of_ideal == pytest.approx((p - 1) / (v * m))
+
+
+@pytest.mark.unit
+def test_the_slowest_stage_sets_the_pace() -> None:
+    """Per-chunk times (uneven or measured stages): the step is at least m times the slowest stage's work."""
+    even = simulate(pp=4, vp=1, num_microbatches=8)
+    slow_last = [[(1.0, 2.0)]] * 3 + [[(2.0, 4.0)]]
+    timeline = simulate(pp=4, vp=1, num_microbatches=8, chunk_times=slow_last)
+    assert timeline.ideal == 8 * 6.0  # the slowest stage's busy time
+    assert timeline.makespan >= timeline.ideal > even.makespan
+    # A faster stage does not help: the others wait for the slowest.
+    fast_first = [[(0.5, 1.0)]] + [[(1.0, 2.0)]] * 3
+    assert simulate(pp=4, vp=1, num_microbatches=8, chunk_times=fast_first).makespan == pytest.approx(
+        even.makespan, rel=0.1
+    )
+    with pytest.raises(ValueError, match="4 ranks × 2 chunks"):
+        simulate(pp=4, vp=2, num_microbatches=8, chunk_times=slow_last)

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 
+from megatron_ext.cli.plot_schedule import main as plot_schedule
 from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.training.checkpointing import per_rank_format_refusal, read_tracker
-from tests.conftest import ITERS, TINY_MODEL, assert_matches_baseline, run_pretrain, train_from_seed, train_losses
+from megatron_ext.training.stage_timing import load_timeline
+from tests.conftest import (
+    ITERS,
+    TINY_MODEL,
+    assert_matches_baseline,
+    read_metrics,
+    run_pretrain,
+    train_from_seed,
+    train_losses,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -138,13 +149,34 @@ def test_uneven_stages_save_and_resume_even_with_the_optimizer_resharded(
     seed_checkpoint: Path, baseline: dict[int, float], baseline_grad_norms: dict[int, float], tmp_path: Path
 ) -> None:
     """A layout string's run matches the baseline, and its checkpoint resumes under even stages."""
-    save = tmp_path / "ckpt"
+    save, trace = tmp_path / "ckpt", tmp_path / "timeline.json"
     train_from_seed(
         seed_checkpoint, tmp_path / "a.jsonl", 2, [*UNEVEN_LAYOUT, *DISTOPT], "--save", str(save),
-        "--exit-interval", str(HALF), "--dist-ckpt-optim-fully-reshardable", expect=75,
+        "--exit-interval", str(HALF), "--dist-ckpt-optim-fully-reshardable", "--timeline", str(trace), expect=75,
     )  # fmt: skip
     first_half = {it: loss for it, loss in baseline.items() if it <= HALF}
     assert train_losses(tmp_path / "a.jsonl") == pytest.approx(first_half, rel=1e-5)
+
+    # Every run measures its stages: rank 1 holds 5 layers and the loss, rank 0 3 layers and the embedding.
+    records = [r for r in read_metrics(tmp_path / "a.jsonl") if "stage_imbalance" in r]
+    assert len(records) == HALF  # one per logged iteration (--log-interval 1)
+    assert all(len(r["stage_forward_ms"]) == 2 and r["stage_imbalance"] > 0 for r in records)
+    steady = records[1:]  # the first step pays for warm-up
+    assert sum(r["stage_backward_ms"][1] for r in steady) > sum(r["stage_backward_ms"][0] for r in steady)
+    # The timeline: every forward and backward of the kept steps on both ranks, drawn beside its simulation.
+    by_stage = load_timeline(trace)
+    assert sorted(by_stage) == [0, 1]
+    for rank, steps in by_stage.items():
+        assert len(steps) == HALF
+        for step in steps:
+            assert sorted((p.kind, p.microbatch, p.chunk) for p in step) == sorted(
+                (k, mb, c) for k in "FB" for mb in range(4) for c in range(2)
+            ), rank
+            assert all(p.end >= p.start for p in step)
+    out = io.StringIO()
+    assert plot_schedule([f"--timeline={trace}", f"--output={tmp_path / 'plot'}"], stdout=out) == 0
+    assert "slowest pipeline rank 1" in out.getvalue(), out.getvalue()
+    assert (tmp_path / "plot.png").stat().st_size > 0
     _resume(save, tmp_path / "b.jsonl", 2, "--pipeline-model-parallel-size", "2",
             "--num-virtual-stages-per-pipeline-rank", "2")  # fmt: skip
     assert_matches_baseline(

@@ -1,0 +1,300 @@
+"""Every forward and backward pass of every pipeline rank, timed: per-stage cost, imbalance and a timeline.
+
+A pipeline runs at the pace of its slowest stage. ``StageTimer`` wraps the
+``forward_step`` that Megatron-Core's schedule calls once per (microbatch,
+model chunk) forward pass, and marks on this rank's clock:
+
+* **forward start and end**: around ``forward_step`` (the loss included; on
+  the last stage the output layer and cross entropy run inside it);
+* **backward start**: a gradient hook on the chunk's output, which fires when
+  the schedule starts that chunk's backward pass;
+* **backward end**: a gradient hook on the chunk's input hidden states (the
+  embedding output on the first stage, the received activations elsewhere),
+  which fires when the gradient has gone through every layer of the chunk.
+
+Marks are ``time.perf_counter()`` on CPU and CUDA events on GPU (resolved
+after the step, so nothing synchronises inside it). Per step each rank sums
+its forward and backward time; at every log interval the ranks gather those
+sums, and for each pipeline rank (the slowest of its TP/DP ranks) the log and
+the metrics file get its compute time per microbatch, its idle time, and::
+
+    stage_imbalance = max(stage compute) / mean(stage compute) − 1
+
+``--timeline PATH`` also keeps every pass of the last ``TIMELINE_STEPS`` steps
+and writes them, from every rank, as one Chrome trace (``chrome://tracing``,
+Perfetto; ``tools/plot_schedule.py --timeline`` draws it beside the
+simulation). Times are relative to a barrier at start-up, so ranks on one
+node line up to the clock; across nodes to within the barrier's skew.
+Evaluation (no gradients) is not timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+TIMELINE_STEPS = 8
+"""Steps kept for ``--timeline`` (the most recent ones: steady state, bounded memory)."""
+
+
+@dataclass(frozen=True)
+class TimedPass:
+    """One pass on this rank's clock (seconds since the start-up barrier)."""
+
+    kind: str
+    """``F`` or ``B``."""
+    microbatch: int
+    chunk: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Measured cost of every pipeline rank over a window of steps."""
+
+    forward_ms: tuple[float, ...]
+    """Forward time per microbatch (all chunks of the rank), per pipeline rank."""
+    backward_ms: tuple[float, ...]
+    """Backward time per microbatch, per pipeline rank."""
+    idle_ms: tuple[float, ...]
+    """Per step: the rank's span from its first pass to its last, minus its compute."""
+
+    @property
+    def compute_ms(self) -> tuple[float, ...]:
+        return tuple(f + b for f, b in zip(self.forward_ms, self.backward_ms, strict=True))
+
+    @property
+    def imbalance(self) -> float:
+        """Slowest stage's compute over the mean, minus 1 (0: perfectly balanced)."""
+        compute = self.compute_ms
+        mean = sum(compute) / len(compute)
+        return max(compute) / mean - 1.0 if mean > 0 else 0.0
+
+    @property
+    def slowest(self) -> int:
+        compute = self.compute_ms
+        return compute.index(max(compute))
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "stage_forward_ms": list(self.forward_ms),
+            "stage_backward_ms": list(self.backward_ms),
+            "stage_idle_ms": list(self.idle_ms),
+            "stage_imbalance": self.imbalance,
+        }
+
+    def describe(self) -> str:
+        per = ", ".join(
+            f"{r}: {f:.1f}+{b:.1f} (idle {i:.1f})"
+            for r, (f, b, i) in enumerate(zip(self.forward_ms, self.backward_ms, self.idle_ms, strict=True))
+        )
+        return (
+            f"stages (ms per microbatch forward+backward, idle ms per step): {per}; "
+            f"imbalance {self.imbalance:.1%} (slowest: pipeline rank {self.slowest})"
+        )
+
+
+class StageTimer:
+    """Times this rank's passes; ``collect`` (a collective) turns them into a ``StageCost``."""
+
+    def __init__(self, *, device: torch.device, pipeline_rank: int, pipeline_size: int, keep_timeline: bool) -> None:
+        self.device = device
+        self.pipeline_rank = pipeline_rank
+        self.pipeline_size = pipeline_size
+        self.keep_timeline = keep_timeline
+        self._cuda = device.type == "cuda"
+        dist.barrier()
+        if self._cuda:
+            torch.cuda.synchronize(device)
+            self._origin: Any = torch.cuda.Event(enable_timing=True)
+            self._origin.record()
+        self._origin_s = time.perf_counter()
+        self._current: tuple[int, int] | None = None
+        self._forwards: dict[int, int] = {}
+        self._marks: list[tuple[str, int, int, str, Any]] = []
+        self._window = [0.0, 0.0, 0.0, 0]  # forward s, backward s, idle s, microbatches (this rank)
+        self._steps = 0
+        self.timeline: deque[list[TimedPass]] = deque(maxlen=TIMELINE_STEPS)
+
+    # ------------------------------------------------------------------ marks
+    def _mark(self, kind: str, microbatch: int, chunk: int, edge: str) -> None:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks.append((kind, microbatch, chunk, edge, event))
+        else:
+            self._marks.append((kind, microbatch, chunk, edge, time.perf_counter()))
+
+    def instrument(self, chunks: list[Any]) -> None:
+        """Hook each chunk's decoder input: its gradient marks the end of the chunk's backward pass."""
+        from megatron_ext.training.model import unwrap
+
+        for chunk in chunks:
+            unwrap(chunk).decoder.register_forward_pre_hook(self._on_decoder_input, with_kwargs=True)
+
+    def _on_decoder_input(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        current = self._current
+        if current is None or not torch.is_grad_enabled():
+            return  # evaluation, or a recomputation inside a backward pass
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        if hidden is None:
+            hidden = getattr(module, "input_tensor", None)
+        if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+            microbatch, chunk = current
+            hidden.register_hook(lambda grad: self._mark("B", microbatch, chunk, "end"))
+
+    def wrap(self, forward_step: Callable[..., Any]) -> Callable[..., Any]:
+        """A forward_step that marks its own start and end and its backward pass's start."""
+
+        def timed_forward_step(data_iterator: Any, model: torch.nn.Module) -> Any:
+            if not torch.is_grad_enabled():
+                return forward_step(data_iterator, model)
+            from megatron_ext.training.model import unwrap
+
+            chunk = int(unwrap(model).vp_stage or 0)
+            # Every Megatron-Core schedule runs a chunk's forward passes in microbatch order.
+            microbatch = self._forwards.get(chunk, 0)
+            self._forwards[chunk] = microbatch + 1
+            self._current = (microbatch, chunk)
+            self._mark("F", microbatch, chunk, "start")
+            try:
+                output, loss_func = forward_step(data_iterator, model)
+            finally:
+                self._current = None
+            self._mark("F", microbatch, chunk, "end")
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(lambda grad: self._mark("B", microbatch, chunk, "start"))
+            return output, loss_func
+
+        return timed_forward_step
+
+    # ------------------------------------------------------------------ steps
+    def end_step(self) -> None:
+        """Resolve this step's marks into passes and add them to the window."""
+        marks, self._marks, self._forwards = self._marks, [], {}
+        if not marks:
+            return
+        if self._cuda:
+            marks[-1][4].synchronize()
+            seconds = [self._origin.elapsed_time(m[4]) / 1000.0 for m in marks]
+        else:
+            seconds = [m[4] - self._origin_s for m in marks]
+        starts: dict[tuple[str, int, int], float] = {}
+        passes = []
+        for (kind, microbatch, chunk, edge, _), t in zip(marks, seconds, strict=True):
+            key = (kind, microbatch, chunk)
+            if edge == "start":
+                starts[key] = t
+            elif key in starts:
+                passes.append(TimedPass(kind, microbatch, chunk, starts.pop(key), t))
+        if not passes:
+            return
+        forward = sum(p.end - p.start for p in passes if p.kind == "F")
+        backward = sum(p.end - p.start for p in passes if p.kind == "B")
+        span = max(p.end for p in passes) - min(p.start for p in passes)
+        microbatches = len({p.microbatch for p in passes})
+        self._window[0] += forward
+        self._window[1] += backward
+        self._window[2] += max(span - forward - backward, 0.0)
+        self._window[3] += microbatches
+        self._steps += 1
+        if self.keep_timeline:
+            self.timeline.append(sorted(passes, key=lambda p: p.start))
+
+    def collect(self) -> StageCost | None:
+        """Every rank's window, per pipeline rank (the slowest of its ranks); resets the window. A collective."""
+        forward, backward, idle, microbatches = self._window
+        steps = max(self._steps, 1)
+        mine = torch.tensor(
+            [float(self.pipeline_rank), forward, backward, idle / steps, float(microbatches)],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        self._window, self._steps = [0.0, 0.0, 0.0, 0], 0
+        rows = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(rows, mine)
+        worst: dict[int, tuple[float, float, float]] = {}
+        for row in rows:
+            rank, f, b, i, mb = row.tolist()
+            if mb <= 0:
+                return None
+            f, b = f / mb * 1000.0, b / mb * 1000.0
+            prev = worst.get(int(rank))
+            if prev is None or f + b > prev[0] + prev[1]:
+                worst[int(rank)] = (f, b, i * 1000.0)
+        if sorted(worst) != list(range(self.pipeline_size)):
+            return None
+        ordered = [worst[r] for r in range(self.pipeline_size)]
+        return StageCost(
+            forward_ms=tuple(x[0] for x in ordered),
+            backward_ms=tuple(x[1] for x in ordered),
+            idle_ms=tuple(x[2] for x in ordered),
+        )
+
+    def write_timeline(self, path: Path) -> None:
+        """Gather every rank's kept passes to rank 0 and write one Chrome trace there (a collective)."""
+        mine = {
+            "rank": dist.get_rank(),
+            "pipeline_rank": self.pipeline_rank,
+            "steps": [[(p.kind, p.microbatch, p.chunk, p.start, p.end) for p in step] for step in self.timeline],
+        }
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        if dist.get_rank() != 0:
+            return
+        write_trace(path, gathered)
+
+
+def write_trace(path: Path, ranks: list[dict[str, Any]]) -> None:
+    """A Chrome trace: one process per pipeline rank, one thread per global rank, one slice per pass."""
+    events: list[dict[str, Any]] = []
+    for doc in ranks:
+        stage, rank = doc["pipeline_rank"], doc["rank"]
+        events.append({"name": "process_name", "ph": "M", "pid": stage, "args": {"name": f"pipeline rank {stage}"}})
+        events.append({"name": "thread_name", "ph": "M", "pid": stage, "tid": rank, "args": {"name": f"rank {rank}"}})
+        for step_index, step in enumerate(doc["steps"]):
+            for kind, microbatch, chunk, start, end in step:
+                events.append(
+                    {
+                        "name": f"{kind}{microbatch}.{chunk}",
+                        "cat": "forward" if kind == "F" else "backward",
+                        "ph": "X",
+                        "ts": start * 1e6,
+                        "dur": (end - start) * 1e6,
+                        "pid": stage,
+                        "tid": rank,
+                        "args": {"microbatch": microbatch, "chunk": chunk, "step": step_index},
+                    }
+                )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    partial.replace(path)
+
+
+def load_timeline(path: Path) -> dict[int, list[list[TimedPass]]]:
+    """Passes per pipeline rank and step from a trace ``write_trace`` wrote (the first rank of each stage)."""
+    doc = json.loads(path.read_text())
+    first_thread: dict[int, int] = {}
+    steps: dict[int, dict[int, list[TimedPass]]] = {}
+    for event in doc["traceEvents"]:
+        if event.get("ph") != "X":
+            continue
+        stage, rank = int(event["pid"]), int(event["tid"])
+        if first_thread.setdefault(stage, rank) != rank:
+            continue
+        args = event["args"]
+        start, end = event["ts"] / 1e6, (event["ts"] + event["dur"]) / 1e6
+        timed = TimedPass(event["cat"][0].upper(), int(args["microbatch"]), int(args["chunk"]), start, end)
+        steps.setdefault(stage, {}).setdefault(int(args["step"]), []).append(timed)
+    return {stage: [by_step[s] for s in sorted(by_step)] for stage, by_step in sorted(steps.items())}
