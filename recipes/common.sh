@@ -20,7 +20,13 @@
 # Layout, batch, precision, run and data (recipe defaults; each sets pretrain_gpt.py
 # flags through megatron_ext.cli.recipe, which lists them: python -m megatron_ext.cli.recipe --variables)
 #   TP PP             tensor- and pipeline-parallel sizes
-#   VP_LAYERS         layers per virtual pipeline stage (interleaved 1F1B); 0: off
+#   VP_LAYERS         layers per virtual pipeline stage (interleaved 1F1B, even stages); 0: off
+#   VP                virtual stages per pipeline rank (instead of VP_LAYERS)
+#   FIRST_STAGE_LAYERS LAST_STAGE_LAYERS   uneven stages: layers on the first / last pipeline rank
+#   ACCOUNT_FOR_EMBEDDING ACCOUNT_FOR_LOSS  1: count the embedding / loss as a layer in the split
+#   PIPELINE_LAYOUT   a Megatron-Core layout string placing every layer (quote it)
+#   MICROBATCH_GROUP_SIZE   interleaved 1F1B's microbatch group (default PP)
+#   TIMELINE          write a Chrome trace of every pass of the last steps here
 #   SEQUENCE_PARALLEL DISTRIBUTED_OPTIMIZER   1 to enable, 0 to disable
 #   MICRO_BATCH GLOBAL_BATCH   sequences per microbatch / per optimizer step
 #   PRECISION         bf16 | fp16 | fp32 (bf16)

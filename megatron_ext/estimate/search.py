@@ -16,6 +16,7 @@ size, so the first micro-batch size that does not fit ends that branch.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -252,12 +253,16 @@ def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
     """The ``pretrain_gpt.py`` flags of this model and layout, ready for a recipe (the flag table's spelling)."""
     m = workload.model
     full = workload.recompute_granularity == "full"
-    # The layout's own factors, by name (a new layout flag flows through), and VP as layers per virtual stage.
+    # The layout's own factors, by name (a new layout flag flows through). VP: as layers per virtual stage
+    # when the split is even (every Megatron-LM version knows that flag), as virtual stages per rank when
+    # it is not, and not at all with a layout string (which sets it).
     from_layout = {name: getattr(layout, name) for name in LAYOUT_FLAGS if hasattr(layout, name)}
-    from_layout["virtual_pipeline_model_parallel_size"] = None
+    per_chunk = layout.layers_per_virtual_stage if layout.interleaved and not layout.uneven else None
+    if per_chunk is not None or layout.pipeline_model_parallel_layout is not None:
+        from_layout["virtual_pipeline_model_parallel_size"] = None
     parallel = ParallelArgs(
         **from_layout,
-        num_layers_per_virtual_pipeline_stage=layout.layers_per_virtual_stage if layout.interleaved else None,
+        num_layers_per_virtual_pipeline_stage=per_chunk,
         overlap_grad_reduce=workload.overlap_grad_reduce,
         overlap_param_gather=workload.overlap_param_gather,
     )
@@ -277,7 +282,7 @@ def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
         (training, ()),
     ]
     return [
-        " ".join(pair)
+        shlex.join(pair)  # a layout string holds | ( ) *: quoted for the shell
         for values, always in groups
         for pair in _pairs(to_argv(values, only=[f.name for f in options(type(values), estimate=True)], always=always))
     ]

@@ -33,6 +33,22 @@ def test_variables_become_the_flags_of_their_fields() -> None:
     assert calculator[calculator.index("--tensor-model-parallel-size") + 1] == "2"
 
 
+@pytest.mark.parametrize(
+    ("env", "chunks"),
+    [
+        ({"PP": "2", "VP": "2", "FIRST_STAGE_LAYERS": "2"}, [[1, 1], [1, 1]]),
+        ({"PP": "2", "PIPELINE_LAYOUT": "E|tt|t|tL"}, [[0, 1], [2, 1]]),
+        ({"PP": "3", "ACCOUNT_FOR_EMBEDDING": "1", "ACCOUNT_FOR_LOSS": "1"}, [[1], [2], [1]]),
+    ],
+)
+def test_uneven_stage_variables(env: dict[str, str], chunks: list[list[int]]) -> None:
+    pretrain, calculator = resolve(TINY, {"DEVICE": "cpu", "GLOBAL_BATCH": "8", **env})
+    cfg = parse_args([*pretrain, "--world-size", env["PP"]])
+    assert [[c.num_layers for c in rank] for rank in cfg.layout.stages] == chunks
+    # The calculator models the split: it gets the same flags.
+    assert parse_args([*calculator, "--mock-data", "--world-size", env["PP"]]).layout == cfg.layout
+
+
 def test_gpu_defaults_overlap_and_fuse() -> None:
     pretrain, _ = resolve(TINY, {"DISTRIBUTED_OPTIMIZER": "1"})
     assert {"--bf16", "--overlap-grad-reduce", "--overlap-param-gather", "--cross-entropy-loss-fusion"} <= set(pretrain)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import subprocess
 import sys
 
@@ -45,18 +46,28 @@ def test_emitted_command_line_parses_back_to_the_same_values() -> None:
     assert cfg.model == model
 
 
-def test_the_calculators_flags_are_what_pretrain_gpt_builds() -> None:
+@pytest.mark.parametrize(
+    "layout_flags",
+    [
+        "--num-layers-per-virtual-pipeline-stage 2",
+        "--num-virtual-stages-per-pipeline-rank 2 --decoder-first-pipeline-num-layers 2",
+        "--num-virtual-stages-per-pipeline-rank 2 --microbatch-group-size-per-virtual-pipeline-stage 4",
+        "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split",
+        "--pipeline-model-parallel-layout Ett|(t*3|)*1,tt|tL",
+    ],
+)
+def test_the_calculators_flags_are_what_pretrain_gpt_builds(layout_flags: str) -> None:
     cfg = parse_args(
         "--mock-data --num-layers 8 --hidden-size 64 --num-attention-heads 4 --tensor-model-parallel-size 2 "
-        "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 --sequence-parallel "
-        "--global-batch-size 16 --bf16 --recompute-granularity full --recompute-method block "
-        "--recompute-num-layers 1 --vocab-size 500".split(),
+        "--pipeline-model-parallel-size 2 --sequence-parallel --global-batch-size 16 --bf16 --recompute-granularity "
+        f"full --recompute-method block --recompute-num-layers 1 --vocab-size 500 {layout_flags}".split(),
         world_size=8,
     )
     workload = Workload(model=cfg.model, precision="bf16", recompute_granularity="full", recompute_method="block")
-    emitted = " ".join(pretrain_flags(workload, cfg.layout)).split()
+    emitted = shlex.split(" ".join(pretrain_flags(workload, cfg.layout)))
     again = parse_args([*emitted, "--mock-data"], world_size=8)
     assert again.layout == cfg.layout and again.model == cfg.model
+    assert again.layout.stages == cfg.layout.stages
     assert (again.optim.bf16, again.optim.recompute_method) == (True, "block")
 
 
