@@ -38,6 +38,7 @@ from megatron_ext.estimate.search import (
     Cluster,
     LayoutEstimate,
     SearchResult,
+    better_split,
     evaluate,
     pretrain_flags,
     search,
@@ -107,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     out = parser.add_argument_group("output")
     out.add_argument("--top", type=int, default=10, help="Layouts to list in search mode (default 10).")
+    out.add_argument(
+        "--even-stages-only",
+        action="store_true",
+        help="Search even stage splits only (by default uneven splits are ranked too, where they win).",
+    )
     out.add_argument("--json", action="store_true", help="Print JSON instead of text.")
     out.add_argument("--explain", action="store_true", help="Break memory and time down (the chosen layout).")
     return parser
@@ -230,7 +236,7 @@ def _describe_inputs(workload: Workload, cluster: Cluster, batch: int | None) ->
 def _table(estimates: list[LayoutEstimate]) -> list[str]:
     header = (
         f"{'TP':>3} {'PP':>3} {'VP':>3} {'DP':>5} {'MB':>3} {'#mb':>5} {'GiB/GPU':>8} {'fits':>4} "
-        f"{'bubble':>7} {'step s':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>6}"
+        f"{'bubble':>7} {'step s':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>6} {'imbal':>6}  split"
     )
     rows = [header]
     for e in estimates:
@@ -239,9 +245,39 @@ def _table(estimates: list[LayoutEstimate]) -> list[str]:
             f"{lay.tp:>3} {lay.pp:>3} {lay.vp:>3} {lay.dp:>5} {lay.micro_batch_size:>3} {lay.num_microbatches:>5} "
             f"{_gib(e.memory.total_bytes):>8} {'yes' if e.fits else 'NO':>4} "
             f"{lay.bubble_fraction:>7.1%} {e.time.step_s:>9.3f} "
-            f"{e.tokens_per_sec:>11,.0f} {e.tflops_per_gpu:>8.1f} {e.mfu:>6.1%}"
+            f"{e.tokens_per_sec:>11,.0f} {e.tflops_per_gpu:>8.1f} {e.mfu:>6.1%} {e.time.stage_imbalance:>6.1%}  "
+            f"{SPLIT_NAMES[lay.split.mode]}"
         )
     return rows
+
+
+SPLIT_NAMES = {"uniform": "even", "first/last": "first/last", "account": "account-for", "layout": "layout string"}
+"""The table's name of each way of placing layers (``config/stages.py``)."""
+
+
+def _stage_lines(e: LayoutEstimate) -> list[str]:
+    """Per pipeline stage: what it holds, its time per microbatch and its memory; alike ranks share a row."""
+    lay, t, mem = e.layout, e.time, e.memory
+    rows: list[tuple[int, int, str]] = []
+    for r in range(lay.pp):
+        held = " | ".join(
+            "+".join((["E"] if c.embedding else []) + [f"{c.num_layers}t"] + (["L"] if c.loss else []))
+            for c in lay.stages[r]
+        )
+        text = f"{held:<20} {t.stage_microbatch_s[r] * 1e3:>9.2f} ms {_gib(mem.stages[r].total_bytes):>7} GiB"
+        if rows and rows[-1][2] == text:
+            rows[-1] = (rows[-1][0], r, text)
+        else:
+            rows.append((r, r, text))
+    lines = [f"pipeline stages ({SPLIT_NAMES[lay.split.mode]} split; forward+backward per microbatch, memory per GPU):"]
+    for first, last, text in rows:
+        label = f"rank {first}" if first == last else f"ranks {first}-{last}"
+        lines.append(f"  {label:<12} {text}")
+    lines.append(
+        f"  predicted stage imbalance {t.stage_imbalance:.1%} (slowest: rank {t.slowest_stage}; "
+        "the slowest stage sets the pace)"
+    )
+    return lines
 
 
 def _explain(e: LayoutEstimate, workload: Workload) -> list[str]:
@@ -267,13 +303,16 @@ def _explain(e: LayoutEstimate, workload: Workload) -> list[str]:
     ]
     if other is not most:
         lines.append(f"  ({other.stage} stage: {_gib(other.total_bytes)} GiB)")
+    if lay.pp > 1:
+        lines += _stage_lines(e)
     lines += [
         f"step time {t.step_s:.3f} s:",
         f"  compute             {t.compute_s:>10.3f} s  ({lay.num_microbatches} microbatches × "
         f"{t.microbatch_compute_s * 1e3:.2f} ms on the slowest stage)",
         f"  tensor-parallel     {t.tp_comm_s:>10.3f} s  (all-reduce / all-gather + reduce-scatter, NVLink)",
-        f"  pipeline bubble     {t.bubble_s:>10.3f} s  ((p-1)/(v*m) = {lay.pp - 1}/({lay.vp}*{lay.num_microbatches}) = "
-        f"{lay.bubble_fraction:.2%} of ideal, {t.bubble_share:.2%} of the step)",
+        f"  pipeline bubble     {t.bubble_s:>10.3f} s  (fill and drain through the other stages; "
+        f"(p-1)/(v*m) = {lay.pp - 1}/({lay.vp}*{lay.num_microbatches}) = {lay.bubble_fraction:.2%} with even stages; "
+        f"{t.bubble_share:.2%} of the step)",
         f"  pipeline p2p        {t.pp_comm_s:>10.3f} s  (exposed)",
         f"  data-parallel       {t.dp_comm_s:>10.3f} s  (exposed, of {t.dp_comm_total_s:.3f} s)",
         f"  optimizer step      {t.optimizer_s:>10.3f} s",
@@ -418,8 +457,10 @@ def _evaluate_mode(
             )
         return ExitCode.INVALID
     estimate = evaluate(workload, layout, cluster)
+    better = better_split(workload, cluster, estimate)
     if args.json:
         doc = _json_header(workload, cluster, "evaluate") | {"layouts": [_record(estimate, workload)], "errors": []}
+        doc["better_split"] = _record(better, workload) if better else None
         print(json.dumps(doc, indent=2), file=out)
     else:
         lines = _describe_inputs(workload, cluster, layout.global_batch_size)
@@ -427,6 +468,16 @@ def _evaluate_mode(
         if args.explain:
             lines += ["", *_explain(estimate, workload)]
         lines += ["", *_emit(estimate, workload)]
+        if better is not None:
+            gain = 1 - better.time.step_s / estimate.time.step_s
+            lines += [
+                "",
+                f"an uneven split of the same factors is {gain:.1%} faster by this model (stage imbalance "
+                f"{estimate.time.stage_imbalance:.1%} -> {better.time.stage_imbalance:.1%}):",
+                *_table([better]),
+                *(_stage_lines(better) if args.explain else []),
+                *_emit(better, workload)[:2],
+            ]
         print("\n".join(lines), file=out)
     if not estimate.fits:
         alternatives = search(
@@ -459,6 +510,7 @@ def _search_mode(
         sequence_parallel=args.sequence_parallel,
         use_distributed_optimizer=args.use_distributed_optimizer,
         micro_batch_size=args.micro_batch_size,
+        uneven=not args.even_stages_only,
     )
     if not result.estimates:
         print(

@@ -22,6 +22,15 @@ from megatron_ext.config.stages import Stage, StageSplit, expand_layout, split_p
 from megatron_ext.config.stages import stages as stages_of
 from megatron_ext.estimate.pipeline import bubble_fraction
 
+SPLIT_FIELDS = (
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout",
+)
+"""The ``ParallelLayout`` fields that place layers on stages (one way at a time; ``stages.py``)."""
+
 
 class LayoutError(ValueError):
     """One or more layout rules are broken; ``problems`` lists each message."""

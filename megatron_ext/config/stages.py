@@ -36,6 +36,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 LAYOUT_SYMBOLS = {"E": "embedding", "t": "transformer layer", "L": "loss"}
 """Layout-string characters this project builds (Megatron-Core's ``m``, MTP, is not supported)."""
@@ -219,19 +220,83 @@ def _first_last_candidates(n: int, pp: int, vp: int) -> list[tuple[int, int]]:
     return sorted(found, key=unevenness)
 
 
-def balanced_layout(n: int, pp: int, vp: int) -> str:
-    """A layout string spreading ``n`` layers, with the embedding and the loss counted as one each."""
-    chunks = pp * vp
-    slots = n + 2
-    base, extra = divmod(slots, chunks)
-    # Extra slots go to the middle chunks: the ends already carry the embedding and the loss.
-    start = (chunks - extra) // 2
-    sizes = [base + (1 if start <= k < start + extra else 0) for k in range(chunks)]
-    sizes[0] -= 1
-    sizes[-1] -= 1
-    if min(sizes) < 0:
+def balanced_layout(n: int, pp: int, vp: int, *, embedding: float = 1.0, loss: float = 1.0) -> str:
+    """A layout string giving every rank the same work: ``n`` layers, the embedding and the loss weighing
+    ``embedding`` and ``loss`` layers ("" when the loss alone outweighs a rank's share)."""
+    target = (n + embedding + loss) / pp
+    ideal = [target - (embedding if r == 0 else 0.0) - (loss if r == pp - 1 else 0.0) for r in range(pp)]
+    if min(ideal) < 0:
         return ""
-    return layout_string(sizes)
+    counts = [int(x) for x in ideal]
+    # The layers left over go to the ranks furthest below their share (ties: the middle ranks first).
+    order = sorted(range(pp), key=lambda r: (-(ideal[r] - counts[r]), abs(r - (pp - 1) / 2)))
+    for r in order[: n - sum(counts)]:
+        counts[r] += 1
+    chunks = [[c // vp + (1 if v >= vp - c % vp else 0) for v in range(vp)] for c in counts]
+    chunks[-1].reverse()  # the last rank's smaller chunk is its last, which holds the loss
+    return layout_string([chunks[r][v] for v in range(vp) for r in range(pp)])
+
+
+def balanced_splits(n: int, pp: int, vp: int, *, loss: float) -> list[dict[str, Any]]:
+    """Uneven splits worth estimating for ``n`` layers on ``pp`` × ``vp`` when the loss costs ``loss`` layers.
+
+    As ``ParallelLayout`` field values: Megatron-LM's account-for flags, the
+    first/last sizes nearest to equal work per rank, and a balanced layout
+    string; only valid ones, without repeats.
+    """
+    if pp < 2:
+        return []
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[tuple[int, ...], ...]] = set()
+
+    def add(flags: dict[str, Any]) -> None:
+        split = StageSplit(
+            num_layers=n,
+            pp=pp,
+            vp=vp,
+            first=flags.get("decoder_first_pipeline_num_layers"),
+            last=flags.get("decoder_last_pipeline_num_layers"),
+            account_for_embedding=flags.get("account_for_embedding_in_pipeline_split", False),
+            account_for_loss=flags.get("account_for_loss_in_pipeline_split", False),
+            layout=flags.get("pipeline_model_parallel_layout"),
+        )
+        if split_problems(split, fixes=False):
+            return
+        key = tuple(tuple(c.num_layers for c in rank) for rank in stages(split))
+        if key not in seen:
+            seen.add(key)
+            out.append(flags)
+
+    if n % pp == 0 and (n // pp) % vp == 0:
+        seen.add(tuple((n // pp // vp,) * vp for _ in range(pp)))  # the even split is estimated anyway
+    add({"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True})
+    add({"account_for_loss_in_pipeline_split": True})
+    # First/last sizes: the last rank lighter by the loss's weight, the rest even.
+    target = (n + loss) / pp
+    best: tuple[float, dict[str, Any]] | None = None
+    for first in range(vp, n + 1, vp):
+        if abs(first - target) > 2 * vp + 1:
+            continue
+        for last in [None, *range(vp, n - first + 1, vp)]:
+            if pp == 2 and last is not None:
+                continue  # PP 2: the last rank takes the rest (Megatron-Core 0.16 needs a middle rank otherwise)
+            rest = n - first - (last or 0)
+            middle_ranks = pp - 1 - (last is not None)
+            if middle_ranks == 0 or rest % middle_ranks or (rest // middle_ranks) % vp:
+                continue
+            end = rest // middle_ranks if last is None else last
+            work = max(first, rest / middle_ranks if last is not None else 0.0, end + loss)
+            flags = {"decoder_first_pipeline_num_layers": first}
+            if last is not None:
+                flags["decoder_last_pipeline_num_layers"] = last
+            if best is None or work < best[0]:
+                best = (work, flags)
+    if best is not None:
+        add(best[1])
+    text = balanced_layout(n, pp, vp, embedding=0.0, loss=loss)
+    if text:
+        add({"pipeline_model_parallel_layout": text})
+    return out
 
 
 def suggest(n: int, pp: int, vp: int) -> list[str]:

@@ -3,9 +3,9 @@
 Everything here is arithmetic on the model shape and the layout, so that the
 layout calculator can evaluate thousands of layouts per second.
 
-**Parameters per rank.** Exact counts of Megatron-Core's ``GPTModel`` for the
-first and the last pipeline stage (``shapes.parameter_counts``, the formula's
-one home).
+**Parameters per rank.** Exact counts of Megatron-Core's ``GPTModel`` for
+every pipeline stage, with the layers ``ParallelLayout.stages`` places there
+(``shapes.parameter_counts``, the formula's one home).
 
 **Bytes per parameter** (Megatron-LM's accounting,
 ``megatron/training/theoretical_memory_usage.py``): mixed precision keeps bf16
@@ -114,7 +114,7 @@ class StageMemory:
     """Memory of one GPU of a pipeline stage, bytes."""
 
     stage: str
-    """``first``, ``last`` or ``only`` (PP = 1)."""
+    """``first``, ``last``, ``rank R`` (a middle stage) or ``only`` (PP = 1)."""
     parameters: int
     """Parameters held by the GPU."""
     weights_bytes: float
@@ -147,6 +147,8 @@ class MemoryEstimate:
     """A GPU of the first pipeline stage."""
     last: StageMemory
     """A GPU of the last pipeline stage (the same object as ``first`` when PP = 1)."""
+    stages: tuple[StageMemory, ...]
+    """A GPU of every pipeline stage, in order (uneven stages: a middle one can be the most loaded)."""
     layer_activation_bytes: float
     """Stored activations of one layer for one microbatch."""
     bytes_per_parameter: float
@@ -169,7 +171,7 @@ def bytes_per_parameter(workload: Workload, layout: ParallelLayout) -> tuple[flo
 
 
 def estimate_memory(workload: Workload, layout: ParallelLayout) -> MemoryEstimate:
-    """Memory of every kind on the first and last pipeline stage; the larger one is what must fit."""
+    """Memory of every kind on every pipeline stage; the largest total is what must fit."""
     m = workload.model
     tp, pp, vp = layout.tp, layout.pp, layout.vp
     s, b, h = m.seq_length, layout.micro_batch_size, m.hidden_size
@@ -178,32 +180,40 @@ def estimate_memory(workload: Workload, layout: ParallelLayout) -> MemoryEstimat
     per_weight, per_grad, per_optim = bytes_per_parameter(workload, layout)
     layer = layer_activations(workload, micro_batch_size=b, tp=tp, sequence_parallel=sp)
 
-    layers_per_chunk = layout.layers_per_virtual_stage
-    if workload.recompute_granularity == "full":
-        k = min(workload.recompute_num_layers, layers_per_chunk)
-        if workload.recompute_method == "uniform":
-            chunk_bytes = math.ceil(layers_per_chunk / k) * layer.stored
-            working = k * layer.full
-        else:  # block: the first k layers of the chunk are recomputed, the others keep everything
-            chunk_bytes = k * layer.stored + (layers_per_chunk - k) * layer.full
-            working = layer.full
-    else:
-        chunk_bytes = layers_per_chunk * layer.stored
-        working = 0.0
+    def chunk_activations(layers_per_chunk: int) -> tuple[float, float]:
+        """(stored bytes of one chunk's layers for one microbatch, recompute working memory)."""
+        if layers_per_chunk == 0:
+            return 0.0, 0.0
+        if workload.recompute_granularity == "full":
+            k = min(workload.recompute_num_layers, layers_per_chunk)
+            if workload.recompute_method == "uniform":
+                return math.ceil(layers_per_chunk / k) * layer.stored, k * layer.full
+            # block: the first k layers of the chunk are recomputed, the others keep everything
+            return k * layer.stored + (layers_per_chunk - k) * layer.full, layer.full
+        return layers_per_chunk * layer.stored, 0.0
 
     masks = 1.0 if m.hidden_dropout > 0 else 0.0
     embedding = s * b * (8 + h * masks) / (tp if sp else 1)
     vocab = workload.padded_vocab_size(tp)
     output = 4 * s * b * h / (tp if sp else 1) + 4 * s * b * vocab / tp
 
-    def stage(name: str, rank: int, parameters: int) -> StageMemory:
-        chunks = in_flight_passes(pp=pp, vp=vp, num_microbatches=layout.num_microbatches, pipeline_rank=rank)
+    def stage(name: str, rank: int) -> StageMemory:
+        chunks = in_flight_passes(
+            pp=pp,
+            vp=vp,
+            num_microbatches=layout.num_microbatches,
+            pipeline_rank=rank,
+            group_size=layout.microbatch_group_size_per_vp_stage,
+        )
         microbatches = chunks / vp
+        # Uneven chunks: the in-flight passes counted at the rank's largest chunk (an upper bound).
+        chunk_bytes, working = chunk_activations(max(c.num_layers for c in layout.stages[rank]))
         activations = chunks * chunk_bytes + working
         if rank == 0:
             activations += microbatches * embedding
         if rank == pp - 1:
             activations += output
+        parameters = params.stage_ranks[rank]
         return StageMemory(
             stage=name,
             parameters=parameters,
@@ -215,16 +225,15 @@ def estimate_memory(workload: Workload, layout: ParallelLayout) -> MemoryEstimat
         )
 
     if pp == 1:
-        only = stage("only", 0, params.first_stage_rank)
-        first = last = only
+        stages: tuple[StageMemory, ...] = (stage("only", 0),)
     else:
-        first = stage("first", 0, params.first_stage_rank)
-        last = stage("last", pp - 1, params.last_stage_rank)
-    most = first if first.total_bytes >= last.total_bytes else last
+        stages = tuple(stage("first" if r == 0 else "last" if r == pp - 1 else f"rank {r}", r) for r in range(pp))
+    most = max(stages, key=lambda st: st.total_bytes)
     return MemoryEstimate(
         most_loaded=most,
-        first=first,
-        last=last,
+        first=stages[0],
+        last=stages[-1],
+        stages=stages,
         layer_activation_bytes=layer.stored,
         bytes_per_parameter=per_weight + per_grad + per_optim,
     )

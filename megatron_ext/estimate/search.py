@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from megatron_ext.config.arguments import LAYOUT_FLAGS, BatchArgs, OptimizerArgs, ParallelArgs, model_layout_facts
 from megatron_ext.config.flags import options, to_argv
-from megatron_ext.config.layout import ParallelLayout, divisors
+from megatron_ext.config.layout import SPLIT_FIELDS, ParallelLayout, divisors
+from megatron_ext.config.stages import balanced_splits
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.memory import MemoryEstimate, estimate_memory
-from megatron_ext.estimate.step_time import StepTimeEstimate, estimate_step_time
+from megatron_ext.estimate.step_time import StepTimeEstimate, estimate_step_time, unit_times
 from megatron_ext.estimate.workload import Workload
 
 DEFAULT_MEMORY_HEADROOM = 0.10
@@ -139,6 +140,20 @@ class LayoutEstimate:
                 "usable_bytes": int(self.cluster.usable_memory_bytes),
                 "capacity_bytes": self.cluster.gpu.memory_bytes,
             },
+            "pipeline_split": lay.split.mode,
+            "stages": [
+                {
+                    "pipeline_rank": r,
+                    "layers": [c.num_layers for c in lay.stages[r]],
+                    "embedding": lay.stages[r][0].embedding,
+                    "loss": lay.stages[r][-1].loss,
+                    "microbatch_s": t.stage_microbatch_s[r],
+                    "memory_bytes": int(mem.stages[r].total_bytes),
+                    "parameters": mem.stages[r].parameters,
+                }
+                for r in range(lay.pp)
+            ],
+            "stage_imbalance": t.stage_imbalance,
             "bubble_fraction": lay.bubble_fraction,
             "bubble_share_of_step": t.bubble_share,
             "step_time_s": t.step_s,
@@ -166,7 +181,7 @@ def evaluate(workload: Workload, layout: ParallelLayout, cluster: Cluster) -> La
         layout,
         cluster.gpu,
         gpus_per_node=cluster.gpus_per_node,
-        rank_parameters=max(memory.first.parameters, memory.last.parameters),
+        rank_parameters=max(st.parameters for st in memory.stages),
     )
     peak = cluster.gpu.peak_flops if workload.mixed_precision else cluster.gpu.peak_flops_fp32
     return LayoutEstimate(
@@ -206,11 +221,16 @@ def search(
     pp: int | None = None,
     vp: int | None = None,
     micro_batch_size: int | None = None,
+    uneven: bool = True,
 ) -> SearchResult:
     """All valid layouts of ``cluster.gpus`` GPUs (optionally with some factors fixed), best first.
 
     ``sequence_parallel`` applies to the candidates with TP > 1 (Megatron-LM
-    itself turns it off at TP = 1).
+    itself turns it off at TP = 1). ``uneven``: also estimate uneven stage
+    splits (``stages.balanced_splits``), for pipeline sizes that do not divide
+    the layers too; one is kept where it is more than ``UNEVEN_GAIN`` faster
+    than the even split of the same factors, or where the even split is
+    invalid or does not fit.
     """
     model = workload.model
     world, layers = cluster.gpus, model.num_layers
@@ -220,13 +240,14 @@ def search(
     heads, ffn = model.num_attention_heads, model.effective_ffn_hidden_size
     tps = [t for t in divisors(world) if t <= cluster.gpus_per_node and heads % t == 0 and ffn % t == 0]
     for t in _options(tps, tp):
-        for p in _options((p for p in divisors(world // t) if layers % p == 0), pp):
+        pps = (p for p in divisors(world // t) if p <= layers and (uneven or layers % p == 0))
+        for p in _options(pps, pp):
             dp = world // (t * p) if world % (t * p) == 0 else 0
             per_dp = global_batch_size // dp if dp and global_batch_size % dp == 0 else 0
-            for v in _options(divisors(layers // p) if layers % p == 0 else [1], vp):
+            vps = divisors(layers // p) if layers % p == 0 else [v for v in UNEVEN_VPS if p > 1 and p * v <= layers]
+            for v in _options(vps, vp):
                 for b in _options(divisors(per_dp) if per_dp else [1], micro_batch_size):
-                    candidates += 1
-                    layout, problems = ParallelLayout.check(
+                    values: dict[str, Any] = dict(
                         world_size=world,
                         tensor_model_parallel_size=t,
                         pipeline_model_parallel_size=p,
@@ -238,15 +259,65 @@ def search(
                         **model_layout_facts(model),
                         gpus_per_node=cluster.gpus_per_node,
                     )
+                    candidates += 1
+                    layout, problems = ParallelLayout.check(**values)
+                    found = []
                     if problems:
                         first_problems = first_problems or problems
-                        continue
-                    estimate = evaluate(workload, layout, cluster)
-                    estimates.append(estimate)
-                    if not estimate.fits:
+                    else:
+                        found.append(evaluate(workload, layout, cluster))
+                    if uneven and p > 1:
+                        kept, tried = _uneven_estimates(workload, cluster, values, layout, found[0] if found else None)
+                        candidates += len(tried)
+                        found += kept
+                    estimates += found
+                    if found and not any(e.fits for e in found):
                         break  # larger micro-batches only need more memory
     estimates.sort(key=lambda e: (not e.fits, e.time.step_s if e.fits else e.memory.total_bytes, e.memory.total_bytes))
     return SearchResult(estimates=estimates, candidates=candidates, problems=[] if estimates else first_problems)
+
+
+UNEVEN_VPS = (1, 2, 4)
+"""Virtual pipeline sizes tried when the pipeline size does not divide the layers."""
+UNEVEN_GAIN = 0.01
+"""An uneven split is recommended over the even one only when it is this much faster (1%)."""
+
+
+def _uneven_estimates(
+    workload: Workload,
+    cluster: Cluster,
+    values: dict[str, Any],
+    layout: ParallelLayout,
+    even: LayoutEstimate | None,
+) -> tuple[list[LayoutEstimate], list[dict[str, Any]]]:
+    """(the uneven splits worth keeping, every split tried) for the factors in ``values``."""
+    # The loss's weight in layers depends on TP, micro-batch and SP only, which ``layout`` carries even
+    # when its even split is invalid.
+    loss = unit_times(workload, layout, cluster.gpu).output_in_layers
+    tried = balanced_splits(layout.num_layers, layout.pp, layout.vp, loss=loss)
+    kept = []
+    for flags in tried:
+        candidate, problems = ParallelLayout.check(**values, **flags)
+        if problems:
+            continue
+        estimate = evaluate(workload, candidate, cluster)
+        if (
+            even is None
+            or (estimate.fits and not even.fits)
+            or (estimate.fits and estimate.time.step_s < even.time.step_s * (1 - UNEVEN_GAIN))
+        ):
+            kept.append(estimate)
+    return kept, tried
+
+
+def better_split(workload: Workload, cluster: Cluster, estimate: LayoutEstimate) -> LayoutEstimate | None:
+    """The fastest uneven split of ``estimate``'s factors, when it beats the even one by ``UNEVEN_GAIN``."""
+    layout = estimate.layout
+    if layout.pp == 1 or layout.uneven:
+        return None
+    values = {f.name: getattr(layout, f.name) for f in fields(ParallelLayout) if f.name not in SPLIT_FIELDS}
+    kept, _ = _uneven_estimates(workload, cluster, values, layout, estimate)
+    return min(kept, key=lambda e: e.time.step_s, default=None)
 
 
 def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:

@@ -4,8 +4,9 @@ For a layout TP ``t`` × PP ``p`` × VP ``v`` × DP with ``m`` microbatches of
 ``b`` sequences (all formulas documented with their sources in
 ``docs/layout-model.md``):
 
-**Compute.** FLOPs of one microbatch on one GPU of the slowest (last) stage:
-its ``l/p`` layers and, on the last stage, the logits, each with Megatron-LM's
+**Compute.** FLOPs of one microbatch on one GPU of every pipeline stage:
+its layers (``ParallelLayout.stages``: ``l/p`` with an even split) and, on the
+last stage, the logits, each with Megatron-LM's
 counts (``flops.py``: a layer's forward is ``4·b·s·h²·(attention + MLP)``
 terms, the logits' ``2·b·s·h·V``; backward is twice the forward) plus what
 recomputation adds (full: another forward of every layer; selective: the
@@ -30,8 +31,9 @@ all-reduce of ``X`` bytes moves ``2·(t−1)/t·X`` per GPU over NVLink. Not
 overlapped (Megatron-Core overlaps TP communication only with Transformer
 Engine's userbuffers, which we do not model).
 
-**Pipeline.** With per-microbatch stage time ``T`` the step takes
-``(m + (p−1)/v)·T``: the bubble is ``(p−1)/(v·m)`` of the ideal ``m·T``
+**Pipeline.** The slowest stage sets the pace: with per-microbatch stage
+times ``T_r`` the step takes ``m·max T_r + (Σ T_r − max T_r)/v``; for equal
+stages ``(m + (p−1)/v)·T``, the bubble ``(p−1)/(v·m)`` of the ideal ``m·T``
 (Narayanan et al. 2021, §2.2). Point-to-point: every stage boundary moves
 ``b·s·h`` activations (``/t`` with sequence parallelism) forward and the same
 gradients backward, over InfiniBand when the pipeline spans nodes; one
@@ -108,6 +110,8 @@ class StepTimeEstimate:
     """The data-parallel communication before overlap."""
     optimizer_s: float
     """Adam's update of the rank's (shard of the) parameters, bound by memory bandwidth."""
+    stage_microbatch_s: tuple[float, ...]
+    """One microbatch's forward and backward (and TP communication) on every pipeline stage."""
     model_flops: float
     """Model FLOPs of the step over all GPUs (Megatron-LM's formula, no recomputation)."""
     hardware_flops: float
@@ -116,6 +120,15 @@ class StepTimeEstimate:
     @property
     def step_s(self) -> float:
         return self.compute_s + self.tp_comm_s + self.bubble_s + self.pp_comm_s + self.dp_comm_s + self.optimizer_s
+
+    @property
+    def stage_imbalance(self) -> float:
+        """Slowest stage over the mean, minus 1."""
+        return stage_imbalance(list(self.stage_microbatch_s))
+
+    @property
+    def slowest_stage(self) -> int:
+        return self.stage_microbatch_s.index(max(self.stage_microbatch_s))
 
     @property
     def bubble_share(self) -> float:
@@ -128,14 +141,49 @@ def _ring(n: int) -> float:
     return (n - 1) / n
 
 
-def pipeline_p2p_exposed(*, pp: int, vp: int, num_microbatches: int, stage_time: float, transfer_time: float) -> float:
+def stage_times(layout: ParallelLayout, *, layer_s: float, output_s: float) -> list[float]:
+    """One microbatch's forward and backward time on every pipeline rank: its layers, and the output on the last."""
+    last = layout.pp - 1
+    return [layout.rank_layers(r) * layer_s + (output_s if r == last else 0.0) for r in range(layout.pp)]
+
+
+def stage_imbalance(stages: list[float]) -> float:
+    """Slowest stage over the mean, minus 1: what an uneven split should bring under 5%."""
+    mean = sum(stages) / len(stages)
+    return max(stages) / mean - 1.0 if mean > 0 else 0.0
+
+
+def pipeline_bubble(stages: list[float], *, vp: int) -> float:
+    """Fill and drain of one step: every stage but the slowest, once, in chunks of 1/v.
+
+    With ``p`` equal stages of time ``T`` this is ``(p − 1)·T/v``, the bubble
+    ``(p − 1)/(v·m)`` of the ideal ``m·T`` (Narayanan et al. 2021, §2.2); with
+    uneven stages the slowest runs ``m`` times back to back and the others
+    add their time once to fill and drain (``tests/estimate/test_stages_model.py``
+    checks it against ``schedule.simulate`` with per-stage times).
+    """
+    return (sum(stages) - max(stages)) / vp
+
+
+def pipeline_p2p_exposed(
+    *,
+    pp: int,
+    vp: int,
+    num_microbatches: int,
+    stage_time: float,
+    transfer_time: float,
+    schedule_time: float | None = None,
+) -> float:
     """Exposed pipeline point-to-point time of one step, seconds (formulas in the module docstring).
 
-    ``stage_time`` (T) is one microbatch's forward and backward pass on one
-    stage, ``transfer_time`` (x) one activation or gradient message over the
-    slowest stage boundary.
+    ``stage_time`` (T) is one microbatch's forward and backward pass on the
+    slowest stage, ``transfer_time`` (x) one activation or gradient message over
+    the slowest stage boundary, ``schedule_time`` the step's compute and bubble
+    without communication (default ``(m + (p − 1)/v)·T``, equal stages).
     """
     p, v, m, T, x = pp, vp, num_microbatches, stage_time, transfer_time
+    if schedule_time is None:
+        schedule_time = (m + (p - 1) / v) * T
     if p == 1 or x == 0:
         return 0.0
     if v == 1:
@@ -145,17 +193,35 @@ def pipeline_p2p_exposed(*, pp: int, vp: int, num_microbatches: int, stage_time:
     # Interleaved, overlap_p2p_comm: the fill and drain's latency or the busiest link's throughput.
     latency = 2 * (p * v - 1) * x
     sends = (2 * v - 1) * m if p == 2 else 2 * v * m
-    link_bound = sends * x + (p - 1) * (T + 2 * x) - (m + (p - 1) / v) * T
+    link_bound = sends * x + (p - 1) * (T + 2 * x) - schedule_time
     return max(latency, link_bound)
 
 
-def estimate_step_time(
-    workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, gpus_per_node: int, rank_parameters: int
-) -> StepTimeEstimate:
-    """Step time of ``layout`` on ``gpu`` (``rank_parameters``: parameters of the most loaded rank)."""
+@dataclass(frozen=True)
+class UnitTimes:
+    """One microbatch's forward and backward through one transformer layer and through the output layer."""
+
+    layer_compute_s: float
+    """A layer's GEMMs at the profile's efficiency and its element-wise kernels at HBM bandwidth."""
+    layer_tp_s: float
+    """A layer's tensor-parallel collectives."""
+    output_compute_s: float
+    """The logits GEMM (forward and backward) of the last stage."""
+    recompute_flops: float
+    """FLOPs recomputation adds per layer and microbatch."""
+
+    @property
+    def output_in_layers(self) -> float:
+        """The output layer's time in transformer layers: how many fewer layers the last stage should hold."""
+        layer = self.layer_compute_s + self.layer_tp_s
+        return self.output_compute_s / layer if layer > 0 else 0.0
+
+
+def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile) -> UnitTimes:
+    """The per-layer and output-layer times of ``layout``'s TP, micro-batch and SP (see the module docstring)."""
     m = workload.model
-    t, p, v, dp = layout.tp, layout.pp, layout.vp, layout.dp
-    s, b, h, mbs = m.seq_length, layout.micro_batch_size, m.hidden_size, layout.num_microbatches
+    t = layout.tp
+    s, b, h = m.seq_length, layout.micro_batch_size, m.hidden_size
     n, f = m.num_attention_heads, m.effective_ffn_hidden_size
     vocab = workload.padded_vocab_size(t)
     e = workload.activation_bytes
@@ -169,8 +235,6 @@ def estimate_step_time(
         recompute = attention_core_forward_flops(m, sequences=b)
     else:
         recompute = 0.0
-    layers_per_stage = m.num_layers // p
-    stage_flops = (layers_per_stage * (3 * layer_fwd + recompute) + 3 * logits_fwd) / t
     peak = gpu.peak_flops if workload.mixed_precision else gpu.peak_flops_fp32
     rate = peak * gpu.compute_efficiency
 
@@ -190,25 +254,63 @@ def estimate_step_time(
         recompute_bytes = core_bytes
     else:
         recompute_bytes = 0.0
-    stage_bytes = layers_per_stage * (3 * layer_fwd_bytes + recompute_bytes)
-    mb_compute = stage_flops / rate + stage_bytes / gpu.memory_bandwidth
+    # One layer and the output layer (logits GEMM, forward and backward) for one microbatch.
+    layer_compute = (3 * layer_fwd + recompute) / t / rate + (
+        3 * layer_fwd_bytes + recompute_bytes
+    ) / gpu.memory_bandwidth
+    output_compute = 3 * logits_fwd / t / rate
 
     # Tensor parallelism: 4 collectives of b·s·h per layer (6 with full recompute), each 2(t-1)/t of it per GPU.
     if t > 1:
         collectives = 6 if workload.recompute_granularity == "full" else 4
-        tp_bytes = collectives * 2 * _ring(t) * b * s * h * e
-        mb_tp = layers_per_stage * tp_bytes / gpu.intra_node_bandwidth
+        layer_tp = collectives * 2 * _ring(t) * b * s * h * e / gpu.intra_node_bandwidth
     else:
-        mb_tp = 0.0
-    mb_time = mb_compute + mb_tp
+        layer_tp = 0.0
+
+    return UnitTimes(
+        layer_compute_s=layer_compute, layer_tp_s=layer_tp, output_compute_s=output_compute, recompute_flops=recompute
+    )
+
+
+def estimate_step_time(
+    workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, gpus_per_node: int, rank_parameters: int
+) -> StepTimeEstimate:
+    """Step time of ``layout`` on ``gpu`` (``rank_parameters``: parameters of the most loaded rank)."""
+    m = workload.model
+    t, p, v, dp = layout.tp, layout.pp, layout.vp, layout.dp
+    s, b, h, mbs = m.seq_length, layout.micro_batch_size, m.hidden_size, layout.num_microbatches
+    vocab = workload.padded_vocab_size(t)
+    e = workload.activation_bytes
+    sp = layout.sequence_parallel
+
+    units = unit_times(workload, layout, gpu)
+    layer_compute, output_compute, layer_tp, recompute = (
+        units.layer_compute_s,
+        units.output_compute_s,
+        units.layer_tp_s,
+        units.recompute_flops,
+    )
+
+    # Every stage: its layers (ParallelLayout.stages), the output layer on the last. The slowest sets the pace.
+    stages = stage_times(layout, layer_s=layer_compute + layer_tp, output_s=output_compute)
+    slowest = max(range(p), key=lambda r: stages[r])
+    layers_slowest = layout.rank_layers(slowest)
+    mb_compute = layers_slowest * layer_compute + (output_compute if slowest == p - 1 else 0.0)
+    mb_tp = layers_slowest * layer_tp
+    mb_time = stages[slowest]
 
     # Pipeline: bubble and exposed point-to-point.
-    bubble = layout.bubble_fraction * mbs * mb_time
+    bubble = pipeline_bubble(stages, vp=v)
     if p > 1:
         link = gpu.intra_node_bandwidth if t * dp * p <= gpus_per_node else gpu.inter_node_bandwidth
         p2p_bytes = b * s * h * e / (t if sp or workload.p2p_scatter_gather else 1)
         pp_comm = pipeline_p2p_exposed(
-            pp=p, vp=v, num_microbatches=mbs, stage_time=mb_time, transfer_time=p2p_bytes / link
+            pp=p,
+            vp=v,
+            num_microbatches=mbs,
+            stage_time=mb_time,
+            transfer_time=p2p_bytes / link,
+            schedule_time=mbs * mb_time + bubble,
         )
     else:
         pp_comm = 0.0
@@ -254,6 +356,7 @@ def estimate_step_time(
         dp_comm_s=dp_exposed,
         dp_comm_total_s=dp_total,
         optimizer_s=optimizer,
+        stage_microbatch_s=tuple(stages),
         model_flops=model_flops,
         hardware_flops=hardware_flops,
     )

@@ -190,9 +190,14 @@ def test_search_enumerates_every_valid_layout_and_nothing_else(sequence_parallel
     workload = Workload(model=model, precision="bf16")
     huge = get_profile("h100-sxm").with_overrides(memory_gib=1e6)  # everything fits: nothing is pruned by memory
     world, gbs = 24, 48
-    result = search(workload, Cluster(gpus=world, gpus_per_node=8, gpu=huge), global_batch_size=gbs,
-                    sequence_parallel=sequence_parallel)  # fmt: skip
+    cluster = Cluster(gpus=world, gpus_per_node=8, gpu=huge)
+    result = search(workload, cluster, global_batch_size=gbs, sequence_parallel=sequence_parallel, uneven=False)
     found = {(e.layout.tp, e.layout.pp, e.layout.vp, e.layout.micro_batch_size) for e in result.estimates}
+    # With uneven splits: the same even layouts, and uneven ones beside them.
+    with_uneven = search(workload, cluster, global_batch_size=gbs, sequence_parallel=sequence_parallel).estimates
+    assert {(e.layout.tp, e.layout.pp, e.layout.vp, e.layout.micro_batch_size) for e in with_uneven
+            if not e.layout.uneven} == found  # fmt: skip
+    assert any(e.layout.uneven and 12 % e.layout.pp for e in with_uneven)
     brute = set()
     # Beyond every bound a valid layout can reach: TP up to 12 (> 8 per node), PP and VP up to 13, any micro-batch.
     for tp, pp, vp, mbs in itertools.product(range(1, 13), range(1, 14), range(1, 14), range(1, gbs + 1)):

@@ -331,15 +331,19 @@ def test_bubble_is_p_minus_1_over_v_m_of_the_microbatch_time() -> None:
         lay = layout(8 * p, tp=8, pp=p, vp=v, gbs=m, sequence_parallel=True)
         t = estimate_step_time(w, lay, get_profile("h100-sxm"), gpus_per_node=8, rank_parameters=1)
         mb = t.microbatch_compute_s + t.microbatch_tp_comm_s
-        assert t.bubble_s == pytest.approx((p - 1) / v * mb)
-        assert t.bubble_s / (t.compute_s + t.tp_comm_s) == pytest.approx((p - 1) / (v * m))
+        stages = t.stage_microbatch_s
+        # The even split: equal stages but the last, which also runs the output layer and is the slowest.
+        assert stages[:-1] == (stages[0],) * (p - 1) and stages[-1] == pytest.approx(mb) and t.slowest_stage == p - 1
+        # Fill and drain through the other stages: (p - 1)/v of a stage's time, (p-1)/(v*m) of its m microbatches.
+        assert t.bubble_s == pytest.approx((p - 1) / v * stages[0])
+        assert t.bubble_s / (m * stages[0]) == pytest.approx((p - 1) / (v * m))
 
 
 def test_tensor_parallel_and_data_parallel_volumes_on_a_hand_computed_case() -> None:
     gpu = get_profile("a100-80g")
     model = gpt(num_layers=8)
     w = Workload(model=model, precision="bf16")
-    lay = layout(32, tp=8, pp=1, gbs=4)  # DP 4 across 4 nodes, one micro-batch of 1 per rank
+    lay = layout(32, tp=8, pp=1, gbs=4, model=model)  # DP 4 across 4 nodes, one micro-batch of 1 per rank
     t = estimate_step_time(w, lay, gpu, gpus_per_node=8, rank_parameters=10**9)
     # 4 all-reduces of s·b·h bf16 per layer, each moving 2·(t−1)/t of it, over NVLink.
     per_layer = 4 * 2 * (7 / 8) * 2048 * 12288 * 2 / gpu.intra_node_bandwidth
