@@ -222,12 +222,18 @@ def _first_last_candidates(n: int, pp: int, vp: int) -> list[tuple[int, int]]:
 
 def balanced_layout(n: int, pp: int, vp: int, *, embedding: float = 1.0, loss: float = 1.0) -> str:
     """A layout string giving every rank the same work: ``n`` layers, the embedding and the loss weighing
-    ``embedding`` and ``loss`` layers ("" when the loss alone outweighs a rank's share)."""
-    target = (n + embedding + loss) / pp
-    ideal = [target - (embedding if r == 0 else 0.0) - (loss if r == pp - 1 else 0.0) for r in range(pp)]
-    if min(ideal) < 0:
-        return ""
-    counts = [int(x) for x in ideal]
+    ``embedding`` and ``loss`` layers (a rank whose extra alone outweighs the others' share gets none)."""
+    extra = [(embedding if r == 0 else 0.0) + (loss if r == pp - 1 else 0.0) for r in range(pp)]
+    # Water-filling: every rank's work is the same level, except a rank whose extra alone exceeds it (no layers).
+    active = list(range(pp))
+    while True:
+        level = (n + sum(extra[r] for r in active)) / len(active)
+        heavy = [r for r in active if extra[r] >= level]
+        if not heavy or len(heavy) == len(active):
+            break
+        active = [r for r in active if r not in heavy]
+    ideal = [max(0.0, level - extra[r]) if r in active else 0.0 for r in range(pp)]
+    counts = [int(x + 1e-9) for x in ideal]
     # The layers left over go to the ranks furthest below their share (ties: the middle ranks first).
     order = sorted(range(pp), key=lambda r: (-(ideal[r] - counts[r]), abs(r - (pp - 1) / 2)))
     for r in order[: n - sum(counts)]:
@@ -272,7 +278,8 @@ def balanced_splits(n: int, pp: int, vp: int, *, loss: float) -> list[dict[str, 
     add({"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True})
     add({"account_for_loss_in_pipeline_split": True})
     # First/last sizes: the last rank lighter by the loss's weight, the rest even.
-    target = (n + loss) / pp
+    # Near an equal share (clamped to what the first rank can hold: a heavy loss empties the last rank).
+    target = min(max((n + loss) / pp, vp), n - vp)
     best: tuple[float, dict[str, Any]] | None = None
     for first in range(vp, n + 1, vp):
         if abs(first - target) > 2 * vp + 1:
@@ -283,6 +290,8 @@ def balanced_splits(n: int, pp: int, vp: int, *, loss: float) -> list[dict[str, 
             rest = n - first - (last or 0)
             middle_ranks = pp - 1 - (last is not None)
             if middle_ranks == 0 or rest % middle_ranks or (rest // middle_ranks) % vp:
+                continue
+            if split_problems(StageSplit(num_layers=n, pp=pp, vp=vp, first=first, last=last), fixes=False):
                 continue
             end = rest // middle_ranks if last is None else last
             work = max(first, rest / middle_ranks if last is not None else 0.0, end + loss)
