@@ -69,3 +69,20 @@ def test_world_size_from_environment_variable() -> None:
     )
     assert proc.returncode == 2
     assert "world_size=6 is not divisible by tensor(1) × pipeline(4) = 4" in proc.stderr
+
+
+def test_the_readme_uneven_stage_examples() -> None:
+    """README: 30 layers on PP4 × VP2 is refused with uneven fixes; the account-for fix prints its stage table."""
+    base = "--mock-data --num-layers 30 --pipeline-model-parallel-size 4 --world-size 8 --dry-run".split()
+    proc = run_script([*base, "--num-virtual-stages-per-pipeline-rank", "2"])
+    assert proc.returncode == 2
+    assert (
+        "num_layers=30 is not divisible by pipeline(4); try 28 or 32 layers or PP in [1, 2, 3, 5, 6]; or place "
+        "the layers unevenly: --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split, or "
+        '--decoder-first-pipeline-num-layers 6 --decoder-last-pipeline-num-layers 8, or --pipeline-model-parallel-layout "Et*3|(t*4|)*6,t*3L"'
+    ) in proc.stderr
+    proc = run_script([*base, "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"])
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.strip() for line in proc.stdout.splitlines()]
+    for row in ("rank 0     E+7t  (7 layers)", "ranks 1-2  8t    (8 layers each)", "rank 3     7t+L  (7 layers)"):
+        assert row in lines
