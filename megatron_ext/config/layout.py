@@ -18,18 +18,9 @@ from dataclasses import MISSING, dataclass, fields
 from functools import cached_property
 from typing import Any
 
-from megatron_ext.config.stages import Stage, StageSplit, expand_layout, split_problems
+from megatron_ext.config.stages import SPLIT_FIELDS, Stage, StageSplit, expand_layout, split_problems
 from megatron_ext.config.stages import stages as stages_of
 from megatron_ext.estimate.pipeline import bubble_fraction
-
-SPLIT_FIELDS = (
-    "decoder_first_pipeline_num_layers",
-    "decoder_last_pipeline_num_layers",
-    "account_for_embedding_in_pipeline_split",
-    "account_for_loss_in_pipeline_split",
-    "pipeline_model_parallel_layout",
-)
-"""The ``ParallelLayout`` fields that place layers on stages (one way at a time; ``stages.py``)."""
 
 
 class LayoutError(ValueError):
@@ -237,15 +228,11 @@ class ParallelLayout:
     @property
     def split(self) -> StageSplit:
         """The flags that place the layers."""
-        return StageSplit(
+        return StageSplit.of(
             num_layers=self.num_layers,
             pp=self.pp,
             vp=self.vp,
-            first=self.decoder_first_pipeline_num_layers,
-            last=self.decoder_last_pipeline_num_layers,
-            account_for_embedding=self.account_for_embedding_in_pipeline_split,
-            account_for_loss=self.account_for_loss_in_pipeline_split,
-            layout=self.pipeline_model_parallel_layout,
+            flags={name: getattr(self, name) for name in SPLIT_FIELDS},
         )
 
     @property

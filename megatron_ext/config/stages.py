@@ -34,9 +34,18 @@ checks every count and offset against Megatron-Core's own
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+SPLIT_FIELDS = (
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout",
+)
+"""The ``ParallelLayout`` fields (and flags) that place layers on stages, one way at a time."""
 
 LAYOUT_SYMBOLS = {"E": "embedding", "t": "transformer layer", "L": "loss"}
 """Layout-string characters this project builds (Megatron-Core's ``m``, MTP, is not supported)."""
@@ -86,6 +95,20 @@ class StageSplit:
     account_for_embedding: bool = False
     account_for_loss: bool = False
     layout: str | None = None
+
+    @classmethod
+    def of(cls, *, num_layers: int, pp: int, vp: int, flags: Mapping[str, Any]) -> StageSplit:
+        """The split of ``ParallelLayout``-named field values (``SPLIT_FIELDS``; absent ones at their defaults)."""
+        return cls(
+            num_layers=num_layers,
+            pp=pp,
+            vp=vp,
+            first=flags.get("decoder_first_pipeline_num_layers"),
+            last=flags.get("decoder_last_pipeline_num_layers"),
+            account_for_embedding=bool(flags.get("account_for_embedding_in_pipeline_split", False)),
+            account_for_loss=bool(flags.get("account_for_loss_in_pipeline_split", False)),
+            layout=flags.get("pipeline_model_parallel_layout"),
+        )
 
     @property
     def mode(self) -> str:
@@ -256,16 +279,7 @@ def balanced_splits(n: int, pp: int, vp: int, *, loss: float) -> list[dict[str, 
     seen: set[tuple[tuple[int, ...], ...]] = set()
 
     def add(flags: dict[str, Any]) -> None:
-        split = StageSplit(
-            num_layers=n,
-            pp=pp,
-            vp=vp,
-            first=flags.get("decoder_first_pipeline_num_layers"),
-            last=flags.get("decoder_last_pipeline_num_layers"),
-            account_for_embedding=flags.get("account_for_embedding_in_pipeline_split", False),
-            account_for_loss=flags.get("account_for_loss_in_pipeline_split", False),
-            layout=flags.get("pipeline_model_parallel_layout"),
-        )
+        split = StageSplit.of(num_layers=n, pp=pp, vp=vp, flags=flags)
         if split_problems(split, fixes=False):
             return
         key = tuple(tuple(c.num_layers for c in rank) for rank in stages(split))

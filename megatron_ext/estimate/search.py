@@ -23,8 +23,8 @@ from typing import Any
 
 from megatron_ext.config.arguments import LAYOUT_FLAGS, BatchArgs, OptimizerArgs, ParallelArgs, model_layout_facts
 from megatron_ext.config.flags import options, to_argv
-from megatron_ext.config.layout import SPLIT_FIELDS, ParallelLayout, divisors
-from megatron_ext.config.stages import balanced_splits
+from megatron_ext.config.layout import ParallelLayout, divisors
+from megatron_ext.config.stages import SPLIT_FIELDS, balanced_splits
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.memory import MemoryEstimate, estimate_memory
 from megatron_ext.estimate.step_time import StepTimeEstimate, estimate_step_time, unit_times

@@ -141,17 +141,8 @@ def test_we_refuse_exactly_the_splits_megatron_core_refuses() -> None:
     accepted = refused = 0
     disagreements = []
     for num_layers, pp, vp, split in grid():
-        ours = split_problems(
-            StageSplit(
-                num_layers=num_layers,
-                pp=pp,
-                vp=vp,
-                first=split.get("first"),
-                last=split.get("last"),
-                account_for_embedding=split.get("account_for_embedding", False),
-                account_for_loss=split.get("account_for_loss", False),
-            )
-        )
+        flags = {FLAG_NAMES[k]: v for k, v in split.items()}
+        ours = split_problems(StageSplit.of(num_layers=num_layers, pp=pp, vp=vp, flags=flags))
         theirs = megatron_core_accepts(num_layers, pp, vp, {k: v for k, v in split.items() if v is not None})
         accepted += theirs
         refused += not theirs
