@@ -57,7 +57,11 @@ class ScheduleRecorder:
 
             chunk = unwrap(model)
             index = int(chunk.vp_stage or 0)
-            microbatch = int(chunk.decoder.layers[0].current_microbatch)
+            layers = chunk.decoder.layers
+            if len(layers):
+                microbatch = int(layers[0].current_microbatch)
+            else:  # an embedding- or loss-only chunk: its forwards run in microbatch order
+                microbatch = sum(1 for e in self.events if e.kind == "F" and e.chunk == index)
             if self.pipeline_rank is None:
                 self.pipeline_rank = parallel_state.get_pipeline_model_parallel_rank()
             self.events.append(PipelinePass("F", microbatch, index))
