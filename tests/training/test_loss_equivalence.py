@@ -54,6 +54,12 @@ LAYOUTS = {
         "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
         "--decoder-first-pipeline-num-layers 2".split(),
     ),
+    # Interleaved 1F1B with the 4 microbatches in one group (Megatron-Core's default group is PP = 2).
+    "pp2-vp2-microbatch-group-4": (
+        2,
+        "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+        "--microbatch-group-size-per-virtual-pipeline-stage 4".split(),
+    ),
     # 8 layers + the embedding = 9 slots on 3 ranks: E+2 | 3 | 3.
     "pp3-account-for-embedding": (
         3,
