@@ -6,11 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from megatron_ext.cli.launch import free_port as _free_port  # noqa: F401 - shared with tests
+from megatron_ext.cli.launch import free_port as _free_port
 from megatron_ext.cli.launch import local_command
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,12 +36,52 @@ def launch_command(args: list[str], *, nproc: int) -> list[str]:
     return local_command(PRETRAIN, args, nproc=nproc)
 
 
+def spawn_ranks(args: list[str], *, nproc: int, timeout: int) -> subprocess.CompletedProcess[str]:
+    """pretrain_gpt.py as ``nproc`` processes that read their rank from the environment, as under
+    ``LAUNCHER=srun`` (recipes/common.sh) — without torchrun's agent, whose start-up costs every run
+    about 2 s. Their output is interleaved into one stdout and one stderr, and the exit code is the one
+    the failing ranks chose (as ``megatron_ext.cli.launch`` reports it). The launcher's own behaviour
+    (exit codes, signals) is tested through ``launch_command``."""
+    port = str(_free_port())
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        ranks = []
+        for rank in range(nproc):
+            env = _env() | {
+                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+            }  # fmt: skip
+            ranks.append(
+                subprocess.Popen([sys.executable, str(PRETRAIN), *args], stdout=out, stderr=err, env=env, cwd=REPO)
+            )
+        deadline = time.monotonic() + timeout
+        failed_at: float | None = None
+        while any(r.poll() is None for r in ranks):
+            now = time.monotonic()
+            if failed_at is None and any((r.returncode or 0) != 0 for r in ranks):
+                failed_at = now
+            # A failed rank leaves the others waiting in a collective: end them, as torchrun does.
+            if now > deadline or (failed_at is not None and now > failed_at + 30):
+                for r in ranks:
+                    if r.poll() is None:
+                        r.kill()
+                for r in ranks:
+                    r.wait()
+                if now > deadline:
+                    raise subprocess.TimeoutExpired([str(PRETRAIN), *args], timeout)
+                break
+            time.sleep(0.05)
+        codes = {r.returncode for r in ranks if r.returncode and r.returncode > 0}
+        code = 0 if not codes and all(r.returncode == 0 for r in ranks) else (codes.pop() if len(codes) == 1 else 1)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess([str(PRETRAIN), *args], code, out.read(), err.read())
+
+
 def run_pretrain(
     args: list[str], *, nproc: int = 1, timeout: int = 300, expect: int | None = 0
 ) -> subprocess.CompletedProcess[str]:
     """Run pretrain_gpt.py with ``nproc`` CPU processes; check the exit code unless ``expect`` is None."""
-    cmd = launch_command(args, nproc=nproc)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO)
+    proc = spawn_ranks(args, nproc=nproc, timeout=timeout)
     if expect is not None and proc.returncode != expect:
         raise AssertionError(
             f"pretrain_gpt.py exited {proc.returncode}, expected {expect}: {' '.join(args)}\n"

@@ -176,16 +176,29 @@ def _saved_run(tmp_path: Path, *extra: str) -> Path:
     return save
 
 
-def test_truncated_shard_is_a_clear_error(tmp_path: Path) -> None:
-    save = _saved_run(tmp_path)
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """RUN stopped at iteration 3 with a checkpoint of every iteration, shared by the tests below."""
+    return _saved_run(tmp_path_factory.mktemp("saved"), "--save-interval", "1")
+
+
+def _copy(saved: Path, tmp_path: Path) -> Path:
+    """A private copy of the shared checkpoints, for a test that damages or might write them."""
+    copy = tmp_path / "ckpt"
+    shutil.copytree(saved, copy)
+    return copy
+
+
+def test_truncated_shard_is_a_clear_error(saved: Path, tmp_path: Path) -> None:
+    save = _copy(saved, tmp_path)
     shard = sorted((save / "iter_0000003").glob("*.distcp"))[0]
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     proc = run_pretrain([*RUN, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
     assert f"{shard} is truncated" in proc.stdout
 
 
-def test_corrupted_shard_is_a_clear_error(tmp_path: Path) -> None:
-    save = _saved_run(tmp_path)
+def test_corrupted_shard_is_a_clear_error(saved: Path, tmp_path: Path) -> None:
+    save = _copy(saved, tmp_path)
     shard = sorted((save / "iter_0000003").glob("*.distcp"))[-1]
     data = bytearray(shard.read_bytes())
     middle = len(data) // 2
@@ -195,8 +208,8 @@ def test_corrupted_shard_is_a_clear_error(tmp_path: Path) -> None:
     assert f"{shard} is corrupted: CRC-32" in proc.stdout
 
 
-def test_shape_mismatch_is_a_clear_error(tmp_path: Path) -> None:
-    save = _saved_run(tmp_path)
+def test_shape_mismatch_is_a_clear_error(saved: Path) -> None:
+    save = saved
     args = [a if a != "64" else "128" for a in RUN]  # --hidden-size 64 -> 128
     proc = run_pretrain([*args, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
     assert "does not match the model given by the arguments" in proc.stdout
@@ -230,16 +243,16 @@ def test_repeated_non_finite_losses_stop_the_run(tmp_path: Path) -> None:
     assert "3 consecutive iterations (up to 3) had a non-finite loss" in proc.stdout
 
 
-def test_vocabulary_mismatch_is_a_clear_error(tmp_path: Path) -> None:
-    save = _saved_run(tmp_path)
+def test_vocabulary_mismatch_is_a_clear_error(saved: Path) -> None:
+    save = saved
     # The embedding's padded rows may differ with TP, so the shapes alone cannot tell.
     args = [a if a != "255" else "300" for a in RUN]  # --vocab-size 255 -> 300 (both pad to 384)
     proc = run_pretrain([*args, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
     assert "was trained with a vocabulary of 256 tokens and this run's tokenizer has 301" in proc.stdout
 
 
-def test_learning_rate_schedule_change_needs_a_choice(tmp_path: Path, uninterrupted: dict[int, float]) -> None:
-    save = _saved_run(tmp_path)
+def test_learning_rate_schedule_change_needs_a_choice(saved: Path, tmp_path: Path) -> None:
+    save = saved  # loaded, never saved to (no --save)
     longer = [a if a != "40" else "80" for a in RUN]  # --lr-decay-iters 40 -> 80 (and --train-iters)
     proc = run_pretrain([*longer, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
     assert "the learning-rate schedule differs from the checkpoint's" in proc.stdout
@@ -259,8 +272,8 @@ def test_learning_rate_schedule_change_needs_a_choice(tmp_path: Path, uninterrup
     assert overridden > kept  # decaying over 80 iterations instead of 40: a higher lr at iteration 4
 
 
-def test_finetuning_into_the_pretraining_directory_is_refused(tmp_path: Path) -> None:
-    save = _saved_run(tmp_path, "--save-interval", "1")
+def test_finetuning_into_the_pretraining_directory_is_refused(saved: Path, tmp_path: Path) -> None:
+    save = _copy(saved, tmp_path)
     proc = run_pretrain(
         [*RUN, "--finetune", "--load", str(save), "--save", str(save)], nproc=2, expect=ExitCode.CHECKPOINT
     )
