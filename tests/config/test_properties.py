@@ -48,6 +48,10 @@ PRETRAIN_FLAGS: dict[str, Any] = {
     "--tensor-model-parallel-size": SMALL,
     "--pipeline-model-parallel-size": SMALL,
     "--num-layers-per-virtual-pipeline-stage": SMALL,
+    "--num-virtual-stages-per-pipeline-rank": SMALL,
+    "--decoder-first-pipeline-num-layers": SMALL,
+    "--decoder-last-pipeline-num-layers": SMALL,
+    "--microbatch-group-size-per-virtual-pipeline-stage": SMALL,
     "--world-size": SIZES,
     "--lr": RATE,
     "--min-lr": RATE,
@@ -70,6 +74,9 @@ CALCULATOR_FLAGS: dict[str, Any] = {
     "--global-batch-size": SIZES,
     "--tp": SMALL,
     "--pp": SMALL,
+    "--vp": SMALL,
+    "--decoder-first-pipeline-num-layers": SMALL,
+    "--decoder-last-pipeline-num-layers": SMALL,
     "--hidden-dropout": PROBABILITY,
 }
 
