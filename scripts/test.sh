@@ -2,8 +2,8 @@
 # Install what the tests need (scripts/setup.sh: the Python environment and this
 # package; scripts/setup_system.sh: SLURM, munge and shellcheck from Debian's
 # packages), run the gates (ruff lint and format, mypy, shellcheck), then the
-# whole suite on CPU. Arguments go to pytest, e.g. `-m slurm`; GATES=0 skips
-# the gates (for a quick local pytest run; CI always runs them).
+# whole suite on CPU. Arguments go to one pytest run, e.g. `-m slurm`; GATES=0
+# skips the gates (for a quick local pytest run; CI always runs them).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "${repo}/scripts/setup.sh"
@@ -23,4 +23,12 @@ if [[ "${GATES:-1}" != 0 ]]; then
   shellcheck --external-sources recipes/*.sh scripts/*.sh
 fi
 
-exec "${py}" -m pytest "$@"
+if [[ $# -gt 0 ]]; then
+  exec "${py}" -m pytest "$@"
+fi
+# The whole suite: the unit tests (no process group; a few start one-process
+# tools) on two pytest workers, then the multi-process, SLURM and timing tests
+# one at a time, as they already use both cores.
+unit="unit and not distributed and not slurm"
+"${py}" -m pytest -m "${unit}" -n 2
+exec "${py}" -m pytest -m "not (${unit})"

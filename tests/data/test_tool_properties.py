@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -58,8 +59,8 @@ def _clean_error(code: int, err: str) -> None:
 def test_preprocess_options(tmp_path: Path, workers: str, chunk: str, interval: str, vocab: str) -> None:
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"{i} {i + 1} 7"}) + "\n" for i in range(50)))
-    out = tmp_path / f"out-{workers}-{chunk}-{interval}-{vocab}"
-    out.mkdir()
+    # A fresh directory per example: hypothesis may draw the same values twice (or an @example's).
+    out = Path(tempfile.mkdtemp(dir=tmp_path, prefix=f"out-{workers}-{chunk}-{interval}-{vocab}-"))
     code, err = _run(preprocess_data.main, [
         "--input", str(corpus), "--output-prefix", str(out / "d"), "--tokenizer-type", "NullTokenizer",
         "--vocab-size", vocab, "--workers", workers, "--chunk-mb", chunk, "--log-interval", interval, "--quiet",
