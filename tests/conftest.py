@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext.cli.launch import chosen_exit_code, local_command
 from megatron_ext.cli.launch import free_port as _free_port
-from megatron_ext.cli.launch import local_command
 
 REPO = Path(__file__).resolve().parent.parent
 PRETRAIN = REPO / "pretrain_gpt.py"
@@ -70,8 +70,8 @@ def spawn_ranks(args: list[str], *, nproc: int, timeout: int) -> subprocess.Comp
                     raise subprocess.TimeoutExpired([str(PRETRAIN), *args], timeout)
                 break
             time.sleep(0.05)
-        codes = {r.returncode for r in ranks if r.returncode and r.returncode > 0}
-        code = 0 if not codes and all(r.returncode == 0 for r in ranks) else (codes.pop() if len(codes) == 1 else 1)
+        failed = [r.returncode for r in ranks if r.returncode != 0]
+        code = chosen_exit_code(failed) if failed else 0
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess([str(PRETRAIN), *args], code, out.read(), err.read())

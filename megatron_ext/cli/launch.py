@@ -23,7 +23,7 @@ import contextlib
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -62,6 +62,15 @@ def local_command(script: str | Path, args: Sequence[str], *, nproc: int) -> lis
     ]
 
 
+def chosen_exit_code(failed: Iterable[int]) -> int:
+    """The exit code of workers of which some failed: the one positive code they chose, else 1.
+
+    Workers killed by a signal (negative codes) were only ended because another failed.
+    """
+    codes = {code for code in failed if code > 0}
+    return codes.pop() if len(codes) == 1 else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -76,8 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Workers that exited by themselves have positive codes; once one has,
         # torchrun terminates the rest (negative: killed by a signal) even if they
         # were only tearing down. The code the workers chose is the answer.
-        codes = {failure.exitcode for failure in exc.failures.values() if failure.exitcode > 0}
-        return codes.pop() if len(codes) == 1 else 1
+        return chosen_exit_code(failure.exitcode for failure in exc.failures.values())
     except SignalException as exc:
         # torchrun has forwarded the signal and waited for (or killed) the workers.
         return SIGNAL_BASE + int(exc.sigval)

@@ -32,6 +32,7 @@ from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser, add_options, options, value_type
 from megatron_ext.config.layout import LayoutError, ParallelLayout
 from megatron_ext.config.presets import PRESETS, get_preset
+from megatron_ext.config.stages import rank_rows
 from megatron_ext.estimate.hardware import GIB, PROFILES, get_profile
 from megatron_ext.estimate.search import (
     DEFAULT_MEMORY_HEADROOM,
@@ -258,21 +259,13 @@ SPLIT_NAMES = {"uniform": "even", "first/last": "first/last", "account": "accoun
 def _stage_lines(e: LayoutEstimate) -> list[str]:
     """Per pipeline stage: what it holds, its time per microbatch and its memory; alike ranks share a row."""
     lay, t, mem = e.layout, e.time, e.memory
-    rows: list[tuple[int, int, str]] = []
-    for r in range(lay.pp):
-        held = " | ".join(
-            "+".join((["E"] if c.embedding else []) + [f"{c.num_layers}t"] + (["L"] if c.loss else []))
-            for c in lay.stages[r]
-        )
-        text = f"{held:<20} {t.stage_microbatch_s[r] * 1e3:>9.2f} ms {_gib(mem.stages[r].total_bytes):>7} GiB"
-        if rows and rows[-1][2] == text:
-            rows[-1] = (rows[-1][0], r, text)
-        else:
-            rows.append((r, r, text))
+    texts = [
+        f"{' | '.join(c.summary() for c in lay.stages[r]):<20} {t.stage_microbatch_s[r] * 1e3:>9.2f} ms "
+        f"{_gib(mem.stages[r].total_bytes):>7} GiB"
+        for r in range(lay.pp)
+    ]
     lines = [f"pipeline stages ({SPLIT_NAMES[lay.split.mode]} split; forward+backward per microbatch, memory per GPU):"]
-    for first, last, text in rows:
-        label = f"rank {first}" if first == last else f"ranks {first}-{last}"
-        lines.append(f"  {label:<12} {text}")
+    lines += [f"  {label:<12} {text}" for label, _, _, text in rank_rows(texts)]
     lines.append(
         f"  predicted stage imbalance {t.stage_imbalance:.1%} (slowest: rank {t.slowest_stage}; "
         "the slowest stage sets the pace)"

@@ -6,15 +6,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.layout import LayoutError
+from megatron_ext.estimate.pipeline import stage_imbalance
 from megatron_ext.estimate.schedule import PipelinePass, TimedPass, Timeline, schedule_order, simulate, validate
 from megatron_ext.estimate.schedule_plot import write
-
-if TYPE_CHECKING:  # torch stays unimported unless a trace is read
-    from megatron_ext.training.stage_timing import TimedPass as StagePass
+from megatron_ext.training.chrome_trace import load_timeline
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,26 +112,22 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     return ExitCode.OK
 
 
-def measured_timeline(passes: dict[int, list[StagePass]]) -> Timeline:
+def measured_timeline(passes: dict[int, list[TimedPass]]) -> Timeline:
     """One measured step (passes per pipeline rank) as a Timeline starting at 0."""
-    origin = min(p.start for rank in passes.values() for p in rank)
-    vp = 1 + max(p.chunk for rank in passes.values() for p in rank)
-    m = 1 + max(p.microbatch for rank in passes.values() for p in rank)
-    placed = tuple(
-        TimedPass(rank, PipelinePass(p.kind, p.microbatch, p.chunk), p.start - origin, p.end - origin)
-        for rank in sorted(passes)
-        for p in passes[rank]
-    )
+    every = [p for rank in sorted(passes) for p in passes[rank]]
+    origin = min(p.start for p in every)
+    vp = 1 + max(p.step.chunk for p in every)
+    m = 1 + max(p.step.microbatch for p in every)
     busy = [sum(p.end - p.start for p in passes[r]) for r in sorted(passes)]
     slowest = busy.index(max(busy))
-    forward = sum(p.end - p.start for p in passes[slowest] if p.kind == "F") / m
+    forward = sum(p.end - p.start for p in passes[slowest] if p.step.kind == "F") / m
     return Timeline(
         pp=len(passes), vp=vp, num_microbatches=m, forward_time=forward, backward_time=max(busy) / m - forward,
-        passes=placed,
+        passes=tuple(TimedPass(p.rank, p.step, p.start - origin, p.end - origin) for p in every),
     )  # fmt: skip
 
 
-def chunk_times(passes: dict[int, list[StagePass]], vp: int) -> list[list[tuple[float, float]]]:
+def chunk_times(passes: dict[int, list[TimedPass]], vp: int) -> list[list[tuple[float, float]]]:
     """Mean measured (forward, backward) of one microbatch through every [rank][chunk]."""
     out = []
     for rank in sorted(passes):
@@ -140,7 +135,7 @@ def chunk_times(passes: dict[int, list[StagePass]], vp: int) -> list[list[tuple[
         for chunk in range(vp):
             times = []
             for kind in "FB":
-                spans = [p.end - p.start for p in passes[rank] if p.kind == kind and p.chunk == chunk]
+                spans = [p.end - p.start for p in passes[rank] if p.step.kind == kind and p.step.chunk == chunk]
                 times.append(sum(spans) / len(spans) if spans else 1e-9)
             row.append((times[0], times[1]))
         out.append(row)
@@ -148,8 +143,6 @@ def chunk_times(passes: dict[int, list[StagePass]], vp: int) -> list[list[tuple[
 
 
 def _measured(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from megatron_ext.training.stage_timing import load_timeline
-
     try:
         by_stage = load_timeline(args.timeline)
     except (OSError, ValueError, KeyError) as exc:
@@ -165,7 +158,7 @@ def _measured(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     simulated = simulate(pp=p, vp=v, num_microbatches=m, chunk_times=times)
     busy = [sum(f + b for f, b in row) * m for row in times]
     slowest = busy.index(max(busy))
-    imbalance = max(busy) / (sum(busy) / len(busy)) - 1
+    imbalance = stage_imbalance(busy)
     notes = [" *" if r == slowest else "" for r in range(p)]
     per_rank = ", ".join(f"{b * 1000:.0f}" for b in busy)
     panels = [

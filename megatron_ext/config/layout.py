@@ -18,7 +18,8 @@ from dataclasses import MISSING, dataclass, fields
 from functools import cached_property
 from typing import Any
 
-from megatron_ext.config.stages import SPLIT_FIELDS, Stage, StageSplit, expand_layout, split_problems
+from megatron_ext.config.factors import divisors, nearest_multiples
+from megatron_ext.config.stages import SPLIT_FIELDS, Stage, StageSplit, expand_layout, rank_rows, split_problems
 from megatron_ext.config.stages import stages as stages_of
 from megatron_ext.estimate.pipeline import bubble_fraction
 
@@ -29,18 +30,6 @@ class LayoutError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
         super().__init__("invalid parallel layout:\n" + "\n".join(f"  - {p}" for p in problems))
-
-
-def divisors(n: int) -> list[int]:
-    """The positive divisors of ``n``, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _nearest_multiples(value: int, multiple: int) -> str:
-    """'32' or '24 or 32': the multiples of `multiple` around `value`."""
-    below = (value // multiple) * multiple
-    above = below + multiple
-    return f"{above}" if below == 0 else f"{below} or {above}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,7 +214,7 @@ class ParallelLayout:
         """Microbatches per chunk before the next (Megatron-Core's default: PP)."""
         return self.microbatch_group_size_per_vp_stage or self.pp
 
-    @property
+    @cached_property
     def split(self) -> StageSplit:
         """The flags that place the layers."""
         return StageSplit.of(
@@ -249,14 +238,19 @@ class ParallelLayout:
         """Global layer indices held by one (pipeline rank, model chunk)."""
         return self.stages[pipeline_rank][virtual_rank].layers
 
+    @cached_property
+    def layers_per_rank(self) -> tuple[int, ...]:
+        """Transformer layers on every pipeline rank (all of its chunks)."""
+        return tuple(sum(chunk.num_layers for chunk in rank) for rank in self.stages)
+
     def rank_layers(self, pipeline_rank: int) -> int:
         """Transformer layers on one pipeline rank (all of its chunks)."""
-        return sum(chunk.num_layers for chunk in self.stages[pipeline_rank])
+        return self.layers_per_rank[pipeline_rank]
 
     @property
     def layers_per_pipeline_stage(self) -> int:
         """The most transformer layers on one pipeline rank (every rank's count when the split is even)."""
-        return max(self.rank_layers(r) for r in range(self.pp))
+        return max(self.layers_per_rank)
 
     @property
     def layers_per_virtual_stage(self) -> int:
@@ -291,7 +285,7 @@ class ParallelLayout:
         if self.world_size % (tp * pp):
             p.append(
                 f"world_size={self.world_size} is not divisible by tensor({tp}) × pipeline({pp}) "
-                f"= {tp * pp}; use {_nearest_multiples(self.world_size, tp * pp)} processes, "
+                f"= {tp * pp}; use {nearest_multiples(self.world_size, tp * pp)} processes, "
                 f"or TP × PP in {sorted({d for d in divisors(self.world_size)})}"
             )
         if self.gpus_per_node is not None and tp > self.gpus_per_node:
@@ -310,7 +304,7 @@ class ParallelLayout:
         if heads % tp:
             p.append(
                 f"num_attention_heads={heads} is not divisible by tensor({tp}); "
-                f"use TP in {divisors(heads)} or {_nearest_multiples(heads, tp)} heads"
+                f"use TP in {divisors(heads)} or {nearest_multiples(heads, tp)} heads"
             )
         groups = self.num_query_groups
         if groups is not None and groups != heads:
@@ -329,7 +323,7 @@ class ParallelLayout:
             ok_tp = [d for d in divisors(ffn) if d <= max(2 * tp, 8)]
             p.append(
                 f"ffn_hidden_size={ffn} is not divisible by tensor({tp}); use TP in {ok_tp} "
-                f"or an ffn_hidden_size of {_nearest_multiples(ffn, tp)}"
+                f"or an ffn_hidden_size of {nearest_multiples(ffn, tp)}"
             )
         if self.sequence_parallel:
             if tp == 1:
@@ -337,7 +331,7 @@ class ParallelLayout:
             elif self.seq_length is not None and self.seq_length % tp:
                 p.append(
                     f"seq_length={self.seq_length} is not divisible by tensor({tp}) with sequence "
-                    f"parallel; try {_nearest_multiples(self.seq_length, tp)}"
+                    f"parallel; try {nearest_multiples(self.seq_length, tp)}"
                 )
         if p:
             return p  # the batch rules below need a whole DP
@@ -348,7 +342,7 @@ class ParallelLayout:
             p.append(
                 f"global_batch_size={self.global_batch_size} is not divisible by "
                 f"micro_batch({self.micro_batch_size}) × data_parallel({dp}) = {per_step}; "
-                f"try {_nearest_multiples(self.global_batch_size, per_step)}"
+                f"try {nearest_multiples(self.global_batch_size, per_step)}"
             )
         else:
             p += self._group_problems()
@@ -376,7 +370,7 @@ class ParallelLayout:
         if group > m:
             return [
                 f"interleaved schedule: {counted} must be at least pipeline({pp}); try global_batch_size "
-                f"{_nearest_multiples(self.global_batch_size, need)} or VP=1"
+                f"{nearest_multiples(self.global_batch_size, need)} or VP=1"
             ]
         if 0 < m % group < pp:
             groups = [g for g in range(pp, m + 1) if not 0 < m % g < pp]
@@ -384,7 +378,7 @@ class ParallelLayout:
                 f"interleaved schedule: {counted} leave a last group of {m % group} after groups of {group} "
                 f"({source}), fewer than pipeline({pp}): Megatron-Core refuses it (it would stall the "
                 f"pipeline); use --microbatch-group-size-per-virtual-pipeline-stage in {groups[:8]}, or "
-                f"global_batch_size {_nearest_multiples(self.global_batch_size, need)}, or VP=1"
+                f"global_batch_size {nearest_multiples(self.global_batch_size, need)}, or VP=1"
             ]
         return []
 
@@ -411,36 +405,14 @@ class ParallelLayout:
 
     def stage_table(self) -> list[str]:
         """What every pipeline rank holds, chunk by chunk; consecutive ranks that hold alike share a row."""
-        split = self.split.mode
-        head = f"pipeline stages ({split} split; E embedding, Nt transformer layers, L loss"
+        head = f"pipeline stages ({self.split.mode} split; E embedding, Nt transformer layers, L loss"
         lines = [head + (", virtual stages left to right):" if self.interleaved else "):")]
-
-        def row(rank: int) -> str:
-            return " | ".join(_contents(chunk) for chunk in self.stages[rank])
-
-        rows: list[tuple[int, int, str]] = []
-        for rank in range(self.pp):
-            text = row(rank)
-            if rows and rows[-1][2] == text:
-                rows[-1] = (rows[-1][0], rank, text)
-            else:
-                rows.append((rank, rank, text))
-        label_width = max(len(_ranks(a, b)) for a, b, _ in rows)
-        text_width = max(len(text) for _, _, text in rows)
-        for first, last, text in rows:
+        rows = rank_rows([" | ".join(chunk.summary() for chunk in rank) for rank in self.stages])
+        label_width = max(len(label) for label, *_ in rows)
+        text_width = max(len(text) for *_, text in rows)
+        for label, first, last, text in rows:
             lines.append(
-                f"  {_ranks(first, last):<{label_width}}  {text:<{text_width}}  "
+                f"  {label:<{label_width}}  {text:<{text_width}}  "
                 f"({self.rank_layers(first)} layers{' each' if last > first else ''})"
             )
         return lines
-
-
-def _ranks(first: int, last: int) -> str:
-    return f"rank {first}" if first == last else f"ranks {first}-{last}"
-
-
-def _contents(chunk: Stage) -> str:
-    parts = ["E"] if chunk.embedding else []
-    parts += [f"{chunk.num_layers}t"] if chunk.num_layers or not (chunk.embedding or chunk.loss) else []
-    parts += ["L"] if chunk.loss else []
-    return "+".join(parts)

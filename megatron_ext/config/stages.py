@@ -34,9 +34,11 @@ checks every count and offset against Megatron-Core's own
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from megatron_ext.config.factors import divisors, nearest_multiples
 
 SPLIT_FIELDS = (
     "decoder_first_pipeline_num_layers",
@@ -71,6 +73,15 @@ class Stage:
     @property
     def layers(self) -> range:
         return range(self.first_layer, self.first_layer + self.num_layers)
+
+    def summary(self) -> str:
+        """``E+3t+L``-style contents: embedding, layer count, loss."""
+        parts = ["E"] if self.embedding else []
+        if self.num_layers or not (self.embedding or self.loss):
+            parts.append(f"{self.num_layers}t")
+        if self.loss:
+            parts.append("L")
+        return "+".join(parts)
 
     def describe(self) -> str:
         """``E+t0-3``-style contents: embedding, layer range, loss."""
@@ -119,6 +130,17 @@ class StageSplit:
         if self.account_for_embedding or self.account_for_loss:
             return "account"
         return "uniform"
+
+
+def rank_rows(texts: Sequence[str]) -> list[tuple[str, int, int, str]]:
+    """One row per run of consecutive pipeline ranks with the same text: (``rank r`` or ``ranks a-b``, a, b, text)."""
+    rows: list[tuple[int, int, str]] = []
+    for rank, text in enumerate(texts):
+        if rows and rows[-1][2] == text:
+            rows[-1] = (rows[-1][0], rank, text)
+        else:
+            rows.append((rank, rank, text))
+    return [(f"rank {a}" if a == b else f"ranks {a}-{b}", a, b, text) for a, b, text in rows]
 
 
 # ------------------------------------------------------------------ layout strings
@@ -407,22 +429,17 @@ def split_problems(split: StageSplit, *, fixes: bool = True) -> list[str]:
     if n % pp:
         return [f"num_layers={n} is not divisible by pipeline({pp}){_uniform_hint(n, pp)}" + fix()]
     if vp > 1 and n % (pp * vp):
-        ok_vp = [d for d in range(2, n // pp + 1) if (n // pp) % d == 0]
+        ok_vp = [d for d in divisors(n // pp) if d > 1]
         return [
             f"num_layers={n} is not divisible by pipeline({pp}) × virtual({vp}) = {pp * vp}; try "
-            f"{_multiples_around(n, pp * vp)} layers or VP in {[1, *ok_vp]}" + fix()
+            f"{nearest_multiples(n, pp * vp)} layers or VP in {[1, *ok_vp]}" + fix()
         ]
     return []
 
 
-def _multiples_around(value: int, multiple: int) -> str:
-    below = (value // multiple) * multiple
-    return f"{below + multiple}" if below == 0 else f"{below} or {below + multiple}"
-
-
 def _uniform_hint(n: int, pp: int) -> str:
-    fits = [d for d in range(1, n + 1) if n % d == 0 and d <= max(pp * 2, 8)]
-    return f"; try {_multiples_around(n, pp)} layers or PP in {fits}"
+    fits = [d for d in divisors(n) if d <= max(pp * 2, 8)]
+    return f"; try {nearest_multiples(n, pp)} layers or PP in {fits}"
 
 
 def _first_last_problems(split: StageSplit, fix: Callable[[], str]) -> list[str]:
@@ -432,7 +449,7 @@ def _first_last_problems(split: StageSplit, fix: Callable[[], str]) -> list[str]
         if value is not None and value % vp:
             p.append(
                 f"--decoder-{name}-pipeline-num-layers {value} is not divisible by virtual({vp}): each of the "
-                f"rank's {vp} chunks holds the same number of layers; use {_multiples_around(value, vp)}"
+                f"rank's {vp} chunks holds the same number of layers; use {nearest_multiples(value, vp)}"
             )
     ends = [x for x in (split.first, split.last) if x is not None]
     rest, middle = n - sum(ends), pp - len(ends)
@@ -473,7 +490,7 @@ def _layout_problems(split: StageSplit) -> list[str]:
     if len(entries) % pp:
         p.append(
             f"pipeline_model_parallel_layout {text!r} has {len(entries)} stages, not a multiple of pipeline({pp}); "
-            f"give pipeline × virtual stages, e.g. {_multiples_around(len(entries), pp)}"
+            f"give pipeline × virtual stages, e.g. {nearest_multiples(len(entries), pp)}"
         )
         return p
     flat = "".join(entries)

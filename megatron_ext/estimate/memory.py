@@ -176,7 +176,7 @@ def estimate_memory(workload: Workload, layout: ParallelLayout) -> MemoryEstimat
     tp, pp, vp = layout.tp, layout.pp, layout.vp
     s, b, h = m.seq_length, layout.micro_batch_size, m.hidden_size
     sp = layout.sequence_parallel
-    params = workload.parameter_counts(tp=tp, pp=pp, stage_layers=tuple(layout.rank_layers(r) for r in range(pp)))
+    params = workload.parameter_counts(tp=tp, pp=pp, stage_layers=layout.layers_per_rank)
     per_weight, per_grad, per_optim = bytes_per_parameter(workload, layout)
     layer = layer_activations(workload, micro_batch_size=b, tp=tp, sequence_parallel=sp)
 

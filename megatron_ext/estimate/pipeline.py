@@ -25,6 +25,8 @@ of passes and a simulated timeline.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def bubble_fraction(*, pp: int, vp: int, num_microbatches: int) -> float:
     """Idle time relative to the ideal compute of a step: ``(p − 1)/(v·m)`` (v = 1: 1F1B or GPipe)."""
@@ -57,3 +59,21 @@ def in_flight_passes(
         pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank, group_size=group_size
     )
     return min(num_microbatches * vp, warmup + 1)
+
+
+def stage_imbalance(stages: Sequence[float]) -> float:
+    """Slowest stage over the mean, minus 1: what an uneven split should bring under 5%."""
+    mean = sum(stages) / len(stages)
+    return max(stages) / mean - 1.0 if mean > 0 else 0.0
+
+
+def pipeline_bubble(stages: Sequence[float], *, vp: int) -> float:
+    """Fill and drain of one step: every stage but the slowest, once, in chunks of 1/v.
+
+    With ``p`` equal stages of time ``T`` this is ``(p − 1)·T/v``, the bubble
+    ``(p − 1)/(v·m)`` of the ideal ``m·T`` (Narayanan et al. 2021, §2.2); with
+    uneven stages the slowest runs ``m`` times back to back and the others
+    add their time once to fill and drain (``tests/estimate/test_stage_model.py``
+    checks it against ``schedule.simulate`` with per-stage times).
+    """
+    return (sum(stages) - max(stages)) / vp

@@ -18,7 +18,7 @@ def parameter_counts(cfg: TrainingConfig) -> ParameterCounts:
         padded_vocab_size=cfg.padded_vocab_size,
         tp=layout.tp,
         pp=layout.pp,
-        stage_layers=tuple(layout.rank_layers(r) for r in range(layout.pp)),
+        stage_layers=layout.layers_per_rank,
     )
 
 

@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from megatron_ext.estimate.schedule import Timeline
 
@@ -288,24 +288,21 @@ Panel = tuple[Timeline, str, Sequence[str]]
 """A timeline with its heading and per-rank notes."""
 
 
-def _panels(timeline: Timeline, panels: Sequence[Panel] | None) -> list[Panel]:
-    return list(panels) if panels else [(timeline, title(timeline), ())]
+def _drawn(timeline: Timeline, panels: Sequence[Panel] | None, width: int, canvas_type: Any) -> Any:
+    """A canvas of ``canvas_type`` with the panels (default: ``timeline`` alone, with its title) drawn on it."""
+    drawn = list(panels) if panels else [(timeline, title(timeline), ())]
+    geo = geometry(drawn[0][0], width=width, others=[p[0] for p in drawn[1:]])
+    canvas = canvas_type(geo.width, geo.height)
+    draw_panels(drawn, canvas, geo)
+    return canvas
 
 
 def render_svg(timeline: Timeline, *, width: int = 1200, panels: Sequence[Panel] | None = None) -> str:
-    drawn = _panels(timeline, panels)
-    geo = geometry(drawn[0][0], width=width, others=[p[0] for p in drawn[1:]])
-    canvas = SvgCanvas(geo.width, geo.height)
-    draw_panels(drawn, canvas, geo)
-    return canvas.render()
+    return str(_drawn(timeline, panels, width, SvgCanvas).render())
 
 
 def render_png(timeline: Timeline, *, width: int = 1200, panels: Sequence[Panel] | None = None) -> bytes:
-    drawn = _panels(timeline, panels)
-    geo = geometry(drawn[0][0], width=width, others=[p[0] for p in drawn[1:]])
-    canvas = PngCanvas(geo.width, geo.height)
-    draw_panels(drawn, canvas, geo)
-    return canvas.render()
+    return bytes(_drawn(timeline, panels, width, PngCanvas).render())
 
 
 def write(

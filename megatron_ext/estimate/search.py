@@ -22,8 +22,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from megatron_ext.config.arguments import LAYOUT_FLAGS, BatchArgs, OptimizerArgs, ParallelArgs, model_layout_facts
+from megatron_ext.config.factors import divisors
 from megatron_ext.config.flags import options, to_argv
-from megatron_ext.config.layout import ParallelLayout, divisors
+from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.stages import SPLIT_FIELDS, balanced_splits
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.memory import MemoryEstimate, estimate_memory

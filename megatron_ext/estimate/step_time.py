@@ -85,6 +85,7 @@ from megatron_ext.estimate.flops import (
 )
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.memory import unfused_attention
+from megatron_ext.estimate.pipeline import pipeline_bubble, stage_imbalance
 from megatron_ext.estimate.workload import Workload
 
 
@@ -124,7 +125,7 @@ class StepTimeEstimate:
     @property
     def stage_imbalance(self) -> float:
         """Slowest stage over the mean, minus 1."""
-        return stage_imbalance(list(self.stage_microbatch_s))
+        return stage_imbalance(self.stage_microbatch_s)
 
     @property
     def slowest_stage(self) -> int:
@@ -144,25 +145,7 @@ def _ring(n: int) -> float:
 def stage_times(layout: ParallelLayout, *, layer_s: float, output_s: float) -> list[float]:
     """One microbatch's forward and backward time on every pipeline rank: its layers, and the output on the last."""
     last = layout.pp - 1
-    return [layout.rank_layers(r) * layer_s + (output_s if r == last else 0.0) for r in range(layout.pp)]
-
-
-def stage_imbalance(stages: list[float]) -> float:
-    """Slowest stage over the mean, minus 1: what an uneven split should bring under 5%."""
-    mean = sum(stages) / len(stages)
-    return max(stages) / mean - 1.0 if mean > 0 else 0.0
-
-
-def pipeline_bubble(stages: list[float], *, vp: int) -> float:
-    """Fill and drain of one step: every stage but the slowest, once, in chunks of 1/v.
-
-    With ``p`` equal stages of time ``T`` this is ``(p − 1)·T/v``, the bubble
-    ``(p − 1)/(v·m)`` of the ideal ``m·T`` (Narayanan et al. 2021, §2.2); with
-    uneven stages the slowest runs ``m`` times back to back and the others
-    add their time once to fill and drain (``tests/estimate/test_stages_model.py``
-    checks it against ``schedule.simulate`` with per-stage times).
-    """
-    return (sum(stages) - max(stages)) / vp
+    return [layers * layer_s + (output_s if r == last else 0.0) for r, layers in enumerate(layout.layers_per_rank)]
 
 
 def pipeline_p2p_exposed(

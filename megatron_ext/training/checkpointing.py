@@ -41,7 +41,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_ext.config.arguments import TrainingConfig
-from megatron_ext.config.layout import ParallelLayout, divisors
+from megatron_ext.config.factors import divisors
+from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.runtime import TRACKER_FILENAME
 from megatron_ext.training.model import unwrap
 

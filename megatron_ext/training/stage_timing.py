@@ -30,8 +30,6 @@ Evaluation (no gradients) is not timed.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,20 +40,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_ext.estimate.pipeline import stage_imbalance
+from megatron_ext.estimate.schedule import PipelinePass, TimedPass
+from megatron_ext.training.chrome_trace import write_trace
+
 TIMELINE_STEPS = 8
 """Steps kept for ``--timeline`` (the most recent ones: steady state, bounded memory)."""
-
-
-@dataclass(frozen=True)
-class TimedPass:
-    """One pass on this rank's clock (seconds since the start-up barrier)."""
-
-    kind: str
-    """``F`` or ``B``."""
-    microbatch: int
-    chunk: int
-    start: float
-    end: float
 
 
 @dataclass(frozen=True)
@@ -76,9 +66,7 @@ class StageCost:
     @property
     def imbalance(self) -> float:
         """Slowest stage's compute over the mean, minus 1 (0: perfectly balanced)."""
-        compute = self.compute_ms
-        mean = sum(compute) / len(compute)
-        return max(compute) / mean - 1.0 if mean > 0 else 0.0
+        return stage_imbalance(self.compute_ms)
 
     @property
     def slowest(self) -> int:
@@ -196,13 +184,13 @@ class StageTimer:
             if edge == "start":
                 starts[key] = t
             elif key in starts:
-                passes.append(TimedPass(kind, microbatch, chunk, starts.pop(key), t))
+                passes.append(TimedPass(self.pipeline_rank, PipelinePass(kind, microbatch, chunk), starts.pop(key), t))
         if not passes:
             return
-        forward = sum(p.end - p.start for p in passes if p.kind == "F")
-        backward = sum(p.end - p.start for p in passes if p.kind == "B")
+        forward = sum(p.end - p.start for p in passes if p.step.kind == "F")
+        backward = sum(p.end - p.start for p in passes if p.step.kind == "B")
         span = max(p.end for p in passes) - min(p.start for p in passes)
-        microbatches = len({p.microbatch for p in passes})
+        microbatches = len({p.step.microbatch for p in passes})
         self._window[0] += forward
         self._window[1] += backward
         self._window[2] += max(span - forward - backward, 0.0)
@@ -246,55 +234,12 @@ class StageTimer:
         mine = {
             "rank": dist.get_rank(),
             "pipeline_rank": self.pipeline_rank,
-            "steps": [[(p.kind, p.microbatch, p.chunk, p.start, p.end) for p in step] for step in self.timeline],
+            "steps": [
+                [(p.step.kind, p.step.microbatch, p.step.chunk, p.start, p.end) for p in step] for step in self.timeline
+            ],
         }
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         if dist.get_rank() != 0:
             return
         write_trace(path, gathered)
-
-
-def write_trace(path: Path, ranks: list[dict[str, Any]]) -> None:
-    """A Chrome trace: one process per pipeline rank, one thread per global rank, one slice per pass."""
-    events: list[dict[str, Any]] = []
-    for doc in ranks:
-        stage, rank = doc["pipeline_rank"], doc["rank"]
-        events.append({"name": "process_name", "ph": "M", "pid": stage, "args": {"name": f"pipeline rank {stage}"}})
-        events.append({"name": "thread_name", "ph": "M", "pid": stage, "tid": rank, "args": {"name": f"rank {rank}"}})
-        for step_index, step in enumerate(doc["steps"]):
-            for kind, microbatch, chunk, start, end in step:
-                events.append(
-                    {
-                        "name": f"{kind}{microbatch}.{chunk}",
-                        "cat": "forward" if kind == "F" else "backward",
-                        "ph": "X",
-                        "ts": start * 1e6,
-                        "dur": (end - start) * 1e6,
-                        "pid": stage,
-                        "tid": rank,
-                        "args": {"microbatch": microbatch, "chunk": chunk, "step": step_index},
-                    }
-                )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-    partial.replace(path)
-
-
-def load_timeline(path: Path) -> dict[int, list[list[TimedPass]]]:
-    """Passes per pipeline rank and step from a trace ``write_trace`` wrote (the first rank of each stage)."""
-    doc = json.loads(path.read_text())
-    first_thread: dict[int, int] = {}
-    steps: dict[int, dict[int, list[TimedPass]]] = {}
-    for event in doc["traceEvents"]:
-        if event.get("ph") != "X":
-            continue
-        stage, rank = int(event["pid"]), int(event["tid"])
-        if first_thread.setdefault(stage, rank) != rank:
-            continue
-        args = event["args"]
-        start, end = event["ts"] / 1e6, (event["ts"] + event["dur"]) / 1e6
-        timed = TimedPass(event["cat"][0].upper(), int(args["microbatch"]), int(args["chunk"]), start, end)
-        steps.setdefault(stage, {}).setdefault(int(args["step"]), []).append(timed)
-    return {stage: [by_step[s] for s in sorted(by_step)] for stage, by_step in sorted(steps.items())}

@@ -13,9 +13,9 @@ from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.memory import estimate_memory
+from megatron_ext.estimate.pipeline import pipeline_bubble
 from megatron_ext.estimate.schedule import simulate
 from megatron_ext.estimate.search import Cluster, evaluate, search
-from megatron_ext.estimate.step_time import pipeline_bubble
 from megatron_ext.estimate.workload import Workload
 
 pytestmark = pytest.mark.unit

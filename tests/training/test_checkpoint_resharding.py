@@ -10,7 +10,7 @@ import pytest
 from megatron_ext.cli.plot_schedule import main as plot_schedule
 from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.training.checkpointing import per_rank_format_refusal, read_tracker
-from megatron_ext.training.stage_timing import load_timeline
+from megatron_ext.training.chrome_trace import load_timeline
 from tests.conftest import (
     ITERS,
     TINY_MODEL,
@@ -169,7 +169,7 @@ def test_uneven_stages_save_and_resume_even_with_the_optimizer_resharded(
     for rank, steps in by_stage.items():
         assert len(steps) == HALF
         for step in steps:
-            assert sorted((p.kind, p.microbatch, p.chunk) for p in step) == sorted(
+            assert sorted((p.step.kind, p.step.microbatch, p.step.chunk) for p in step) == sorted(
                 (k, mb, c) for k in "FB" for mb in range(4) for c in range(2)
             ), rank
             assert all(p.end >= p.start for p in step)
