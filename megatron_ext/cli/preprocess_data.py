@@ -1,4 +1,4 @@
-"""JSON Lines → Megatron indexed dataset (``PREFIX_KEY_document.bin/.idx``).
+"""JSON Lines (plain, gzip, zstd), Parquet or Arrow → Megatron indexed dataset (``PREFIX_KEY_document.bin/.idx``).
 
 A drop-in for Megatron-LM's ``tools/preprocess_data.py`` for GPT data (its
 flags except sentence splitting, the worker-count search and the options of
@@ -8,8 +8,10 @@ file and line number, and leaves nothing at the output paths unless it
 finishes. Exit codes: 0 done, 1 bad input or a failed worker, 2 bad options,
 128 + N when stopped by signal N (130 Ctrl-C, 143 SIGTERM)::
 
-    python tools/preprocess_data.py --input 'corpus/*.jsonl.gz' --output-prefix data/corpus \\
+    python tools/preprocess_data.py --input 'corpus/*.jsonl.zst' --output-prefix data/corpus \\
         --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model tok.model --append-eod --workers 8
+    python tools/preprocess_data.py --input 'fineweb/data/*/*.parquet' --output-prefix data/fineweb \\
+        --output-per-file --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model tok.model --append-eod
 """
 
 from __future__ import annotations
@@ -21,15 +23,31 @@ import sys
 
 from megatron_ext.config.exit_codes import SIGNAL_BASE, ExitCode
 from megatron_ext.config.flags import Parser, above, at_least
-from megatron_ext.data import preprocess
+from megatron_ext.data import formats, preprocess
 from megatron_ext.data.tokenizers import TOKENIZER_TYPES, TokenizerError
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("input data")
-    g.add_argument("--input", nargs="+", required=True, help="JSON Lines file(s) or glob(s); .gz is read as gzip.")
-    g.add_argument("--json-keys", nargs="+", default=["text"], help="Keys to extract; one dataset per key.")
+    g.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        help="Files, globs (sorted) or datasets.save_to_disk directories. The format follows the name: .jsonl/.json "
+        "(JSON Lines), .gz, .zst, .parquet, .arrow; see --input-format.",
+    )
+    g.add_argument(
+        "--input-format",
+        choices=formats.FORMATS,
+        help="Read every input as this format, whatever its name (default: each file's name says).",
+    )
+    g.add_argument(
+        "--json-keys",
+        nargs="+",
+        default=["text"],
+        help="JSON keys, or Parquet/Arrow string columns, to extract; one dataset per key.",
+    )
     g.add_argument("--split-sentences", action="store_true", help="Not supported (needs NLTK); refused.")
     g.add_argument("--keep-newlines", action="store_true", help="Only with --split-sentences; refused.")
     g = p.add_argument_group("tokenizer")
@@ -42,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lang", default="english", help="Accepted for compatibility (sentence splitting only).")
     g = p.add_argument_group("output data")
     g.add_argument("--output-prefix", required=True, help="Output path without _KEY_document.bin/.idx.")
+    g.add_argument(
+        "--output-per-file",
+        action="store_true",
+        help="One dataset per input file and key: PREFIX_NAME_KEY_document, NAME being the file's path below the "
+        "inputs' common directory without its suffixes, '/' as '_' (default: one dataset for all inputs).",
+    )
     g = p.add_argument_group("runtime")
     g.add_argument(
         "--workers",
@@ -53,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--partitions",
         type=at_least(1),
         default=1,
-        help="Accepted for compatibility: must divide --workers; the output is the same for any value "
-        "(document order is always kept).",
+        help="Accepted for compatibility, with no effect: every worker takes chunks of every file and input order "
+        "is always kept, so the output is the same for any value (no --workers rule either).",
     )
     g.add_argument("--keep-sequential-samples", action="store_true", help="Accepted; order is always kept.")
     g.add_argument(
@@ -64,15 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--skip-bad-lines",
         action="store_true",
-        help="Skip lines that are not JSON objects, lack a key, hold a non-string or invalid UTF-8; count them "
-        "per reason (default: stop at the first one and write nothing).",
+        help="Skip lines (rows) that are not JSON objects, lack a key, hold a non-string, a null or invalid UTF-8; "
+        "count them per reason (default: stop at the first one and write nothing).",
     )
     g.add_argument(
         "--allow-empty-output",
         action="store_true",
         help="Write empty datasets when no document has a token (default: an error, nothing written).",
     )
-    g.add_argument("--chunk-mb", type=above(0), default=1.0, help="Input read per task, in MB (whole lines).")
+    g.add_argument(
+        "--chunk-mb", type=above(0), default=1.0, help="Input read per task, in MB of text (whole lines or rows)."
+    )
     return p
 
 
@@ -83,9 +109,6 @@ def main(argv: list[str] | None = None) -> int:
             "error: --split-sentences/--keep-newlines are not supported (GPT pretraining uses documents)",
             file=sys.stderr,
         )
-        return ExitCode.INVALID
-    if args.partitions < 1 or args.workers % args.partitions:
-        print(f"error: --workers {args.workers} must be a multiple of --partitions {args.partitions}", file=sys.stderr)
         return ExitCode.INVALID
     spec = preprocess.TokenizerSpec(
         tokenizer_type=args.tokenizer_type,
@@ -105,20 +128,21 @@ def main(argv: list[str] | None = None) -> int:
         log_interval=args.log_interval,
         quiet=args.quiet,
         allow_empty=args.allow_empty_output,
+        input_format=args.input_format,
+        output_per_file=args.output_per_file,
     )
     try:
         summary = preprocess.run(spec, opts)
-    except (preprocess.PreprocessError, TokenizerError) as exc:
+    except (formats.InputError, TokenizerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.ERROR
     except KeyboardInterrupt as exc:
         # The shell's convention: 128 + the signal (130 for Ctrl-C/SIGINT, 143 for SIGTERM, 129 for SIGHUP).
         signum = getattr(exc, "signum", signal.SIGINT)
         if getattr(exc, "published", False):
-            outputs = ", ".join(preprocess.output_prefix_for(args.output_prefix, k) for k in args.json_keys)
             print(
                 f"\ninterrupted ({exc or 'Ctrl-C'}) while the finished outputs were being named; they are complete "
-                f"and were kept ({outputs}), the report was not written",
+                f"and were kept (under {args.output_prefix}), the report was not written",
                 file=sys.stderr,
             )
         else:
@@ -134,13 +158,17 @@ def main(argv: list[str] | None = None) -> int:
             f"in {s.seconds:.1f} s ({rate:.1f} MB/s, {s.documents / max(s.seconds, 1e-9):,.0f} docs/s)",
             file=sys.stderr,
         )
-        for key, prefix in s.outputs.items():
-            print(f"  {key}: {prefix}.bin / .idx ({s.tokens[key]:,} tokens)", file=sys.stderr)
+        if args.output_per_file:
+            first = next(iter(s.outputs.values()))
+            print(f"  {len(s.outputs):,} datasets ({first}.bin / .idx, …; all in {report})", file=sys.stderr)
+        else:
+            for key, prefix in s.outputs.items():
+                print(f"  {key}: {prefix}.bin / .idx ({s.tokens[key]:,} tokens)", file=sys.stderr)
         if any(s.empty_documents.values()):
             print(f"  empty documents (no tokens, skipped): {s.empty_documents}", file=sys.stderr)
         if any(s.skipped.values()):
             counts = ", ".join(f"{r}: {n:,}" for r, n in s.skipped.items() if n)
-            print(f"  skipped bad lines: {counts} (see {report})", file=sys.stderr)
+            print(f"  skipped bad records: {counts} (see {report})", file=sys.stderr)
     return ExitCode.OK
 
 

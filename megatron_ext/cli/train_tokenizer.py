@@ -1,6 +1,7 @@
-"""Train a SentencePiece tokenizer (BPE or unigram) on JSON Lines, in bounded memory.
+"""Train a SentencePiece tokenizer (BPE or unigram) on JSON Lines, Parquet or Arrow, in bounded memory.
 
-Documents are streamed from the files and cut into lines (SentencePiece's
+Documents are streamed from the files (every format ``tools/preprocess_data.py``
+reads: JSON Lines plain, .gz or .zst, Parquet, Arrow) and cut into lines (SentencePiece's
 "sentences"); SentencePiece keeps a uniform random sample of at most
 ``--input-sentence-size`` of them (reservoir sampling), so memory does not grow
 with the corpus. Writes ``PREFIX.model`` and ``PREFIX.vocab`` atomically::
@@ -16,7 +17,6 @@ unk/bos/eos = 0/1/2 and no pad piece.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -25,33 +25,35 @@ from pathlib import Path
 
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser, above, at_least
-from megatron_ext.data.preprocess import expand_inputs
+from megatron_ext.data import formats
+
+_MAX_WARNINGS = 20
 
 
-def iter_sentences(files: Sequence[Path], keys: Sequence[str], max_bytes: int) -> Iterator[str]:
-    """Non-empty lines of every document's text; lines over ``max_bytes`` are left out."""
-    import gzip
+def iter_sentences(files: Sequence[formats.InputFile], keys: Sequence[str], max_bytes: int) -> Iterator[str]:
+    """Non-empty lines of every document's text; lines over ``max_bytes`` are left out.
 
-    for path in files:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-            for n, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    print(f"warning: {path}:{n} is not JSON; left out", file=sys.stderr)
-                    continue
-                if not isinstance(obj, dict):
-                    continue
-                for key in keys:
-                    text = obj.get(key)
-                    if not isinstance(text, str):
-                        continue
+    A bad record (not JSON, a missing key, a null, invalid UTF-8) is left out with a warning
+    naming its file and line or row (the first few; then a count at the end).
+    """
+    bad = 0
+    for file in files:
+        if file.table:
+            formats.check_columns(file, keys)
+        index = 0
+        for chunk in formats.chunks(file, 0, keys, 1 << 20):
+            for texts, _reason, detail in formats.records(chunk, file.path, keys):
+                if texts is None:
+                    bad += 1
+                    if bad <= _MAX_WARNINGS:
+                        print(f"warning: {file.where(index)}: {detail}; left out", file=sys.stderr)
+                index += 1
+                for text in texts or ():
                     for sentence in text.split("\n"):
                         if sentence.strip() and len(sentence.encode("utf-8", "replace")) <= max_bytes:
                             yield sentence
+    if bad > _MAX_WARNINGS:
+        print(f"warning: {bad:,} bad records left out in all", file=sys.stderr)
 
 
 def train(
@@ -59,6 +61,7 @@ def train(
     inputs: Sequence[str],
     model_prefix: str,
     json_keys: Sequence[str] = ("text",),
+    input_format: str | None = None,
     model_type: str = "bpe",
     vocab_size: int = 32000,
     character_coverage: float = 0.9995,
@@ -74,7 +77,7 @@ def train(
     """Train and write ``model_prefix.model``/``.vocab``; returns both paths."""
     import sentencepiece as spm
 
-    files = expand_inputs(inputs)
+    files = formats.expand_inputs(inputs, input_format)
     prefix = Path(model_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     tmp_prefix = prefix.with_name(f".{prefix.name}.tmp-{os.getpid()}")
@@ -115,8 +118,16 @@ def train(
 
 def main(argv: list[str] | None = None) -> int:
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", nargs="+", required=True, help="JSON Lines file(s) or glob(s) (.gz allowed).")
-    p.add_argument("--json-keys", nargs="+", default=["text"], help="Keys whose text is used.")
+    p.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        help="Files, globs or datasets.save_to_disk directories: JSON Lines (.jsonl, .gz, .zst), .parquet, .arrow.",
+    )
+    p.add_argument(
+        "--input-format", choices=formats.FORMATS, help="Read every input as this format (default: by its name)."
+    )
+    p.add_argument("--json-keys", nargs="+", default=["text"], help="Keys (or string columns) whose text is used.")
     p.add_argument("--model-prefix", required=True, help="Writes PREFIX.model and PREFIX.vocab.")
     p.add_argument("--model-type", default="bpe", choices=["bpe", "unigram"], help="SentencePiece algorithm.")
     p.add_argument("--vocab-size", type=at_least(1), default=32000, help="Pieces in the vocabulary.")
@@ -138,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             inputs=args.input,
             model_prefix=args.model_prefix,
             json_keys=args.json_keys,
+            input_format=args.input_format,
             model_type=args.model_type,
             vocab_size=args.vocab_size,
             character_coverage=args.character_coverage,

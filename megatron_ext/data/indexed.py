@@ -285,40 +285,47 @@ def _publish(files: Sequence[_PendingFile]) -> None:
         _fsync_directory(directory)
 
 
-def commit_all(writers: Sequence[IndexedWriter]) -> None:
-    """Publish every writer's ``.bin`` and ``.idx``, all or nothing as far as the filesystem allows.
+def stage_all(writers: Sequence[IndexedWriter]) -> None:
+    """Finish every index, sync every file while it is still unnamed, then give each its hidden
+    temporary name and close it: only the renames of :func:`publish_all` are left to do.
+    On an error the caller discards the writers."""
+    for w in writers:
+        w.finish()
+    files = [f for w in writers for f in w.pending_files()]
+    for f in files:  # the slow part, while the files have no name (nothing to leave behind)
+        f.sync()
+    for f in files:  # then quickly, hidden names: a rename is all that is left to do
+        f.name()
+    for w in writers:
+        w.close_spills()
 
-    Finishes every index, syncs every file while it is still unnamed, gives
-    each its hidden temporary name, then renames them all with
-    SIGINT/SIGTERM/SIGHUP held (see :func:`_publish`).
-    On any error every writer is discarded and nothing new is left at the
-    final names. A signal that arrived during the renames is delivered after
-    them; its exception then carries ``published = True`` (the outputs are
-    complete and stay).
-    """
+
+def publish_all(writers: Sequence[IndexedWriter]) -> None:
+    """Rename every staged file of ``writers`` to its final name with SIGINT/SIGTERM/SIGHUP held
+    (see :func:`_publish`). A signal that arrived during the renames is delivered after them; its
+    exception then carries ``published = True`` (the outputs are complete and stay)."""
+    published = False
     try:
-        for w in writers:
-            w.finish()
-        files = [f for w in writers for f in w.pending_files()]
-        for f in files:  # the slow part, while the files have no name (nothing to leave behind)
-            f.sync()
-        for f in files:  # then quickly, hidden names: a rename is all that is left to do
-            f.name()
-        for w in writers:
-            w.close_spills()
-        published = False
-        try:
-            with _signals_deferred():
-                _publish(files)
-                published = True
-        except BaseException as exc:
-            if published:
-                exc.published = True  # type: ignore[attr-defined]
-                for w in writers:
-                    w.published()
-            raise
-        for w in writers:
-            w.published()
+        with _signals_deferred():
+            _publish([f for w in writers for f in w.pending_files()])
+            published = True
+    except BaseException as exc:
+        if published:
+            exc.published = True  # type: ignore[attr-defined]
+            for w in writers:
+                w.published()
+        raise
+    for w in writers:
+        w.published()
+
+
+def commit_all(writers: Sequence[IndexedWriter]) -> None:
+    """Publish every writer's ``.bin`` and ``.idx``, all or nothing as far as the filesystem allows:
+    :func:`stage_all`, then :func:`publish_all`. On any error every writer is discarded and nothing
+    new is left at the final names."""
+    try:
+        stage_all(writers)
+        publish_all(writers)
     except BaseException:
         for w in writers:
             w.discard()

@@ -31,17 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import glob
-import gzip
 import json
 import multiprocessing as mp
 import multiprocessing.connection
 import os
-import re
 import signal
 import sys
 import traceback
-import zlib
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -50,18 +46,19 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from megatron_ext.data.indexed import IndexedWriter, commit_all, optimal_dtype
+from megatron_ext.data import formats
+from megatron_ext.data.formats import Chunk, InputError, InputFile
+from megatron_ext.data.indexed import IndexedWriter, commit_all, optimal_dtype, publish_all, stage_all
 from megatron_ext.data.progress import Progress
 from megatron_ext.data.tokenizers import Tokenizer, build_tokenizer
 
 REASONS = ("invalid_utf8", "not_json", "missing_key", "non_string", "tokenize_error")
 """Why a line is bad (the keys of the report's ``skipped`` counts)."""
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _MAX_EXAMPLES = 20
 
 
-class PreprocessError(RuntimeError):
+class PreprocessError(InputError):
     """Bad input or options; the message names the file, the line and the fix."""
 
 
@@ -111,19 +108,10 @@ class Options:
     level: str = "document"
     allow_empty: bool = False
     """Publish empty datasets when no document has a token (default: an error, nothing written)."""
-
-
-@dataclass
-class Chunk:
-    """Whole lines of one input: a byte range of a plain file, or the bytes themselves (.gz)."""
-
-    seq: int
-    file_id: int
-    start: int
-    end: int
-    data: bytes | None = None
-    position: int = 0
-    """Input position after this chunk (for the progress bar)."""
+    input_format: str | None = None
+    """One of ``formats.FORMATS`` for every input (default: each file's name says)."""
+    output_per_file: bool = False
+    """One dataset per input file and key, ``{output_prefix}_{name}_{key}_document`` (see ``formats.output_labels``)."""
 
 
 @dataclass
@@ -136,7 +124,7 @@ class ChunkResult:
     empty: dict[str, int]
     skipped: Counter[str] = field(default_factory=Counter)
     examples: list[tuple[int, str, str]] = field(default_factory=list)
-    """(line index in the chunk, reason, detail) of bad lines, first few only."""
+    """(record index in the chunk, reason, detail) of bad records, first few only."""
 
 
 @dataclass
@@ -173,78 +161,17 @@ class Summary:
 
 
 # ------------------------------------------------------------------ inputs
-def expand_inputs(patterns: Sequence[str]) -> list[Path]:
-    """Files named by paths or globs, in sorted order per pattern; a clear error if none."""
-    files: list[Path] = []
-    for pattern in patterns:
-        if glob.has_magic(pattern):
-            matches = sorted(glob.glob(pattern))
-            for m in matches:
-                if Path(m).is_symlink() and not Path(m).exists():
-                    raise PreprocessError(
-                        f"--input {pattern!r}: {m} is a symbolic link that leads nowhere (broken, or a loop); "
-                        "fix or remove it"
-                    )
-            found = [Path(m) for m in matches if Path(m).is_file()]
-            if not found:
-                what = f"only directories ({', '.join(matches[:3])}{', …' if len(matches) > 3 else ''})"
-                raise PreprocessError(f"--input {pattern!r} matches {what if matches else 'nothing'}, no file")
-            files.extend(found)
-        else:
-            path = Path(pattern)
-            if not path.is_file():
-                raise PreprocessError(f"--input {pattern}: no such file")
-            files.append(path)
-    return files
-
-
-def _plain_chunks(path: Path, file_id: int, chunk_bytes: int, seq0: int) -> Iterator[Chunk]:
-    """Byte ranges of whole lines: each cut moves forward to just after a newline."""
-    size = path.stat().st_size
-    start = 0
-    seq = seq0
-    with open(path, "rb") as f:
-        while start < size:
-            end = min(start + chunk_bytes, size)
-            if end < size:
-                f.seek(end)
-                rest = f.readline()
-                end += len(rest)
-            yield Chunk(seq=seq, file_id=file_id, start=start, end=end, position=end)
-            seq += 1
-            start = end
-
-
-def _gzip_chunks(path: Path, file_id: int, chunk_bytes: int, seq0: int) -> Iterator[Chunk]:
-    """Decompressed lines, about ``chunk_bytes`` per chunk; position is the compressed offset."""
-    seq = seq0
-    with open(path, "rb") as raw, gzip.open(raw, "rb") as f:
-        while True:
-            try:
-                data = f.read(chunk_bytes)
-                if data and not data.endswith(b"\n"):
-                    data += f.readline()
-            except (EOFError, OSError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
-                raise PreprocessError(
-                    f"{path}: the gzip stream is truncated or damaged after {raw.tell():,} compressed bytes "
-                    f"({exc}). Nothing was written. Download or compress it again"
-                ) from None
-            if not data:
-                return
-            yield Chunk(seq=seq, file_id=file_id, start=0, end=len(data), data=data, position=raw.tell())
-            seq += 1
-
-
-def plan_chunks(files: Sequence[Path], chunk_bytes: int) -> Iterator[Chunk]:
+def plan_chunks(files: Sequence[InputFile], keys: Sequence[str], chunk_bytes: int) -> Iterator[Chunk]:
+    """Every chunk of every input in order, numbered; ``position`` counts the bytes of all inputs before."""
     seq = 0
     position = 0
-    for file_id, path in enumerate(files):
-        gen = _gzip_chunks if path.suffix == ".gz" else _plain_chunks
-        for chunk in gen(path, file_id, chunk_bytes, seq):
-            seq = chunk.seq + 1
+    for file_id, file in enumerate(files):
+        for chunk in formats.chunks(file, file_id, keys, chunk_bytes):
+            chunk.seq = seq
+            seq += 1
             chunk.position += position
             yield chunk
-        position += path.stat().st_size
+        position += file.size
 
 
 # ------------------------------------------------------------------ worker
@@ -395,7 +322,10 @@ class WorkerPool:
         if worker.held:
             chunk = worker.held[0]
             path = self.files[chunk.file_id]
-            where = f"bytes {chunk.start:,}-{chunk.end:,}" if chunk.data is None else "a block of its decompressed text"
+            if chunk.data is None:
+                where = f"bytes {chunk.start:,}-{chunk.end:,}"
+            else:
+                where = "a run of its rows" if chunk.table else "a block of its decompressed text"
             message += f" while encoding {path} ({where})"
         else:
             message += " while idle"
@@ -431,50 +361,6 @@ class WorkerPool:
         self.workers = []
 
 
-def _decode_lines(data: bytes) -> list[str | UnicodeDecodeError]:
-    """Lines of a chunk as text; an undecodable line becomes its error."""
-    try:
-        lines: list[Any] = data.decode("utf-8").split("\n")
-    except UnicodeDecodeError:
-        lines = []
-        for raw in data.split(b"\n"):
-            try:
-                lines.append(raw.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                lines.append(exc)
-    if lines and lines[-1] == "":
-        lines.pop()  # the newline that ends the last line
-    return lines
-
-
-def _check_line(line: str | UnicodeDecodeError, keys: tuple[str, ...]) -> tuple[list[str] | None, str, str]:
-    """(texts per key, "", "") for a good line, else (None, reason, detail)."""
-    if isinstance(line, UnicodeDecodeError):
-        return None, "invalid_utf8", f"invalid UTF-8 byte {line.object[line.start]:#04x} at byte {line.start}"
-    if not line.strip():
-        return None, "not_json", "blank line (every line must be one JSON object)"
-    try:
-        obj = json.loads(line)
-    except ValueError as exc:
-        detail = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
-        return None, "not_json", f"not JSON: {detail}"
-    if not isinstance(obj, dict):
-        return None, "not_json", f"a JSON {type(obj).__name__}, not an object"
-    texts = []
-    for key in keys:
-        if key not in obj:
-            shown = ", ".join(repr(k) for k in list(obj)[:5])
-            return None, "missing_key", f"no key {key!r} (it has {shown or 'no keys'}); see --json-keys"
-        value = obj[key]
-        if not isinstance(value, str):
-            return None, "non_string", f"key {key!r} holds a JSON {type(value).__name__}, not a string"
-        # Only a \\u escape can put a lone surrogate into decoded text.
-        if "\\u" in line and (bad := _SURROGATE.search(value)) is not None:
-            return None, "invalid_utf8", f"key {key!r} holds a lone surrogate \\u{ord(bad.group()):04x} (not UTF-8)"
-        texts.append(value)
-    return texts, "", ""
-
-
 def _tokenize_checked(
     tokenizer: Tokenizer, texts: list[str], vocab_size: int
 ) -> tuple[list[np.ndarray], dict[int, str]]:
@@ -504,20 +390,13 @@ def process_chunk(chunk: Chunk) -> ChunkResult:
     tokenizer: Tokenizer = _W["tokenizer"]
     dtype = _W["dtype"]
     keys = opts.json_keys
-    if chunk.data is not None:
-        data = chunk.data
-    else:
-        with open(_W["files"][chunk.file_id], "rb") as f:
-            f.seek(chunk.start)
-            data = f.read(chunk.end - chunk.start)
-    lines = _decode_lines(data)
+    records = formats.records(chunk, _W["files"][chunk.file_id], keys)
 
     skipped: Counter[str] = Counter()
     examples: list[tuple[int, str, str]] = []
     line_of_doc: list[int] = []
     texts: list[list[str]] = [[] for _ in keys]
-    for n, line in enumerate(lines):
-        got, reason, detail = _check_line(line, keys)
+    for n, (got, reason, detail) in enumerate(records):
         if got is None:
             skipped[reason] += 1
             if len(examples) < _MAX_EXAMPLES:
@@ -530,7 +409,13 @@ def process_chunk(chunk: Chunk) -> ChunkResult:
             texts[k].append(text)
 
     result = ChunkResult(
-        seq=chunk.seq, lines=len(lines), nbytes=len(data), tokens={}, lengths={}, empty={}, skipped=skipped
+        seq=chunk.seq,
+        lines=len(records),
+        nbytes=chunk.end - chunk.start,
+        tokens={},
+        lengths={},
+        empty={},
+        skipped=skipped,
     )
     if skipped and not opts.skip_bad_lines:
         result.examples = examples
@@ -589,51 +474,123 @@ def _raise_on_signal(signum: int, frame: Any) -> None:
     raise Interrupted(f"stopped by signal {signal.Signals(signum).name}", signum)
 
 
-def run(spec: TokenizerSpec, opts: Options) -> Summary:
-    """Preprocess ``opts.inputs`` into one dataset per JSON key; return what was done.
+class _Outputs:
+    """The datasets being written: one per key for the run, or one per key and input (``--output-per-file``).
 
-    Raises :class:`PreprocessError` for bad input (strict mode) and
-    :class:`Interrupted`/``KeyboardInterrupt`` when stopped; in both cases
-    nothing is left at the output paths.
+    Per-file datasets are staged (complete, synced, under hidden names, no file
+    descriptor left open) as soon as their input is done, and all of them are
+    published together at the end, so thousands of inputs need no more open
+    files than one and an interrupted run still leaves nothing behind.
+    """
+
+    def __init__(self, opts: Options, files: list[InputFile], dtype: Any) -> None:
+        self.opts = opts
+        self.files = files
+        self.dtype = dtype
+        self.labels = formats.output_labels(files) if opts.output_per_file else None
+        self.staged: list[IndexedWriter] = []
+        self.current: dict[str, IndexedWriter] = {}
+        self.file_id = -1
+        """The input whose datasets are open (per-file mode); -1 before the first."""
+        self.outputs: dict[str, str] = {}
+
+    def _open(self, label: str | None) -> dict[str, IndexedWriter]:
+        base = self.opts.output_prefix if label is None else f"{self.opts.output_prefix}_{label}"
+        writers = {}
+        for key in self.opts.json_keys:
+            prefix = output_prefix_for(base, key, self.opts.level)
+            self.outputs[key if label is None else f"{label}:{key}"] = prefix
+            writers[key] = IndexedWriter(prefix, self.dtype)
+        return writers
+
+    def for_file(self, file_id: int) -> dict[str, IndexedWriter]:
+        """The writers that take the documents of input ``file_id`` (inputs come in order)."""
+        if self.labels is None:
+            if not self.current:
+                self.current = self._open(None)
+            return self.current
+        while self.file_id < file_id:
+            self._stage_current()
+            self.file_id += 1
+            self.current = self._open(self.labels[self.file_id])
+        return self.current
+
+    def _stage_current(self) -> None:
+        if not self.current:
+            return
+        if not self.opts.allow_empty and all(w.num_tokens == 0 for w in self.current.values()):
+            raise PreprocessError(
+                f"{self.files[self.file_id].path} has no document with any token, so its datasets would be empty "
+                "(--output-per-file). Nothing was written. Leave it out of --input, or pass --allow-empty-output"
+            )
+        writers = list(self.current.values())
+        self.current = {}
+        self.staged.extend(writers)  # first: discard() must find them if staging fails half-way
+        stage_all(writers)
+
+    def commit(self) -> None:
+        """Publish every dataset (all of them or, on an error, none)."""
+        if self.labels is None:
+            commit_all(list(self.for_file(0).values()))
+            return
+        self.for_file(len(self.files) - 1)  # inputs that gave no chunk at the end still get their datasets
+        self._stage_current()
+        publish_all(self.staged)
+
+    def all_writers(self) -> list[IndexedWriter]:
+        return [*self.staged, *self.current.values()]
+
+    def discard(self) -> None:
+        for w in self.all_writers():
+            w.discard()
+
+
+def run(spec: TokenizerSpec, opts: Options) -> Summary:
+    """Preprocess ``opts.inputs`` into one dataset per JSON key (and input file); return what was done.
+
+    Raises :class:`~megatron_ext.data.formats.InputError` for bad input (strict
+    mode) and :class:`Interrupted`/``KeyboardInterrupt`` when stopped; in both
+    cases nothing is left at the output paths.
     """
     if opts.workers < 1:
         raise PreprocessError(f"--workers must be at least 1, got {opts.workers}")
-    files = expand_inputs(opts.inputs)
+    files = formats.expand_inputs(opts.inputs, opts.input_format)
+    for file in files:
+        if file.table:  # before anything runs: a missing or non-string column is one clear error
+            formats.check_columns(file, opts.json_keys)
     out_dir = Path(opts.output_prefix).parent
     if not out_dir.is_dir():
         raise PreprocessError(f"output directory {out_dir} does not exist (from --output-prefix {opts.output_prefix})")
     tokenizer = spec.build()
     dtype = optimal_dtype(tokenizer.vocab_size)
-    total = sum(p.stat().st_size for p in files)
+    total = sum(f.size for f in files)
     progress = Progress(total_bytes=total, log_interval=opts.log_interval, quiet=opts.quiet)
+    outputs = _Outputs(opts, files, dtype)
     if not opts.quiet:
+        kinds = ", ".join(f"{n} {fmt}" for fmt, n in Counter(f.format for f in files).items())
         print(
-            f"preprocessing {len(files)} file(s), {total / 1e6:,.1f} MB, with {opts.workers} worker(s); "
+            f"preprocessing {len(files)} file(s) ({kinds}), {total / 1e6:,.1f} MB, with {opts.workers} worker(s); "
             f"tokenizer {tokenizer.describe()}; token dtype {np.dtype(dtype).name}",
             file=sys.stderr,
         )
 
     old_handlers = {s: signal.signal(s, _raise_on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
-    writers: dict[str, IndexedWriter] = {}
     pool: WorkerPool | None = None
     try:
-        writers = {
-            key: IndexedWriter(output_prefix_for(opts.output_prefix, key, opts.level), dtype) for key in opts.json_keys
-        }
         if opts.workers > 1:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         _W.update(tokenizer=tokenizer, spec=spec)  # inherited by forked workers
-        pool = WorkerPool(ctx, opts.workers, files, (spec, [str(f) for f in files], opts, dtype))
-        summary = _drive(pool, files, opts, writers, progress)
+        paths = [f.path for f in files]
+        pool = WorkerPool(ctx, opts.workers, paths, (spec, [str(p) for p in paths], opts, dtype))
+        summary = _drive(pool, files, opts, outputs, progress)
         pool.close()
         pool = None
-        commit_all(list(writers.values()))
+        outputs.commit()
     except BaseException:
         if pool is not None:
             pool.kill()
-        for w in writers.values():
-            w.discard()
+        outputs.discard()
         raise
     finally:
         for s, h in old_handlers.items():
@@ -643,21 +600,20 @@ def run(spec: TokenizerSpec, opts: Options) -> Summary:
     summary.seconds = progress.elapsed
     summary.tokenizer = tokenizer.describe()
     summary.dtype = np.dtype(dtype).name
-    summary.outputs = {k: output_prefix_for(opts.output_prefix, k, opts.level) for k in opts.json_keys}
+    summary.outputs = outputs.outputs
     return summary
 
 
-def _drive(
-    pool: WorkerPool, files: list[Path], opts: Options, writers: dict[str, IndexedWriter], progress: Progress
-) -> Summary:
-    lines_before = [0] * len(files)
+def _drive(pool: WorkerPool, files: list[InputFile], opts: Options, outputs: _Outputs, progress: Progress) -> Summary:
+    records_before = [0] * len(files)
     skipped: Counter[str] = Counter()
     examples: list[dict[str, Any]] = []
     empty: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
     documents = lines = nbytes = 0
     window: deque[Chunk] = deque()  # sent, not yet written; in input order
     arrived: dict[int, ChunkResult] = {}
-    chunks = plan_chunks(files, opts.chunk_bytes)
+    chunks = plan_chunks(files, opts.json_keys, opts.chunk_bytes)
     depth = 2 * opts.workers + 2
     upcoming: Chunk | None = next(chunks, None)
 
@@ -676,36 +632,40 @@ def _drive(
             submit()
         window.popleft()
         result = arrived.pop(chunk.seq)
-        first_line = lines_before[chunk.file_id]
+        file = files[chunk.file_id]
+        first = records_before[chunk.file_id]
         for n, reason, detail in result.examples:
-            where = f"{files[chunk.file_id]}:{first_line + n + 1}"
             if not opts.skip_bad_lines:
+                what = "row" if file.table else "line"
                 raise PreprocessError(
-                    f"{where}: {detail}. Nothing was written. Fix or remove the line, or pass --skip-bad-lines "
-                    "to skip bad lines and count them"
+                    f"{file.where(first + n)}: {detail}. Nothing was written. Fix or remove the {what}, or pass "
+                    f"--skip-bad-lines to skip bad {what}s and count them"
                 )
             if len(examples) < _MAX_EXAMPLES:
-                examples.append(
-                    {"file": str(files[chunk.file_id]), "line": first_line + n + 1, "reason": reason, "detail": detail}
-                )
+                place = {"row": first + n} if file.table else {"line": first + n + 1}
+                examples.append({"file": str(file.path), **place, "reason": reason, "detail": detail})
         skipped.update(result.skipped)
+        writers = outputs.for_file(chunk.file_id)
         for key, writer in writers.items():
             writer.add_documents(result.tokens[key], result.lengths[key])
             empty[key] += result.empty[key]
+            tokens[key] += result.tokens[key].size
         docs = len(next(iter(result.lengths.values())))
         documents += docs
         lines += result.lines
         nbytes += result.nbytes
-        lines_before[chunk.file_id] += result.lines
+        records_before[chunk.file_id] += result.lines
         progress.update(
             docs=docs, nbytes=result.nbytes, tokens=sum(t.size for t in result.tokens.values()), position=chunk.position
         )
         submit()
-    if not opts.allow_empty and all(w.num_tokens == 0 for w in writers.values()):
+    if not opts.allow_empty and not any(tokens.values()):
         bad = sum(skipped.values())
+        tables = {f.table for f in files}
+        noun = "record" if len(tables) > 1 else "row" if True in tables else "line"
         raise PreprocessError(
-            f"no document with any token in {len(files)} input file(s) ({lines:,} lines"
-            + (f", {bad:,} bad lines skipped" if bad else "")
+            f"no document with any token in {len(files)} input file(s) ({lines:,} {noun}s"
+            + (f", {bad:,} bad {noun}s skipped" if bad else "")
             + (f", {sum(empty.values()):,} empty documents" if any(empty.values()) else "")
             + "). Nothing was written. Check --input and --json-keys, or pass --allow-empty-output to write "
             "empty datasets"
@@ -715,7 +675,7 @@ def _drive(
         documents=documents,
         lines=lines,
         input_bytes=nbytes,
-        tokens={k: w.num_tokens for k, w in writers.items()},
+        tokens={k: tokens[k] for k in opts.json_keys},
         empty_documents=dict(empty),
         skipped={r: skipped.get(r, 0) for r in REASONS},
         skipped_examples=examples,

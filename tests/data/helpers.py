@@ -87,3 +87,43 @@ def same_files(a: Path | str, b: Path | str) -> bool:
 def leftovers(directory: Path) -> list[str]:
     """Temporary or partial files a tool may have left in ``directory``."""
     return sorted(p.name for p in directory.iterdir() if p.name.startswith(".") or ".tmp" in p.name)
+
+
+def write_as(lines: Sequence[str], path: Path, fmt: str, *, rows_per_group: int = 64) -> Path:
+    """JSON Lines ``lines`` written as ``fmt``: ``jsonl``, ``jsonl.gz``, ``jsonl.zst`` (two frames),
+    ``parquet`` (row groups of ``rows_per_group``), ``arrow`` (an IPC file) or ``hf`` (a directory
+    written by ``datasets.Dataset.save_to_disk``, several shards). Table columns are the keys of
+    the first record, every one a string column."""
+    import gzip
+
+    text = "".join(f"{line}\n" for line in lines).encode("utf-8")
+    if fmt == "jsonl":
+        path.write_bytes(text)
+    elif fmt == "jsonl.gz":
+        path.write_bytes(gzip.compress(text, compresslevel=1))
+    elif fmt == "jsonl.zst":
+        import zstandard
+
+        half = text.rfind(b"\n", 0, len(text) // 2) + 1  # concatenated frames, as pzstd and zstd -T write
+        path.write_bytes(b"".join(zstandard.ZstdCompressor(level=3).compress(t) for t in (text[:half], text[half:])))
+    else:
+        records = [json.loads(line) for line in lines]
+        columns = {k: [r.get(k) for r in records] for k in (records[0] if records else {"text": ""})}
+        if fmt == "hf":
+            import datasets
+
+            datasets.disable_progress_bars()
+            datasets.Dataset.from_dict(columns).save_to_disk(str(path), max_shard_size=max(len(text) // 3, 1024))
+            return path
+        import pyarrow as pa
+        import pyarrow.feather
+        import pyarrow.parquet
+
+        table = pa.table({k: pa.array(v, type=pa.string()) for k, v in columns.items()})
+        if fmt == "parquet":
+            pyarrow.parquet.write_table(table, path, row_group_size=rows_per_group)
+        elif fmt == "arrow":
+            pyarrow.feather.write_feather(table, path, chunksize=rows_per_group)
+        else:
+            raise ValueError(fmt)
+    return path
