@@ -15,6 +15,13 @@ both are compared byte for byte::
 
     python bench/preprocess_bench.py --corpus-mb 50 --vocab-size 32000 --workers 2 --runs 3
     python bench/preprocess_bench.py --reference-tool ~/Megatron-LM/tools/preprocess_data.py
+    python bench/preprocess_bench.py --formats jsonl.gz jsonl.zst parquet arrow --shards 200
+
+``--formats`` adds the same corpus converted to other input formats (cached
+next to it) and ``--shards N`` the corpus cut into N ``.json.gz`` files, as
+further contenders in the same interleaved rounds; their outputs must be
+byte-identical to the JSON Lines run, and their throughput is reported as MB/s
+of the JSON Lines text (the same work for every format) and as a ratio to it.
 
 The corpus (``megatron_ext.data.corpus``) and the tokenizer are cached under ``--work-dir``.
 """
@@ -144,6 +151,62 @@ print(json.dumps(out))
     return {**out, "best": best, "seconds": out[best], "cpu_seconds": out[best + "_cpu"]}
 
 
+def convert(corpus: Path, fmt: str) -> Path:
+    """The corpus as ``fmt`` next to it (made once): zstd level 3, gzip level 6, Parquet (snappy, row
+    groups of 1,000 documents) or an Arrow IPC stream, as the hubs and ``datasets`` write them."""
+    target = corpus.with_name(f"{corpus.stem}.{fmt}")
+    if target.exists():
+        return target
+    tmp = target.with_name(f".{target.name}.tmp")
+    print(f"writing {target} ...", flush=True)
+    if fmt in ("jsonl.gz", "jsonl.zst"):
+        import gzip
+
+        import zstandard
+
+        with open(corpus, "rb") as src, open(tmp, "wb") as raw:
+            if fmt == "jsonl.gz":
+                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+            else:
+                zstandard.ZstdCompressor(level=3).copy_stream(src, raw)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        texts: dict[str, list[str]] = {"text": [], "source": []}
+        with open(corpus, encoding="utf-8") as f:
+            for line in f:
+                record = json.loads(line)
+                for key, values in texts.items():
+                    values.append(record.get(key, ""))
+        table = pa.table(texts)
+        if fmt == "parquet":
+            pq.write_table(table, tmp, row_group_size=1000)
+        else:
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table, max_chunksize=1000)
+    os.replace(tmp, target)
+    return target
+
+
+def shard(corpus: Path, n: int) -> list[Path]:
+    """The corpus cut into ``n`` gzip files of whole documents (made once), as Dolma ships ``.json.gz``."""
+    import gzip
+
+    directory = corpus.with_name(f"{corpus.stem}-{n}-shards")
+    paths = [directory / f"part-{i:05d}.json.gz" for i in range(n)]
+    if directory.is_dir() and all(p.exists() for p in paths):
+        return paths
+    print(f"writing {n} shards to {directory} ...", flush=True)
+    directory.mkdir(exist_ok=True)
+    lines = corpus.read_bytes().splitlines(keepends=True)
+    per = -(-len(lines) // n)
+    for i, path in enumerate(paths):
+        path.write_bytes(gzip.compress(b"".join(lines[i * per : (i + 1) * per]), compresslevel=6))
+    return paths
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work-dir", default=str(REPO / "runs" / "bench"), help="Cache for corpus, tokenizer, outputs.")
@@ -167,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         default=[1],
         help="Also run ours on the corpus repeated K times (memory must not grow with size).",
     )
+    p.add_argument(
+        "--formats",
+        nargs="*",
+        default=[],
+        choices=["jsonl.gz", "jsonl.zst", "parquet", "arrow"],
+        help="Also run the corpus converted to these formats (same documents).",
+    )
+    p.add_argument("--shards", type=int, default=0, help="Also run the corpus cut into this many .json.gz files.")
     p.add_argument("--results", help="Write all measurements to this JSON file.")
     args = p.parse_args(argv)
 
@@ -271,13 +342,26 @@ def main(argv: list[str] | None = None) -> int:
             "1000000000",
             *common,
         ]
+    variants = {fmt: [convert(corpus, fmt)] for fmt in args.formats}
+    if args.shards:
+        variants[f"{args.shards} shards"] = shard(corpus, args.shards)
+    variant_cmds = {}
+    for name, paths in variants.items():
+        cmd = [*ours_cmd]
+        at = cmd.index("--input")
+        cmd[at + 1 : at + 2] = [str(p) for p in paths]
+        cmd[cmd.index("--output-prefix") + 1] = str(out / name.replace(" ", "-"))
+        variant_cmds[name] = cmd
     # Interleaved rounds, so that load from other users of the machine hits every contender alike.
     alone_runs: list[dict[str, Any]] = []
     ours_runs: list[dict[str, Any]] = []
     ref_runs: list[dict[str, Any]] = []
+    variant_runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for _ in range(args.runs):
         alone_runs.append(tokenizer_alone(corpus, model, args.tokenizer_type, results["cpus"]))
         ours_runs.append(run_measured(ours_cmd, env))
+        for name, cmd in variant_cmds.items():
+            variant_runs[name].append(run_measured(cmd, env))
         if ref_cmd is not None:
             ref_runs.append(run_measured(ref_cmd, ref_env))
     docs, tokens = alone_runs[0]["documents"], alone_runs[0]["tokens"]
@@ -287,6 +371,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     results["tokenizer_alone"] = summarize("tokenizer alone", alone_runs, docs, tokens)
     results["ours"] = summarize("ours", ours_runs, docs, tokens)
+    for name, runs in variant_runs.items():
+        row = summarize(f"ours, {name}", runs, docs, tokens)
+        row["input_bytes"] = sum(p.stat().st_size for p in variants[name])
+        row["identical_output"] = all(
+            sha256(out / f"ours_text_document.{ext}") == sha256(out / f"{name.replace(' ', '-')}_text_document.{ext}")
+            for ext in ("bin", "idx")
+        )
+        row["vs_jsonl_best"] = results["ours"]["best_seconds"] / row["best_seconds"]
+        row["vs_jsonl_median"] = results["ours"]["median_seconds"] / row["median_seconds"]
+        results[f"ours_{name}"] = row
+        print(
+            f"  {name}: {row['input_bytes'] / 1e6:.1f} MB on disk, output byte-identical: {row['identical_output']}; "
+            f"throughput {row['vs_jsonl_best']:.1%} of JSON Lines (median {row['vs_jsonl_median']:.1%})",
+            flush=True,
+        )
     if ref_cmd is not None:
         results["reference"] = summarize("Megatron-LM reference", ref_runs, docs, tokens)
         same = all(

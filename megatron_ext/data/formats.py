@@ -24,7 +24,7 @@ Reading is split in two halves, so that the tokenizer processes do the expensive
   parsing, UTF-8 checks and Arrow-to-Python string conversion happen there.
 
 Memory: a compressed stream holds one chunk; a Parquet file one row group of the requested
-columns (Arrow reads row group by row group); an Arrow file is memory-mapped. Nothing grows
+columns (Arrow reads row group by row group); an Arrow file one record batch. Nothing grows
 with the number of files, row groups or records.
 """
 
@@ -266,9 +266,10 @@ def _is_text(pa: Any, kind: Any) -> bool:
 
 
 def _open_arrow(path: Path) -> tuple[Any, Any]:
-    """(source, reader) of an Arrow IPC stream or file, memory-mapped."""
+    """(source, reader) of an Arrow IPC stream or file. Read, not memory-mapped: a mapped file's pages
+    would count in the process's resident memory up to the file's size."""
     pa = _arrow()
-    source = pa.memory_map(str(path))
+    source = pa.OSFile(str(path))
     try:
         return source, pa.ipc.open_stream(source)
     except pa.ArrowInvalid:
@@ -456,8 +457,8 @@ def _table_chunks(file: InputFile, file_id: int, keys: Sequence[str], chunk_byte
             size += piece.nbytes
             if size >= chunk_bytes:
                 data = _ipc_bytes(pending)
-                yield Chunk(seq=0, file_id=file_id, start=0, end=len(data), data=data, position=position, table=True)
                 pending, size = [], 0
+                yield Chunk(seq=0, file_id=file_id, start=0, end=len(data), data=data, position=position, table=True)
     if pending:
         data = _ipc_bytes(pending)
         yield Chunk(seq=0, file_id=file_id, start=0, end=len(data), data=data, position=file.size, table=True)
@@ -571,12 +572,3 @@ def records(chunk: Chunk, path: str | os.PathLike[str], keys: Sequence[str]) -> 
     if chunk.table:
         return table_records(data, keys)
     return [check_line(line, keys) for line in _decode_lines(data)]
-
-
-def iter_records(files: Sequence[InputFile], keys: Sequence[str], chunk_bytes: int = 1 << 20) -> Iterator[Record]:
-    """Every record of every file, in order, in one process (bounded memory)."""
-    for file_id, file in enumerate(files):
-        if file.table:
-            check_columns(file, keys)
-        for chunk in chunks(file, file_id, keys, chunk_bytes):
-            yield from records(chunk, file.path, keys)

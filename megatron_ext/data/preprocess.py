@@ -1,13 +1,14 @@
-"""JSON Lines → Megatron indexed datasets: parallel, ordered, bounded in memory, atomic.
+"""Corpus files → Megatron indexed datasets: parallel, ordered, bounded in memory, atomic.
 
 How the work is split (why it is fast):
 
-* The input is cut into chunks of whole lines (about ``chunk_bytes`` each).
-  For plain files a chunk is a byte range that the worker reads itself, so
-  no text crosses a process boundary; ``.gz`` files are read by the parent
-  and sent as one bytes object per chunk.
+* The input is cut into chunks of whole records (about ``chunk_bytes`` each;
+  :mod:`megatron_ext.data.formats`). For plain JSON Lines a chunk is a byte
+  range that the worker reads itself, so no text crosses a process boundary;
+  ``.gz``/``.zst`` text is decompressed by the parent and Parquet/Arrow rows
+  are sent as one Arrow IPC message per chunk.
 * A worker decodes the chunk at once, parses each line with the stdlib
-  ``json``, checks it, and encodes all texts of the chunk in one native call
+  ``json`` (or converts the rows' strings), checks it, and encodes all texts of the chunk in one native call
   (SentencePiece's batch encoder returns int32 buffers). It sends back one
   flat token array and one length array per JSON key: a few pickled buffers
   per chunk instead of a Python list per document.

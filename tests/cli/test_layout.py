@@ -198,9 +198,8 @@ def test_search_enumerates_every_valid_layout_and_nothing_else(sequence_parallel
     assert {(e.layout.tp, e.layout.pp, e.layout.vp, e.layout.micro_batch_size) for e in with_uneven
             if not e.layout.uneven} == found  # fmt: skip
     assert any(e.layout.uneven and 12 % e.layout.pp for e in with_uneven)
-    brute = set()
-    # Beyond every bound a valid layout can reach: TP up to 12 (> 8 per node), PP and VP up to 13, any micro-batch.
-    for tp, pp, vp, mbs in itertools.product(range(1, 13), range(1, 14), range(1, 14), range(1, gbs + 1)):
+
+    def valid(tp: int, pp: int, vp: int, mbs: int) -> bool:
         _, problems = ParallelLayout.check(
             world_size=world, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=vp if vp > 1 else None, micro_batch_size=mbs,
@@ -208,9 +207,15 @@ def test_search_enumerates_every_valid_layout_and_nothing_else(sequence_parallel
             ffn_hidden_size=model.effective_ffn_hidden_size,
             sequence_parallel=sequence_parallel and tp > 1, gpus_per_node=8,
         )  # fmt: skip
-        if not problems:
-            brute.add((tp, pp, vp, mbs))
+        return not problems
+
+    # Beyond every bound a valid layout can reach: TP up to 12 (> 8 per node), PP and VP up to 13, any micro-batch
+    # that divides the global batch, wherever TP·PP divides the world (else DP would not be whole: checked apart).
+    grid = itertools.product(range(1, 13), range(1, 14), range(1, 14), range(1, gbs + 1))
+    brute = {c for c in grid if world % (c[0] * c[1]) == 0 and gbs % c[3] == 0 and valid(*c)}
     assert found == brute
+    assert not any(valid(tp, pp, 1, 1) for tp in range(1, 13) for pp in range(1, 14) if world % (tp * pp))
+    assert not any(valid(1, 1, 1, mbs) for mbs in range(1, gbs + 1) if gbs % mbs)
     assert len(found) > 30
     # Interleaving only where the microbatches are a multiple of PP (Megatron-Core's rule).
     assert all(m % pp == 0 for tp, pp, vp, mbs in found if vp > 1 for m in [gbs // (mbs * (world // (tp * pp)))])

@@ -319,16 +319,16 @@ def _peak_rss_mb(*args: str) -> tuple[float, float]:
 
 
 def test_memory_does_not_grow_with_files_or_row_groups(data: dict[str, Path], lines: list[str], tmp_path: Path) -> None:
-    """The same 8 MB of text as one Parquet file of one row group, and as 400 files of 40 row groups each:
+    """The same 5 MB of text as one Parquet file of one row group, and as 300 files of 10 row groups each:
     peak memory (parent and workers) is no larger for the many files and row groups."""
-    many = lines * 16
+    many = lines * 10
     write_as(many, tmp_path / "one.parquet", "parquet", rows_per_group=len(many))
     (tmp_path / "many").mkdir()
-    per_file = -(-len(many) // 400)
-    for i in range(400):
+    per_file = -(-len(many) // 300)
+    for i in range(300):
         part = many[i * per_file : (i + 1) * per_file]
         if part:
-            write_as(part, tmp_path / "many" / f"{i:03d}.parquet", "parquet", rows_per_group=max(len(part) // 40, 1))
+            write_as(part, tmp_path / "many" / f"{i:03d}.parquet", "parquet", rows_per_group=max(len(part) // 10, 1))
     common = ("--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", str(data["model"]), "--quiet")
     common = (*common, "--workers", "2", "--json-keys", "text", "title")
     one = _peak_rss_mb("--input", str(tmp_path / "one.parquet"), "--output-prefix", str(tmp_path / "one"), *common)

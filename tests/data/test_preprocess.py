@@ -214,11 +214,22 @@ MESSAGES = {
 }
 
 
+def _compressed(raw: bytes, fmt: str) -> bytes:
+    if fmt == "jsonl.gz":
+        return gzip.compress(raw)
+    if fmt == "jsonl.zst":
+        import zstandard
+
+        return zstandard.ZstdCompressor().compress(raw)
+    return raw
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "jsonl.zst"])
 @pytest.mark.parametrize("case", sorted(BAD_LINES))
-def test_bad_line_stops_with_file_line_and_reason(data: dict[str, Path], tmp_path: Path, case: str) -> None:
+def test_bad_line_stops_with_file_line_and_reason(data: dict[str, Path], tmp_path: Path, case: str, fmt: str) -> None:
     good = data["corpus"].read_bytes().splitlines(keepends=True)[:40]
-    inp = tmp_path / "bad.jsonl"
-    inp.write_bytes(b"".join(good[:25]) + BAD_LINES[case] + b"".join(good[25:]))
+    inp = tmp_path / f"bad.{fmt}"
+    inp.write_bytes(_compressed(b"".join(good[:25]) + BAD_LINES[case] + b"".join(good[25:]), fmt))
     out = tmp_path / "out"
     out.mkdir()
     proc = preprocess(inp, out / "ds", data["model"], "--workers", "2", "--chunk-mb", "0.01", check=False)
