@@ -68,7 +68,7 @@ class WorkerDied(PreprocessError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM/SIGHUP, handled like Ctrl-C: clean up, write nothing. ``signum`` is the signal."""
+    """SIGINT (Ctrl-C), SIGTERM or SIGHUP: clean up, write nothing. ``signum`` is the signal."""
 
     def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
         super().__init__(message)
@@ -471,8 +471,21 @@ def output_prefix_for(output_prefix: str, key: str, level: str = "document") -> 
     return f"{output_prefix}_{key}_{level}"
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_stopped: list[int] = []
+"""Signals received during :func:`run` (the handler also raises; see :func:`_check_stopped`)."""
+
+
 def _raise_on_signal(signum: int, frame: Any) -> None:
+    _stopped.append(signum)
     raise Interrupted(f"stopped by signal {signal.Signals(signum).name}", signum)
+
+
+def _check_stopped() -> None:
+    """Raise for a signal whose exception was swallowed: a handler that runs inside a finalizer
+    (``__del__``, a generator's close) has its exception ignored, and the run would go on."""
+    if _stopped:
+        raise Interrupted(f"stopped by signal {signal.Signals(_stopped[0]).name}", _stopped[0])
 
 
 class _Outputs:
@@ -575,7 +588,8 @@ def run(spec: TokenizerSpec, opts: Options) -> Summary:
             file=sys.stderr,
         )
 
-    old_handlers = {s: signal.signal(s, _raise_on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    _stopped.clear()
+    old_handlers = {s: signal.signal(s, _raise_on_signal) for s in _STOP_SIGNALS}
     pool: WorkerPool | None = None
     try:
         if opts.workers > 1:
@@ -587,6 +601,7 @@ def run(spec: TokenizerSpec, opts: Options) -> Summary:
         summary = _drive(pool, files, opts, outputs, progress)
         pool.close()
         pool = None
+        _check_stopped()
         outputs.commit()
     except BaseException:
         if pool is not None:
@@ -631,6 +646,7 @@ def _drive(pool: WorkerPool, files: list[InputFile], opts: Options, outputs: _Ou
             for got in pool.collect():
                 arrived[got.seq] = got
             submit()
+            _check_stopped()
         window.popleft()
         result = arrived.pop(chunk.seq)
         file = files[chunk.file_id]

@@ -32,6 +32,32 @@ def tool(name: str, *args: str, timeout: int = 120, check: bool = True) -> subpr
     return proc
 
 
+def preprocess(
+    inputs: Path | str | Sequence[Path | str],
+    prefix: Path,
+    model: Path,
+    *extra: str,
+    check: bool = True,
+    tokenizer_type: str = "GPTSentencePieceTokenizer",
+) -> subprocess.CompletedProcess[str]:
+    """Run tools/preprocess_data.py quietly on ``inputs`` with a SentencePiece model."""
+    paths = [inputs] if isinstance(inputs, str | Path) else list(inputs)
+    return tool(
+        "preprocess_data",
+        "--input",
+        *map(str, paths),
+        "--output-prefix",
+        str(prefix),
+        "--tokenizer-type",
+        tokenizer_type,
+        "--tokenizer-model",
+        str(model),
+        "--quiet",
+        *extra,
+        check=check,
+    )
+
+
 def shared_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A ~1 MB stdlib-docstring corpus and a 1,000-piece BPE model, built once per session."""
     root = tmp_path_factory.getbasetemp() / "shared-indexed-data"

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from megatron_ext.data import formats
 from megatron_ext.data.tokenizers import GPTSentencePieceTokenizer
 from tests.conftest import REPO
-from tests.data.helpers import leftovers, reference_dataset, same_files, shared_data, tool, write_as
+from tests.data.helpers import leftovers, preprocess, reference_dataset, same_files, shared_data, tool, write_as
 
 pytestmark = pytest.mark.unit
 
@@ -41,29 +41,10 @@ def lines(data: dict[str, Path]) -> list[str]:
     return out
 
 
-def preprocess(inputs: Sequence[Path | str], prefix: Path, model: Path, *extra: str, check: bool = True):
-    return tool(
-        "preprocess_data",
-        "--input",
-        *map(str, inputs),
-        "--output-prefix",
-        str(prefix),
-        "--tokenizer-type",
-        "GPTSentencePieceTokenizer",
-        "--tokenizer-model",
-        str(model),
-        "--json-keys",
-        "text",
-        "title",
-        "--append-eod",
-        "--workers",
-        "2",
-        "--chunk-mb",
-        "0.05",
-        "--quiet",
-        *extra,
-        check=check,
-    )
+def two_keys(inputs: Sequence[Path | str], prefix: Path, model: Path, *extra: str, check: bool = True):
+    """Both keys, eod appended, two workers and small chunks (many chunks per file)."""
+    flags = ("--json-keys", "text", "title", "--append-eod", "--workers", "2", "--chunk-mb", "0.05")
+    return preprocess(inputs, prefix, model, *flags, *extra, check=check)
 
 
 def test_every_format_gives_the_same_bytes(data: dict[str, Path], lines: list[str], tmp_path: Path) -> None:
@@ -74,7 +55,7 @@ def test_every_format_gives_the_same_bytes(data: dict[str, Path], lines: list[st
     ref = reference_dataset(lines, tok, tmp_path / "ref", keys=("text", "title"), append_eod=True)
     for fmt in ("jsonl", *FORMATS):
         source = write_as(lines, tmp_path / f"corpus.{fmt}", fmt)
-        preprocess([source], tmp_path / fmt.replace(".", "-"), data["model"])
+        two_keys([source], tmp_path / fmt.replace(".", "-"), data["model"])
         for key in ("text", "title"):
             assert same_files(ref[key], tmp_path / f"{fmt.replace('.', '-')}_{key}_document"), (fmt, key)
     # A quarter in each of four formats, in one run (the order of --input is kept) ...
@@ -83,10 +64,10 @@ def test_every_format_gives_the_same_bytes(data: dict[str, Path], lines: list[st
         write_as(lines[i * quarter : (i + 1) * quarter], tmp_path / f"part{i}.{fmt}", fmt)
         for i, fmt in enumerate(("jsonl.zst", "parquet", "hf", "jsonl.gz"))
     ]
-    preprocess(parts, tmp_path / "mixed", data["model"])
+    two_keys(parts, tmp_path / "mixed", data["model"])
     # ... and a zstd file whose name says nothing, read with --input-format.
     (tmp_path / "corpus.jsonl.zst").rename(tmp_path / "corpus-part-000")
-    preprocess([tmp_path / "corpus-part-000"], tmp_path / "named", data["model"], "--input-format", "jsonl.zst")
+    two_keys([tmp_path / "corpus-part-000"], tmp_path / "named", data["model"], "--input-format", "jsonl.zst")
     for prefix in ("mixed", "named"):
         for key in ("text", "title"):
             assert same_files(ref[key], tmp_path / f"{prefix}_{key}_document"), (prefix, key)
@@ -102,7 +83,7 @@ def test_output_per_file(data: dict[str, Path], lines: list[str], tmp_path: Path
         write_as(part, tmp_path / "in" / f"{name}.{fmt}", fmt)
     out = tmp_path / "out"
     out.mkdir()
-    preprocess([tmp_path / "in/*/*"], out / "shard", data["model"], "--output-per-file")
+    two_keys([tmp_path / "in/*/*"], out / "shard", data["model"], "--output-per-file")
     for name, part in pieces.items():
         ref = reference_dataset(part, tok, tmp_path / f"ref-{name.replace('/', '-')}", append_eod=True)
         assert same_files(ref["text"], out / f"shard_{name.replace('/', '_')}_text_document"), name
@@ -115,15 +96,15 @@ def test_output_per_file(data: dict[str, Path], lines: list[str], tmp_path: Path
     (tmp_path / "in/b/z.jsonl").write_text(json.dumps({"text": "", "title": ""}) + "\n")
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = preprocess([tmp_path / "in/*/*"], empty / "shard", data["model"], "--output-per-file", check=False)
+    proc = two_keys([tmp_path / "in/*/*"], empty / "shard", data["model"], "--output-per-file", check=False)
     assert proc.returncode == 1 and f"{tmp_path / 'in/b/z.jsonl'} has no document with any token" in proc.stderr
     assert list(empty.iterdir()) == []
-    preprocess([tmp_path / "in/*/*"], empty / "shard", data["model"], "--output-per-file", "--allow-empty-output")
+    two_keys([tmp_path / "in/*/*"], empty / "shard", data["model"], "--output-per-file", "--allow-empty-output")
     assert (empty / "shard_b_z_text_document.idx").is_file()
 
     # Two inputs that would write one name: refused before anything runs.
     (tmp_path / "in/a_x.jsonl").write_text(lines[0] + "\n")
-    proc = preprocess(
+    proc = two_keys(
         [tmp_path / "in/a/x.jsonl.zst", tmp_path / "in/a_x.jsonl"],
         empty / "clash",
         data["model"],
@@ -226,23 +207,8 @@ def test_bad_input_is_named_and_nothing_is_written(
     data: dict[str, Path], bad_inputs: dict[str, tuple[list[Path], str, tuple[str, ...]]], tmp_path: Path, case: str
 ) -> None:
     inputs, message, extra = bad_inputs[case]
-    proc = tool(
-        "preprocess_data",
-        "--input",
-        *map(str, inputs),
-        "--output-prefix",
-        str(tmp_path / "ds"),
-        "--tokenizer-type",
-        "GPTSentencePieceTokenizer",
-        "--tokenizer-model",
-        str(data["model"]),
-        "--workers",
-        "2",
-        "--chunk-mb",
-        "0.01",
-        "--quiet",
-        *extra,
-        check=False,
+    proc = preprocess(
+        inputs, tmp_path / "ds", data["model"], "--workers", "2", "--chunk-mb", "0.01", *extra, check=False
     )
     assert proc.returncode == 1 and proc.stderr.startswith("error: "), proc.stderr
     assert message in proc.stderr, proc.stderr
@@ -258,22 +224,8 @@ def test_bad_rows_skipped_and_counted(data: dict[str, Path], lines: list[str], t
     texts: list[str | None] = [json.loads(x)["text"] for x in lines[:30]]
     texts[7] = texts[20] = None
     pq.write_table(pa.table({"text": texts}), tmp_path / "nulls.parquet", row_group_size=8)
-    tool(
-        "preprocess_data",
-        "--input",
-        str(tmp_path / "nulls.parquet"),
-        "--output-prefix",
-        str(tmp_path / "ds"),
-        "--tokenizer-type",
-        "GPTSentencePieceTokenizer",
-        "--tokenizer-model",
-        str(data["model"]),
-        "--append-eod",
-        "--skip-bad-lines",
-        "--chunk-mb",
-        "0.01",
-        "--quiet",
-    )
+    flags = ("--append-eod", "--skip-bad-lines", "--chunk-mb", "0.01")
+    preprocess(tmp_path / "nulls.parquet", tmp_path / "ds", data["model"], *flags)
     report = json.loads((tmp_path / "ds_preprocess_report.json").read_text())
     assert report["skipped"]["non_string"] == 2 and report["documents"] == 28
     assert [(e["row"], e["reason"]) for e in report["skipped_examples"]] == [(7, "non_string"), (20, "non_string")]

@@ -15,7 +15,7 @@ import pytest
 
 from megatron_ext.data.tokenizers import GPTSentencePieceTokenizer, NullTokenizer, SentencePieceTokenizer
 from tests.conftest import REPO
-from tests.data.helpers import leftovers, reference_dataset, same_files, shared_data, tool, write_as
+from tests.data.helpers import leftovers, preprocess, reference_dataset, same_files, shared_data, tool, write_as
 
 pytestmark = pytest.mark.unit
 
@@ -23,23 +23,6 @@ pytestmark = pytest.mark.unit
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return shared_data(tmp_path_factory)
-
-
-def preprocess(inp: Path | str, prefix: Path, model: Path, *extra: str, check: bool = True, **kw: object):
-    return tool(
-        "preprocess_data",
-        "--input",
-        str(inp),
-        "--output-prefix",
-        str(prefix),
-        "--tokenizer-type",
-        str(kw.get("tokenizer_type", "GPTSentencePieceTokenizer")),
-        "--tokenizer-model",
-        str(model),
-        "--quiet",
-        *extra,
-        check=check,
-    )
 
 
 def test_round_trip_and_megatron_reader(data: dict[str, Path], tmp_path: Path) -> None:
@@ -331,7 +314,8 @@ def test_interrupted_run_leaves_nothing(data: dict[str, Path], tmp_path: Path, h
     else:
         proc.send_signal(sig)
     proc.wait(timeout=30)
-    assert proc.returncode == code  # 128 + the signal, as a shell reports it
+    assert proc.stderr is not None
+    assert proc.returncode == code, proc.stderr.read()[-3000:]  # 128 + the signal, as a shell reports it
     time.sleep(0.2)
     assert list(out.iterdir()) == [], f"left behind after {how}: {leftovers(out)}"
     # no orphaned workers keep running either
