@@ -16,6 +16,7 @@ from typing import Any
 
 from megatron_ext.config.flags import Parser, add_options, bound_problems, opt, to_argv
 from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.config.megatron_lm import split_unknown
 from megatron_ext.config.presets import PRESETS, get_preset
 
 
@@ -156,6 +157,11 @@ class ParallelArgs(_Options):
     pipeline_model_parallel_size: int = opt(
         1, "Pipeline-parallel size (stages across nodes).", estimate=True, short="--pp", env="PP", minimum=1
     )
+    context_parallel_size: int = opt(
+        1,
+        "Context-parallel size: 1 (no context parallelism) is the only value here; see the refusal for larger.",
+        minimum=1,
+    )
     num_layers_per_virtual_pipeline_stage: int | None = opt(
         None,
         "Layers per virtual stage (even splits only): turns on the interleaved 1F1B schedule.",
@@ -226,6 +232,14 @@ class ParallelArgs(_Options):
     world_size: int | None = opt(
         None, "World size for --dry-run (default: $WORLD_SIZE, or 1). Ignored in real runs.", minimum=1
     )
+
+    def _relations(self) -> None:
+        if self.context_parallel_size != 1:
+            raise ConfigError(
+                f"--context-parallel-size {self.context_parallel_size}: context parallelism needs Transformer "
+                "Engine's attention, which this project does not build (the local spec, CPU rehearsals); split "
+                "long sequences over TP with --sequence-parallel instead"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -333,6 +347,14 @@ class DataArgs(_Options):
             raise ConfigError("--mock-data and a data path are mutually exclusive; drop one")
 
 
+CHECKPOINT_FORMATS = {
+    "torch": "Megatron-LM's legacy format (one file per rank, loadable only under the layout that wrote it)",
+    "torch_dcp": "PyTorch's own distributed checkpoint, not Megatron-Core's",
+    "fsdp_dtensor": "Megatron-FSDP's format (this project does not use FSDP)",
+}
+"""Megatron-LM's other ``--ckpt-format`` values and why they are refused."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunArgs(_Options):
     train_iters: int = opt(10, "Optimizer steps to train.", env="TRAIN_ITERS", minimum=0)
@@ -359,7 +381,11 @@ class RunArgs(_Options):
         "names a checkpoint only once its files are complete.",
     )
     keep_last_checkpoints: int = opt(0, "Keep only the newest K complete checkpoints under --save (0: all).", minimum=0)
-    strict_load: bool = opt(False, "Fail when --load holds no checkpoint instead of starting fresh.")
+    strict_load: bool = opt(
+        False,
+        "Fail when --load holds no checkpoint instead of starting fresh.",
+        aliases=["--exit-on-missing-checkpoint"],
+    )
     max_consecutive_skipped: int = opt(
         3,
         "Tolerate this many non-finite losses in a row (fp16: overflows at the minimum loss scale); one more "
@@ -367,6 +393,11 @@ class RunArgs(_Options):
         minimum=0,
     )
     no_load_optim: bool = opt(False, "Do not load optimizer state from --load.")
+    ckpt_format: str = opt(
+        "torch_dist",
+        "Checkpoint format: torch_dist (Megatron-Core's distributed checkpoint, loadable under any layout) is the "
+        "one written and read here.",
+    )
     dist_ckpt_optim_fully_reshardable: bool = opt(
         False,
         "Save the distributed optimizer's state per parameter, loadable under any TP, PP, VP and DP; it is "
@@ -417,6 +448,14 @@ class RunArgs(_Options):
         choices=[0, 1, 2],
     )
 
+    def _relations(self) -> None:
+        if self.ckpt_format != "torch_dist":
+            why = CHECKPOINT_FORMATS.get(self.ckpt_format, "not a checkpoint format Megatron-LM knows")
+            raise ConfigError(
+                f"--ckpt-format {self.ckpt_format}: {why}; this project saves and loads torch_dist checkpoints "
+                "(drop the flag or give torch_dist)"
+            )
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingConfig:
@@ -429,6 +468,8 @@ class TrainingConfig:
     data: DataArgs
     run: RunArgs
     layout: ParallelLayout
+    adjustments: tuple[str, ...] = ()
+    """Flags changed the way Megatron-LM changes them, each with why (printed by the run and by --dry-run)."""
     tokenizer_vocab_size: int | None = None
     """The tokenizer's vocabulary before padding (filled in by ``data.preflight``; None: the null tokenizer's)."""
     checkpoint_padded_vocab_size: int | None = None
@@ -509,7 +550,16 @@ def expand_preset(argv: Sequence[str]) -> list[str]:
 
 def parse_args(argv: Sequence[str], *, world_size: int | None = None, default_world_size: int = 1) -> TrainingConfig:
     """Parse and validate (pure, see ``make_config``). Raises ConfigError or LayoutError with every problem named."""
-    namespace = build_parser().parse_args(expand_preset(argv))
+    parser = build_parser()
+    namespace, extras = parser.parse_known_args(expand_preset(argv))
+    refused, unknown = split_unknown(extras)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if refused:
+        raise ConfigError(
+            "Megatron-LM flags this project refuses (every Megatron-LM flag and what happens to it: "
+            "docs/megatron-lm-flags.md):\n" + "\n".join(f"  {flag}: {why}" for flag, why in refused)
+        )
     given: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
     for dest, value in vars(namespace).items():
         if dest == _PRESET:
@@ -598,9 +648,15 @@ def make_config(
             f"({decay} iterations: --lr-decay-iters, default --train-iters); lower the warm-up or lengthen the decay"
         )
 
+    adjustments = []
+    if parallel.sequence_parallel and parallel.tensor_model_parallel_size == 1:
+        # Megatron-LM's validate_args does the same (its Llama examples rely on it).
+        parallel = dataclasses.replace(parallel, sequence_parallel=False)
+        adjustments.append("--sequence-parallel turned off: it needs tensor parallelism, and TP is 1 (as Megatron-LM)")
     layout = build_layout(model, parallel, batch, world_size=world_size)
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
     return TrainingConfig(
+        adjustments=tuple(adjustments),
         model=model,
         parallel=parallel,
         batch=batch,

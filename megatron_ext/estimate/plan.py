@@ -34,7 +34,8 @@ def describe(cfg: TrainingConfig) -> list[str]:
     counts = parameter_counts(cfg)
     layout = cfg.layout
     tokens = layout.global_batch_size * cfg.model.seq_length
-    lines = list(layout.describe())
+    lines = [f"note: {change}" for change in cfg.adjustments]
+    lines += layout.describe()
     lines += [
         f"tokens per step: {tokens:,} ({layout.global_batch_size} sequences × {cfg.model.seq_length})",
         f"padded vocabulary: {cfg.padded_vocab_size:,}" + _kept_padding(cfg),

@@ -1,0 +1,137 @@
+"""Every Megatron-LM flag is honoured, already so, or refused with its reason; never "unrecognized"."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from megatron_ext.config import megatron_lm
+from megatron_ext.config.arguments import ConfigError, parse_args
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.unit
+
+
+def test_every_megatron_lm_flag_is_classified_once() -> None:
+    table = megatron_lm.classification()
+    assert len(table) == len(megatron_lm.megatron_lm_flags()) > 600
+    unclassified = sorted(flag for flag, (kind, _) in table.items() if not kind)
+    assert not unclassified, f"classify these Megatron-LM flags in megatron_ext/config/megatron_lm.py: {unclassified}"
+    honoured = megatron_lm.honoured_flags()
+    # A refusal rule must not cover a flag the parser takes, nor an "already so" switch.
+    assert not [f for f in megatron_lm.megatron_lm_flags() if f in honoured and any(
+        r.covers(f, megatron_lm.megatron_lm_flags()[f]) for r in megatron_lm.REFUSALS)]  # fmt: skip
+    assert not set(megatron_lm.ALREADY) & honoured
+    assert all(
+        table[f][0] == "refused" and table[f][1] for f in table if f not in honoured and f not in megatron_lm.ALREADY
+    )
+
+
+def test_every_refusal_rule_is_used() -> None:
+    flags = megatron_lm.megatron_lm_flags()
+    unused = [r.reason for r in megatron_lm.REFUSALS if not any(r.covers(f, g) for f, g in flags.items())]
+    assert not unused
+
+
+def test_the_docs_table_is_current() -> None:
+    doc = (REPO / "docs" / "megatron-lm-flags.md").read_text()
+    assert doc == megatron_lm.markdown_table(), (
+        "regenerate: python -m megatron_ext.config.megatron_lm > docs/megatron-lm-flags.md"
+    )
+
+
+def _refused(argv: list[str]) -> list[str]:
+    """The flags named in the refusal (each on its own line), or [] when the command line is accepted."""
+    try:
+        parse_args(argv)
+    except ConfigError as exc:
+        lines = str(exc).splitlines()
+        assert lines[0].startswith("Megatron-LM flags this project refuses"), str(exc)
+        return [line.split(":")[0].strip() for line in lines[1:]]
+    return []
+
+
+# The flags of Megatron-LM's own examples at core_v0.16.1 (examples/gpt3/train_gpt3_175b_distributed.sh,
+# examples/llama/train_llama3_8b_h100_fp8.sh with mock data), with small values so that the layout is valid on one
+# process.
+GPT3_175B = """--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --num-layers 4 --hidden-size 64
+    --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 --attention-backend auto
+    --micro-batch-size 1 --global-batch-size 8 --rampup-batch-size 2 2 100 --train-iters 10 --weight-decay 0.1
+    --adam-beta1 0.9 --adam-beta2 0.95 --init-method-std 0.006 --clip-grad 1.0 --fp16 --lr 6.0e-5
+    --lr-decay-style cosine --min-lr 6.0e-6 --lr-warmup-fraction .001 --lr-decay-iters 10 --data-path d
+    --vocab-file v.json --merge-file m.txt --split 949,50,1 --log-interval 100 --save-interval 10000
+    --eval-interval 1000 --save ckpt --load ckpt --eval-iters 10 --tensorboard-dir tb"""
+LLAMA3_8B = """--use-mcore-models --num-layers 4 --hidden-size 64 --ffn-hidden-size 224 --num-attention-heads 4
+    --group-query-attention --num-query-groups 2 --kv-channels 16 --position-embedding-type rope --rotary-base 1000000
+    --rotary-percent 1.0 --attention-dropout 0.0 --hidden-dropout 0.0 --swiglu --init-method-std 0.0134
+    --attention-backend fused --apply-layernorm-1p --untie-embeddings-and-output-weights --disable-bias-linear
+    --micro-batch-size 1 --global-batch-size 8 --train-samples 1000 --lr-decay-samples 900 --lr-warmup-samples 10
+    --lr 0.00015 --min-lr 0.00001 --decoupled-lr 5.0e-4 --decoupled-min-lr 4.5e-5 --lr-decay-style cosine
+    --clip-grad 1.0 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --bf16 --grad-reduce-in-bf16
+    --cross-entropy-loss-fusion --calculate-per-token-loss --manual-gc --empty-unused-memory-level 1
+    --exit-duration-in-mins 235 --fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max
+    --fp8-param-gather --tensor-model-parallel-size 1 --context-parallel-size 1 --sequence-parallel
+    --pipeline-model-parallel-size 1 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
+    --distributed-timeout-minutes 60 --mock-data --tokenizer-type NullTokenizer --vocab-size 128256
+    --tiktoken-pattern v2 --data-cache-path cache --split 99,1,0 --no-create-attention-mask-in-dataloader
+    --no-mmap-bin-files --num-workers 1 --seq-length 128 --max-position-embeddings 128 --log-interval 1
+    --log-throughput --profile --profile-step-start 4 --profile-step-end 6 --save-interval 1000 --eval-interval 100
+    --save ckpt --load ckpt --eval-iters 32 --tensorboard-dir tb --ckpt-format torch_dist"""
+
+
+@pytest.mark.parametrize("script", [GPT3_175B, LLAMA3_8B], ids=["gpt3-175b", "llama3-8b"])
+def test_megatron_lm_example_scripts_get_a_reason_for_every_flag_they_cannot_use(script: str) -> None:
+    argv = shlex.split(script)
+    expected = [t for t in argv if t.startswith("--") and megatron_lm.refusal(t) is not None]
+    assert _refused(argv) == expected  # each refused flag named once, in order; nothing "unrecognized"
+    # Without those flags (and their values) the same command line is a valid configuration.
+    kept: list[str] = []
+    dropping = False
+    for token in argv:
+        if token.startswith("--"):
+            dropping = token in expected
+        if not dropping:
+            kept.append(token)
+    config = parse_args(kept)
+    assert config.layout.world_size == 1
+
+
+def test_refusals_name_the_reason_and_what_to_do() -> None:
+    named = dict(megatron_lm.split_unknown(["--moe-router-topk", "2", "--batch-size", "4", "--fp8-format=hybrid"])[0])
+    assert named == {
+        "--moe-router-topk": megatron_lm.MOE,
+        "--batch-size": "deprecated in Megatron-LM; use --micro-batch-size",
+        "--fp8-format": megatron_lm.REFUSALS[
+            [r.covers("--fp8-format", "") for r in megatron_lm.REFUSALS].index(True)
+        ].reason,
+    }
+    with pytest.raises(SystemExit):  # a flag Megatron-LM does not have either: the parser's own error
+        parse_args(["--mock-data", "--no-such-flag"])
+
+
+def test_already_so_switches_are_accepted() -> None:
+    config = parse_args(["--mock-data", *megatron_lm.ALREADY])
+    assert config == parse_args(["--mock-data"])
+
+
+def test_sequence_parallel_with_tp1_is_turned_off_as_megatron_lm_does() -> None:
+    config = parse_args(["--mock-data", "--sequence-parallel"])
+    assert not config.layout.sequence_parallel and not config.parallel.sequence_parallel
+    assert config.adjustments and "--sequence-parallel turned off" in config.adjustments[0]
+    tp2 = parse_args(["--mock-data", "--sequence-parallel", "--tensor-model-parallel-size", "2", "--world-size", "2"])
+    assert tp2.layout.sequence_parallel and not tp2.adjustments
+
+
+@pytest.mark.parametrize(("value", "message"), [("torch", "legacy format"), ("fsdp_dtensor", "Megatron-FSDP")])
+def test_ckpt_format_other_than_torch_dist_is_refused_with_why(value: str, message: str) -> None:
+    assert parse_args(["--mock-data", "--ckpt-format", "torch_dist"]).run.ckpt_format == "torch_dist"
+    with pytest.raises(ConfigError, match=message):
+        parse_args(["--mock-data", "--ckpt-format", value])
+
+
+def test_flags_file_is_names_only() -> None:
+    lines = Path(megatron_lm.FLAGS_FILE).read_text().splitlines()
+    assert lines[0].startswith("# Megatron-LM core_v0.16.1:")
+    assert all(line.count("\t") == 1 and line.startswith("--") for line in lines[1:])
