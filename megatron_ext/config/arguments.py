@@ -336,6 +336,11 @@ class DataArgs(_Options):
     vocab_file: str | None = opt(None, "GPT2BPETokenizer: vocab.json.")
     merge_file: str | None = opt(None, "GPT2BPETokenizer: merges.txt.")
     num_workers: int = opt(0, "Data-loader worker processes.", minimum=0)
+    no_mmap_bin_files: bool = opt(False, "Read the .bin files with file reads instead of memory-mapping them.")
+    eod_mask_loss: bool = opt(False, "Leave the end-of-document tokens out of the loss (their loss mask is 0).")
+    reset_position_ids: bool = opt(
+        False, "Restart position ids at 0 after every end-of-document token (learned absolute positions)."
+    )
 
     def _relations(self) -> None:
         per_split = self.train_data_path or self.valid_data_path or self.test_data_path

@@ -50,6 +50,8 @@ ALREADY: dict[str, str] = {
     "--use-mcore-models": "the model is always Megatron-Core's GPTModel (Megatron-LM also ignores the flag now)",
     "--no-persist-layer-norm": "the persistent layer-norm kernel (apex) is never used",
     "--log-throughput": "tokens/s and TFLOP/s per GPU are always in the log line and the metrics file",
+    "--no-create-attention-mask-in-dataloader": "no attention mask is built: attention is causal over the whole "
+    "sequence",
     "--accumulate-allreduce-grads-in-fp32": "gradients are always accumulated and reduced in fp32 (with bf16 and fp16 "
     "in the DDP's fp32 buffer)",
 }
@@ -197,6 +199,11 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     _r("batch-invariant kernels (for deterministic inference) are not used by this project", "--batch-invariant-mode"),
     _r(
+        "documents packed into one sequence attend to each other here: attention is causal over the whole sequence, "
+        "without the per-document mask this needs (a mask tensor per sample, slower attention); not supported",
+        "--reset-attention-mask",
+    ),
+    _r(
         "the local spec's torch LayerNorm has no zero-centred gamma (Transformer Engine's has); not supported yet",
         "--apply-layernorm-1p",
     ),
@@ -234,8 +241,7 @@ REFUSALS: tuple[Refusal, ...] = (
         "--lr-warmup-init --lr-wsd-decay-iters --lr-wsd-decay-samples --lr-wsd-decay-style --start-weight-decay "
         "--end-weight-decay --weight-decay-incr-style --train-samples --rampup-batch-size --decrease-batch-size-if-needed "
         "--manual-gc --manual-gc-interval --no-manual-gc-eval --disable-manual-gc-eval --empty-unused-memory-level "
-        "--grad-reduce-in-bf16 --no-create-attention-mask-in-dataloader --no-mmap-bin-files --eod-mask-loss "
-        "--reset-position-ids --reset-attention-mask --profile --profile-ranks --profile-step-start "
+        "--grad-reduce-in-bf16 --profile --profile-ranks --profile-step-start "
         "--profile-step-end --use-pytorch-profiler --record-memory-history --memory-snapshot-path "
         "--auto-detect-ckpt-format --ckpt-step --dataloader-type --hysteresis --loss-scale-window "
         "--min-loss-scale --fp16-lm-cross-entropy --no-masked-softmax-fusion --no-rope-fusion "

@@ -63,10 +63,12 @@ def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:
         split=split,
         path_to_cache=cfg.data.data_cache_path,
         tokenizer=tokenizer,
-        reset_position_ids=False,
+        reset_position_ids=cfg.data.reset_position_ids,
         reset_attention_mask=False,
-        eod_mask_loss=False,
+        eod_mask_loss=cfg.data.eod_mask_loss,
+        # Attention is causal over the whole sequence: no mask tensor is built or passed.
         create_attention_mask=False,
+        mmap_bin_files=not cfg.data.no_mmap_bin_files,
         mid_level_dataset_surplus=0.005,
     )
 

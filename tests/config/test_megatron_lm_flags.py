@@ -135,3 +135,15 @@ def test_flags_file_is_names_only() -> None:
     lines = Path(megatron_lm.FLAGS_FILE).read_text().splitlines()
     assert lines[0].startswith("# Megatron-LM core_v0.16.1:")
     assert all(line.count("\t") == 1 and line.startswith("--") for line in lines[1:])
+
+
+def test_data_flags_reach_megatron_cores_dataset_config() -> None:
+    from megatron_ext.data.tokenizers import NullTokenizer
+    from megatron_ext.training.datasets import dataset_config
+
+    plain = dataset_config(parse_args(["--mock-data"]), NullTokenizer(100))
+    assert plain.mmap_bin_files and not plain.eod_mask_loss and not plain.reset_position_ids
+    assert not plain.create_attention_mask  # what --no-create-attention-mask-in-dataloader asks for
+    flags = ["--mock-data", "--no-mmap-bin-files", "--eod-mask-loss", "--reset-position-ids"]
+    asked = dataset_config(parse_args(flags), NullTokenizer(100))
+    assert not asked.mmap_bin_files and asked.eod_mask_loss and asked.reset_position_ids
