@@ -27,7 +27,15 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs, build_layout
+from megatron_ext.config.arguments import (
+    BatchArgs,
+    ConfigError,
+    ModelArgs,
+    OptimizerArgs,
+    ParallelArgs,
+    build_layout,
+    megatron_lm_adjustments,
+)
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser, add_options, options, value_type
 from megatron_ext.config.layout import LayoutError, ParallelLayout
@@ -191,17 +199,20 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, int | None]:
 
 def evaluate_layout_from_flags(
     args: argparse.Namespace, workload: Workload, cluster: Cluster, batch: int | None
-) -> ParallelLayout:
-    """The layout of the given flags, built exactly as ``pretrain_gpt.py`` builds it (LayoutError if invalid)."""
+) -> tuple[ParallelLayout, tuple[str, ...]]:
+    """The layout of the given flags, built exactly as ``pretrain_gpt.py`` builds it (LayoutError if invalid),
+    and the flags changed on the way as Megatron-LM changes them (each with why)."""
     given = {f.name: getattr(args, f.name) for f in options(ParallelArgs, estimate=True)}
     try:
         parallel = ParallelArgs(**{name: value for name, value in given.items() if value is not None})
     except ConfigError as exc:  # an out-of-range factor (--tp 0): the same one-line refusal as a broken rule
         raise LayoutError([str(exc)]) from None
+    parallel, notes = megatron_lm_adjustments(parallel)
     batch_args = BatchArgs(micro_batch_size=args.micro_batch_size or 1, global_batch_size=batch)
-    return build_layout(
+    layout = build_layout(
         workload.model, parallel, batch_args, world_size=cluster.gpus, gpus_per_node=cluster.gpus_per_node
     )
+    return layout, notes
 
 
 # ---------------------------------------------------------------- report
@@ -440,7 +451,7 @@ def _evaluate_mode(
     err: typing.TextIO,
 ) -> int:
     try:
-        layout = evaluate_layout_from_flags(args, workload, cluster, batch)
+        layout, notes = evaluate_layout_from_flags(args, workload, cluster, batch)
     except LayoutError as exc:
         print(f"error: {exc}", file=err)
         if args.json:
@@ -449,6 +460,8 @@ def _evaluate_mode(
                 file=out,
             )
         return ExitCode.INVALID
+    for note in notes:
+        print(f"note: {note}", file=err)
     estimate = evaluate(workload, layout, cluster)
     better = better_split(workload, cluster, estimate)
     if args.json:

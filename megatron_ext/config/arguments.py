@@ -595,6 +595,17 @@ def model_layout_facts(model: ModelArgs) -> dict[str, int]:
     }
 
 
+def megatron_lm_adjustments(parallel: ParallelArgs) -> tuple[ParallelArgs, tuple[str, ...]]:
+    """The flags Megatron-LM's ``validate_args`` changes instead of refusing, changed the same way, each with why
+    (``pretrain_gpt.py`` and the calculator)."""
+    notes = []
+    if parallel.sequence_parallel and parallel.tensor_model_parallel_size == 1:
+        # Megatron-LM's Llama examples rely on it: --sequence-parallel is given whatever the TP.
+        parallel = dataclasses.replace(parallel, sequence_parallel=False)
+        notes.append("--sequence-parallel turned off: it needs tensor parallelism, and TP is 1 (as Megatron-LM)")
+    return parallel, tuple(notes)
+
+
 def build_layout(
     model: ModelArgs, parallel: ParallelArgs, batch: BatchArgs, *, world_size: int, gpus_per_node: int | None = None
 ) -> ParallelLayout:
@@ -653,15 +664,11 @@ def make_config(
             f"({decay} iterations: --lr-decay-iters, default --train-iters); lower the warm-up or lengthen the decay"
         )
 
-    adjustments = []
-    if parallel.sequence_parallel and parallel.tensor_model_parallel_size == 1:
-        # Megatron-LM's validate_args does the same (its Llama examples rely on it).
-        parallel = dataclasses.replace(parallel, sequence_parallel=False)
-        adjustments.append("--sequence-parallel turned off: it needs tensor parallelism, and TP is 1 (as Megatron-LM)")
+    parallel, adjustments = megatron_lm_adjustments(parallel)
     layout = build_layout(model, parallel, batch, world_size=world_size)
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
     return TrainingConfig(
-        adjustments=tuple(adjustments),
+        adjustments=adjustments,
         model=model,
         parallel=parallel,
         batch=batch,

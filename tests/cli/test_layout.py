@@ -90,7 +90,6 @@ RULE_CASES = [
         "--num-layers 8 --hidden-size 768 --num-attention-heads 12 --swiglu --ffn-hidden-size 2050 --seq-length 64 --tp 4",
         8,
     ),
-    ("SP without TP", f"{SHAPE_13B} --sequence-parallel --pp 2", 8),
     (
         "sequence by TP with SP",
         "--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 100 --tp 8 --sequence-parallel",
@@ -118,6 +117,17 @@ def test_invalid_layouts_get_pretrain_gpts_messages(rule: str, args: str, world:
     assert err.startswith("error: invalid parallel layout:")
     assert listed(err) == pretrain_problems(_pretrain_spelling(args), world)
     assert out == ""
+
+
+def test_sequence_parallel_without_tp_is_turned_off_with_a_note_by_both_scripts() -> None:
+    """As Megatron-LM does (its Llama examples give --sequence-parallel whatever the TP): not refused."""
+    args = f"{SHAPE_13B} --sequence-parallel --pp 2"
+    code, _, err = calc(f"--gpus 8 --gpus-per-node 8 --gpu a100-80g --bf16 {args}")
+    # Valid (it is estimated; this 13B does not fit 8 GPUs at TP 1, which the calculator says after the note).
+    assert code in (ExitCode.OK, ExitCode.DOES_NOT_FIT) and err.startswith("note: --sequence-parallel turned off")
+    assert "invalid parallel layout" not in err
+    config = parse_args([*_pretrain_spelling(args).split(), "--mock-data", "--world-size", "8"])
+    assert not config.layout.sequence_parallel and "--sequence-parallel turned off" in config.adjustments[0]
 
 
 def test_tp_beyond_a_node_is_refused_with_the_layout_rule() -> None:
