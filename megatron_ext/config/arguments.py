@@ -262,9 +262,20 @@ class OptimizerArgs(_Options):
     lr: float = opt(1e-4, "Peak learning rate.", above=0)
     min_lr: float = opt(0.0, "Learning rate at the end of decay.", minimum=0)
     lr_warmup_iters: int = opt(0, "Iterations of linear warm-up.", minimum=0)
+    lr_warmup_fraction: float | None = opt(
+        None, "Warm-up as a fraction of the decay length (instead of --lr-warmup-iters).", minimum=0
+    )
+    lr_warmup_init: float = opt(0.0, "Learning rate at the start of the warm-up.", minimum=0)
     lr_decay_iters: int | None = opt(None, "Iterations of decay (default --train-iters).", minimum=0)
     lr_decay_style: str = opt("linear", "Decay shape.", choices=["constant", "linear", "cosine", "inverse-square-root"])
-    weight_decay: float = opt(0.01, "Weight decay.", minimum=0)
+    weight_decay: float = opt(0.01, "Weight decay (with --weight-decay-incr-style constant).", minimum=0)
+    start_weight_decay: float | None = opt(None, "Weight decay at the start (a non-constant style).", minimum=0)
+    end_weight_decay: float | None = opt(None, "Weight decay at the end of training (a non-constant style).", minimum=0)
+    weight_decay_incr_style: str = opt(
+        "constant",
+        "How weight decay goes from --start-weight-decay to --end-weight-decay over training.",
+        choices=["constant", "linear", "cosine"],
+    )
     adam_beta1: float = opt(0.9, "Adam beta1.", minimum=0, maximum=1)
     adam_beta2: float = opt(0.999, "Adam beta2.", minimum=0, maximum=1)
     adam_eps: float = opt(1e-8, "Adam epsilon.", above=0)
@@ -274,6 +285,12 @@ class OptimizerArgs(_Options):
     fp16: bool = opt(False, "fp16 mixed precision with dynamic loss scaling.", estimate=True)
     loss_scale: float | None = opt(None, "Static loss scale for fp16 (default dynamic).", above=0)
     initial_loss_scale: float = opt(2.0**32, "Initial dynamic loss scale for fp16.", above=0)
+    min_loss_scale: float = opt(1.0, "Lowest dynamic loss scale for fp16.", above=0)
+    loss_scale_window: float = opt(1000, "Steps without overflow before the dynamic loss scale grows.", above=0)
+    hysteresis: int = opt(2, "Overflows tolerated before the dynamic loss scale shrinks.", minimum=1)
+    grad_reduce_in_bf16: bool = opt(
+        False, "With --bf16: reduce gradients in bf16 instead of fp32 (half the traffic, less precise)."
+    )
     seed: int = opt(1234, "Random seed.", minimum=0)
     recompute_granularity: str | None = opt(
         None, "Activation recomputation.", choices=["full", "selective"], estimate=True
@@ -289,6 +306,28 @@ class OptimizerArgs(_Options):
     def _relations(self) -> None:
         if self.bf16 and self.fp16:
             raise ConfigError("--bf16 and --fp16 are mutually exclusive; choose one")
+        if self.grad_reduce_in_bf16 and not self.bf16:
+            raise ConfigError("--grad-reduce-in-bf16 applies only with --bf16 (Megatron-LM ignores it otherwise)")
+        if self.lr_warmup_fraction is not None and self.lr_warmup_iters:
+            raise ConfigError("give one of --lr-warmup-fraction and --lr-warmup-iters")
+        if self.lr_warmup_fraction is not None and self.lr_warmup_fraction >= 1:
+            raise ConfigError(
+                f"--lr-warmup-fraction {self.lr_warmup_fraction:g} must be below 1: the warm-up must end before "
+                "the decay does"
+            )
+        varying = self.start_weight_decay is not None or self.end_weight_decay is not None
+        if self.weight_decay_incr_style == "constant" and varying:
+            raise ConfigError(
+                "--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine "
+                "(constant uses --weight-decay)"
+            )
+        if self.weight_decay_incr_style != "constant" and (
+            self.start_weight_decay is None or self.end_weight_decay is None
+        ):
+            raise ConfigError(
+                f"--weight-decay-incr-style {self.weight_decay_incr_style} needs both --start-weight-decay and "
+                "--end-weight-decay"
+            )
         if self.recompute_granularity == "full" and self.recompute_method is None:
             raise ConfigError("--recompute-granularity full needs --recompute-method uniform|block")
         if self.recompute_method is not None and self.recompute_granularity != "full":
@@ -398,6 +437,22 @@ class RunArgs(_Options):
         minimum=0,
     )
     no_load_optim: bool = opt(False, "Do not load optimizer state from --load.")
+    manual_gc: bool = opt(
+        False,
+        "Turn Python's garbage collector off and collect at set points instead, so that ranks do not pause at "
+        "different times.",
+    )
+    manual_gc_interval: int = opt(
+        0, "With --manual-gc: collect every this many iterations (0: only at start and around evaluations).", minimum=0
+    )
+    no_manual_gc_eval: bool = opt(
+        False, "With --manual-gc: do not collect around evaluations.", aliases=["--disable-manual-gc-eval"]
+    )
+    empty_unused_memory_level: int = opt(
+        0,
+        "Release PyTorch's cached GPU memory: 1 after each forward-backward, 2 also after each optimizer step.",
+        choices=[0, 1, 2],
+    )
     ckpt_format: str = opt(
         "torch_dist",
         "Checkpoint format: torch_dist (Megatron-Core's distributed checkpoint, loadable under any layout) is the "
@@ -454,6 +509,8 @@ class RunArgs(_Options):
     )
 
     def _relations(self) -> None:
+        if (self.manual_gc_interval or self.no_manual_gc_eval) and not self.manual_gc:
+            raise ConfigError("--manual-gc-interval and --no-manual-gc-eval apply only with --manual-gc")
         if self.ckpt_format != "torch_dist":
             why = CHECKPOINT_FORMATS.get(self.ckpt_format, "not a checkpoint format Megatron-LM knows")
             raise ConfigError(

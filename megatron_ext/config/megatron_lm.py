@@ -52,8 +52,8 @@ ALREADY: dict[str, str] = {
     "--log-throughput": "tokens/s and TFLOP/s per GPU are always in the log line and the metrics file",
     "--no-create-attention-mask-in-dataloader": "no attention mask is built: attention is causal over the whole "
     "sequence",
-    "--accumulate-allreduce-grads-in-fp32": "gradients are always accumulated and reduced in fp32 (with bf16 and fp16 "
-    "in the DDP's fp32 buffer)",
+    "--accumulate-allreduce-grads-in-fp32": "gradients are accumulated and reduced in fp32 (with bf16 and fp16 in "
+    "the DDP's fp32 buffer) unless --grad-reduce-in-bf16, which wins as in Megatron-LM",
 }
 """Switches whose Megatron-LM meaning is this project's fixed behaviour → why (accepted, no effect)."""
 
@@ -237,14 +237,12 @@ REFUSALS: tuple[Refusal, ...] = (
     _r("the Muon optimizer is not offered (--optimizer adam|sgd)", prefixes=("--muon-",)),
     _r(
         PLANNED,
-        "--decoupled-lr --decoupled-min-lr --lr-decay-samples --lr-warmup-fraction --lr-warmup-samples "
-        "--lr-warmup-init --lr-wsd-decay-iters --lr-wsd-decay-samples --lr-wsd-decay-style --start-weight-decay "
-        "--end-weight-decay --weight-decay-incr-style --train-samples --rampup-batch-size --decrease-batch-size-if-needed "
-        "--manual-gc --manual-gc-interval --no-manual-gc-eval --disable-manual-gc-eval --empty-unused-memory-level "
-        "--grad-reduce-in-bf16 --profile --profile-ranks --profile-step-start "
+        "--decoupled-lr --decoupled-min-lr --lr-decay-samples --lr-warmup-samples "
+        "--lr-wsd-decay-iters --lr-wsd-decay-samples --lr-wsd-decay-style "
+        "--train-samples --rampup-batch-size --decrease-batch-size-if-needed --profile --profile-ranks --profile-step-start "
         "--profile-step-end --use-pytorch-profiler --record-memory-history --memory-snapshot-path "
-        "--auto-detect-ckpt-format --ckpt-step --dataloader-type --hysteresis --loss-scale-window "
-        "--min-loss-scale --fp16-lm-cross-entropy --no-masked-softmax-fusion --no-rope-fusion "
+        "--auto-detect-ckpt-format --ckpt-step --dataloader-type "
+        "--fp16-lm-cross-entropy --no-masked-softmax-fusion --no-rope-fusion "
         "--no-gradient-accumulation-fusion --disable-bf16-reduced-precision-matmul --deterministic-mode "
         "--log-params-norm --log-num-zeros-in-grad --log-memory-to-tensorboard --log-timers-to-tensorboard "
         "--log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --tensorboard-log-interval "

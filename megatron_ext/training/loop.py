@@ -33,6 +33,8 @@ from megatron_ext.estimate.flops import flops_per_step
 from megatron_ext.estimate.hardware import peak_flops_for
 from megatron_ext.training import checkpointing, distributed, resilience, timing
 from megatron_ext.training.datasets import Datasets, chunk_iterators
+from megatron_ext.training.housekeeping import Housekeeping
+from megatron_ext.training.lr_schedule import scheduler_arguments
 from megatron_ext.training.metrics import MetricsWriter
 from megatron_ext.training.model import build_model_chunks, count_parameters, unwrap
 from megatron_ext.training.stage_timing import StageTimer
@@ -213,33 +215,17 @@ class Trainer:
                 params_dtype=get_model_config(self.chunks[0]).params_dtype,
                 loss_scale=o.loss_scale,
                 initial_loss_scale=o.initial_loss_scale,
+                min_loss_scale=o.min_loss_scale,
+                loss_scale_window=o.loss_scale_window,
+                hysteresis=o.hysteresis,
                 use_distributed_optimizer=layout.use_distributed_optimizer,
                 overlap_param_gather_with_optimizer_step=False,
                 timers=self.timers.timers,
             ),
             self.chunks,
         )
-        gbs = layout.global_batch_size
-        # Scheduler steps count samples, as in Megatron-LM, so checkpoints interoperate.
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer,
-            init_lr=0.0 if o.lr_warmup_iters > 0 else o.lr,
-            max_lr=o.lr,
-            min_lr=o.min_lr,
-            lr_warmup_steps=o.lr_warmup_iters * gbs,
-            lr_decay_steps=max(o.lr_decay_iters or 0, 1) * gbs,
-            lr_decay_style=o.lr_decay_style,
-            start_wd=o.weight_decay,
-            end_wd=o.weight_decay,
-            # Weight decay is constant here: its increment length only has to be
-            # valid, and tying it to the decay keeps --train-iters free to grow.
-            wd_incr_steps=max(o.lr_decay_iters or 0, 1) * gbs,
-            wd_incr_style="constant",
-            # Megatron-LM's semantics: a schedule that differs from the checkpoint's
-            # is an error unless one of the two flags says which wins.
-            use_checkpoint_opt_param_scheduler=cfg.run.use_checkpoint_opt_param_scheduler,
-            override_opt_param_scheduler=cfg.run.override_opt_param_scheduler,
-        )
+        self.scheduler = OptimizerParamScheduler(self.optimizer, **scheduler_arguments(cfg))
+        self.housekeeping = Housekeeping(cfg.run, on_gpu=ctx.device.type == "cuda")
 
         config = get_model_config(self.chunks[0])
         config.finalize_model_grads_func = finalize_model_grads
@@ -284,7 +270,9 @@ class Trainer:
             metrics_file=cfg.run.metrics_file,
             tensorboard_dir=cfg.run.tensorboard_dir,
         )
-        self.flops_per_step = flops_per_step(cfg.model, batch_size=gbs, padded_vocab_size=cfg.padded_vocab_size)
+        self.flops_per_step = flops_per_step(
+            cfg.model, batch_size=layout.global_batch_size, padded_vocab_size=cfg.padded_vocab_size
+        )
         self.peak_flops = peak_flops_for(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
         self._log_start()
 
@@ -347,6 +335,7 @@ class Trainer:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         losses = self._forward_backward(data_iterator, forward_only=False)
+        self.housekeeping.after_forward_backward()
         loss = self._reduce_loss(losses)
         self.stage_timer.end_step()
         lr = float(self.optimizer.param_groups[0]["lr"])
@@ -356,6 +345,7 @@ class Trainer:
         self.timers("optimizer", 1).start(barrier=False)
         update_successful, grad_norm, _ = self.optimizer.step()
         self.timers("optimizer", 1).stop()
+        self.housekeeping.after_optimizer_step()
         if update_successful:
             self.scheduler.step(increment=self.cfg.layout.global_batch_size)
         return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful, lr=lr)
@@ -364,6 +354,7 @@ class Trainer:
         dataset = getattr(self.datasets, split)
         if dataset is None or self.cfg.run.eval_iters <= 0:
             return None
+        self.housekeeping.before_evaluation()
         self._param_sync_for_use()
         for chunk in self.chunks:
             chunk.eval()
@@ -378,6 +369,7 @@ class Trainer:
             chunk.train()
         self.model_config.timers = self.timers.timers
         self._restore_param_hooks()
+        self.housekeeping.after_evaluation()
         return sum(sums) / len(sums)
 
     def finish_async_saves(self, *, blocking: bool = True) -> None:
@@ -450,6 +442,7 @@ class Trainer:
         window = LogWindow()
         if self.ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        self.housekeeping.start()
         while self.iteration < run.train_iters:
             start = time.perf_counter()
             result = self.train_step(data_iterator)
@@ -457,6 +450,7 @@ class Trainer:
             self.iteration += 1
             self.consumed_samples += gbs
             self.skipped_iterations += int(result.skipped)
+            self.housekeeping.after_iteration(self.iteration)
             # fp16 overflows are the loss scaler searching downwards; they count
             # against the run only once the scale cannot go lower.
             if result.non_finite or (result.skipped and self._loss_scale_at_minimum()):

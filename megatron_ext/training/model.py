@@ -157,7 +157,7 @@ ModelProvider = Callable[..., torch.nn.Module]
 def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: torch.device) -> list[Any]:
     """One model chunk per virtual stage of this pipeline rank, wrapped in Megatron DDP."""
     from megatron.core import parallel_state
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed import DistributedDataParallel
     from megatron.core.transformer.module import Float16Module
 
     layout = cfg.layout
@@ -176,23 +176,33 @@ def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: 
             # fp32 main copies), half-precision inputs, fp32 outputs on the last stage.
             chunk = Float16Module(chunk.config, chunk)
         chunks.append(chunk)
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=cfg.optim.bf16 or cfg.optim.fp16,
-        overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
-        overlap_param_gather=cfg.parallel.overlap_param_gather,
-        use_distributed_optimizer=layout.use_distributed_optimizer,
-        check_for_nan_in_grad=False,
-    )
+    ddp = ddp_config(cfg)
     return [
         DistributedDataParallel(
             config=chunk.config,
-            ddp_config=ddp_config,
+            ddp_config=ddp,
             module=chunk,
             # Megatron-LM: only the first chunk's buffers are bucketed for overlap.
             disable_bucketing=index > 0,
         )
         for index, chunk in enumerate(chunks)
     ]
+
+
+def ddp_config(cfg: TrainingConfig) -> Any:
+    """Megatron-Core's ``DistributedDataParallelConfig`` for this run."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    half = cfg.optim.bf16 or cfg.optim.fp16
+    return DistributedDataParallelConfig(
+        # Megatron-LM: gradients of half-precision models are accumulated and reduced in fp32, unless
+        # --grad-reduce-in-bf16 (bf16 only).
+        grad_reduce_in_fp32=half and not cfg.optim.grad_reduce_in_bf16,
+        overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
+        overlap_param_gather=cfg.parallel.overlap_param_gather,
+        use_distributed_optimizer=cfg.layout.use_distributed_optimizer,
+        check_for_nan_in_grad=False,
+    )
 
 
 def check_placement(chunk: torch.nn.Module, layout: ParallelLayout, vp_stage: int) -> None:

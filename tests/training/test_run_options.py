@@ -1,0 +1,105 @@
+"""Megatron-LM's schedule, loss-scaler, gradient-reduction and memory flags, as Megatron-LM computes them."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_ext.config.arguments import ConfigError, parse_args
+from megatron_ext.training.housekeeping import Housekeeping
+from megatron_ext.training.lr_schedule import scheduler_arguments
+
+pytestmark = pytest.mark.unit
+
+BASE = ["--mock-data", "--global-batch-size", "8", "--train-iters", "100"]
+
+
+def test_scheduler_steps_count_samples_as_megatron_lm() -> None:
+    plain = scheduler_arguments(parse_args([*BASE, "--lr-warmup-iters", "10", "--lr-decay-iters", "80"]))
+    assert (plain["lr_warmup_steps"], plain["lr_decay_steps"]) == (10 * 8, 80 * 8)
+    assert plain["start_wd"] == plain["end_wd"] == 0.01 and plain["wd_incr_style"] == "constant"
+    assert plain["init_lr"] == 0.0
+    # Megatron-LM: warm-up = fraction × decay steps (not rounded), from --lr-warmup-init.
+    frac = scheduler_arguments(parse_args([*BASE, "--lr-warmup-fraction", "0.013", "--lr-warmup-init", "1e-6"]))
+    assert frac["lr_warmup_steps"] == pytest.approx(0.013 * 100 * 8) and frac["init_lr"] == 1e-6
+    # A changing weight decay runs over --train-iters.
+    wd = ["--weight-decay-incr-style", "cosine", "--start-weight-decay", "0.0", "--end-weight-decay", "0.1"]
+    varying = scheduler_arguments(parse_args([*BASE, "--lr-decay-iters", "50", *wd]))
+    assert (varying["start_wd"], varying["end_wd"], varying["wd_incr_steps"]) == (0.0, 0.1, 100 * 8)
+
+
+def test_megatron_cores_scheduler_takes_them_and_warms_up_from_the_init_lr() -> None:
+    import torch
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    args = scheduler_arguments(
+        parse_args([*BASE, "--lr", "1e-3", "--lr-warmup-fraction", "0.1", "--lr-warmup-init", "1e-4"])
+    )
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = OptimizerParamScheduler(optimizer, **args)  # type: ignore[arg-type]
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)
+    scheduler.step(increment=8 * 5)  # half-way through the 10-iteration warm-up
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-4 + 0.5 * (1e-3 - 1e-4))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "5"],
+            "one of --lr-warmup-fraction and --lr-warmup-iters",
+        ),
+        (["--lr-warmup-fraction", "1"], "must be below 1"),
+        (["--start-weight-decay", "0.1"], "need --weight-decay-incr-style linear or cosine"),
+        (["--weight-decay-incr-style", "linear", "--end-weight-decay", "0.1"], "needs both"),
+        (["--grad-reduce-in-bf16"], "only with --bf16"),
+        (["--manual-gc-interval", "10"], "only with --manual-gc"),
+    ],
+)
+def test_contradictions_are_named(flags: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_args([*BASE, *flags])
+
+
+def test_gradients_reduce_in_fp32_unless_grad_reduce_in_bf16() -> None:
+    from megatron_ext.training.model import ddp_config
+
+    assert ddp_config(parse_args([*BASE, "--bf16"])).grad_reduce_in_fp32
+    assert not ddp_config(parse_args([*BASE, "--bf16", "--grad-reduce-in-bf16"])).grad_reduce_in_fp32
+    assert ddp_config(parse_args([*BASE, "--fp16"])).grad_reduce_in_fp32
+    assert not ddp_config(parse_args(BASE)).grad_reduce_in_fp32  # fp32 gradients already
+
+
+def test_loss_scaler_flags_reach_the_optimizer_config() -> None:
+    config = parse_args([*BASE, "--fp16", "--min-loss-scale", "4", "--loss-scale-window", "50", "--hysteresis", "3"])
+    assert (config.optim.min_loss_scale, config.optim.loss_scale_window, config.optim.hysteresis) == (4, 50, 3)
+
+
+def _calls(flags: list[str], *, on_gpu: bool, iterations: int = 6, evaluate: bool = True) -> list[str]:
+    calls: list[str] = []
+    keeping = Housekeeping(
+        parse_args([*BASE, *flags]).run,
+        on_gpu=on_gpu,
+        collect=lambda generation=2: calls.append(f"collect{generation}"),
+        disable=lambda: calls.append("disable"),
+        empty_cache=lambda: calls.append("empty"),
+    )
+    keeping.start()
+    for iteration in range(1, iterations + 1):
+        keeping.after_forward_backward()
+        keeping.after_optimizer_step()
+        keeping.after_iteration(iteration)
+    if evaluate:
+        keeping.before_evaluation()
+        keeping.after_evaluation()
+    return calls
+
+
+def test_manual_gc_and_emptying_the_cache_happen_where_megatron_lm_does_them() -> None:
+    assert _calls([], on_gpu=True) == []  # Python's collector as usual, the cache kept
+    assert _calls(["--manual-gc", "--manual-gc-interval", "3"], on_gpu=False) == [
+        "disable", "collect2", "collect2", "collect2", "collect2", "collect0",
+    ]  # fmt: skip
+    assert _calls(["--manual-gc", "--no-manual-gc-eval"], on_gpu=False) == ["disable", "collect2"]
+    assert _calls(["--empty-unused-memory-level", "2"], on_gpu=True, iterations=2) == ["empty"] * 4
+    assert _calls(["--empty-unused-memory-level", "1"], on_gpu=True, iterations=2) == ["empty"] * 2
+    assert _calls(["--empty-unused-memory-level", "2"], on_gpu=False) == []  # no GPU cache on CPU
