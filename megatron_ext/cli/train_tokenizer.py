@@ -38,8 +38,6 @@ def iter_sentences(files: Sequence[formats.InputFile], keys: Sequence[str], max_
     """
     bad = 0
     for file in files:
-        if file.table:
-            formats.check_columns(file, keys)
         index = 0
         for chunk in formats.chunks(file, 0, keys, 1 << 20):
             for texts, _reason, detail in formats.records(chunk, file.path, keys):
@@ -77,7 +75,7 @@ def train(
     """Train and write ``model_prefix.model``/``.vocab``; returns both paths."""
     import sentencepiece as spm
 
-    files = formats.expand_inputs(inputs, input_format)
+    files = formats.open_inputs(inputs, input_format, json_keys)
     prefix = Path(model_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     tmp_prefix = prefix.with_name(f".{prefix.name}.tmp-{os.getpid()}")

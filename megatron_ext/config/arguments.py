@@ -303,6 +303,11 @@ class OptimizerArgs(_Options):
         False, "Average the loss over all tokens of the step instead of per microbatch."
     )
 
+    @property
+    def decay_iters(self) -> int:
+        """The decay length in iterations (--lr-decay-iters; ``make_config`` defaults it to --train-iters)."""
+        return max(self.lr_decay_iters or 0, 1)
+
     def _relations(self) -> None:
         if self.bf16 and self.fp16:
             raise ConfigError("--bf16 and --fp16 are mutually exclusive; choose one")
@@ -713,7 +718,7 @@ def make_config(
         )
     if optim.lr_decay_iters is None:
         optim = dataclasses.replace(optim, lr_decay_iters=run.train_iters)
-    decay = max(optim.lr_decay_iters or 0, 1)
+    decay = optim.decay_iters
     if optim.lr_warmup_iters >= decay:
         # Megatron-Core's scheduler asserts this at start-up; say it before launch.
         raise ConfigError(

@@ -68,10 +68,6 @@ NOTES: dict[str, str] = {
 """What to know about some honoured flags (the docs table's "why" column)."""
 
 
-def _needs_te(what: str) -> str:
-    return f"{what} needs Transformer Engine's layers and recipes, which this project does not set up; train in bf16"
-
-
 @dataclass(frozen=True)
 class Refusal:
     """Why a set of Megatron-LM flags is refused: named flags, flag prefixes, or whole parser groups."""
@@ -156,7 +152,8 @@ REFUSALS: tuple[Refusal, ...] = (
     _r("used by Megatron-LM's non-GPT datasets only", "--sample-rate"),
     # ---- low precision and Transformer Engine features
     _r(
-        _needs_te("FP8 / FP4 training"),
+        "FP8 / FP4 training needs Transformer Engine's layers and recipes, which this project does not set up; "
+        "train in bf16",
         "--disable-fp8-wgrad --no-fp8-wgrad --keep-fp8-transpose-cache --first-last-layers-bf16 "
         "--num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16 --te-precision-config-file "
         "--reuse-grad-buf-for-mxfp8-param-ag",
@@ -443,19 +440,17 @@ def split_unknown(extras: Sequence[str]) -> tuple[list[tuple[str, str]], list[st
     """
     refused: list[tuple[str, str]] = []
     rest: list[str] = []
-    owner: str | None = None
+    values_of_refused = False
     for token in extras:
         if token.startswith("--"):
             flag = token.split("=", 1)[0]
             why = refusal(flag)
-            owner = flag if why is not None else None
+            values_of_refused = why is not None
             if why is not None:
                 refused.append((flag, why))
-            elif flag in ALREADY:
-                continue
-            else:
+            elif flag not in ALREADY:
                 rest.append(token)
-        elif owner is None:
+        elif not values_of_refused:
             rest.append(token)
     return refused, rest
 

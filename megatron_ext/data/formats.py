@@ -125,7 +125,7 @@ def _sniff(path: Path) -> tuple[str | None, str] | None:
     return None
 
 
-def _check_content(path: Path, fmt: str, named_by_flag: bool) -> None:
+def _check_content(path: Path, size: int, fmt: str, named_by_flag: bool) -> None:
     """Refuse a file whose first bytes contradict its format, naming what it holds and the fix."""
     try:
         found = _sniff(path)
@@ -133,7 +133,7 @@ def _check_content(path: Path, fmt: str, named_by_flag: bool) -> None:
         raise InputError(f"--input {path}: cannot be read ({exc.strerror or exc})") from None
     said = f"--input-format {fmt}" if named_by_flag else f"its name says {fmt}"
     if found is None:
-        if fmt != "jsonl" and path.stat().st_size > 0:
+        if fmt != "jsonl" and size > 0:
             raise InputError(f"--input {path}: {said}, but it does not start like one (damaged or misnamed?)")
         return
     got, what = found
@@ -212,9 +212,19 @@ def expand_inputs(patterns: Sequence[str], input_format: str | None = None) -> l
                 paths.append(path)
     files = []
     for path in paths:
-        fmt = input_format or format_of(path)
-        _check_content(path, fmt, named_by_flag=input_format is not None)
-        files.append(InputFile(path, fmt, path.stat().st_size))
+        fmt, size = input_format or format_of(path), path.stat().st_size
+        _check_content(path, size, fmt, named_by_flag=input_format is not None)
+        files.append(InputFile(path, fmt, size))
+    return files
+
+
+def open_inputs(patterns: Sequence[str], input_format: str | None, keys: Sequence[str]) -> list[InputFile]:
+    """:func:`expand_inputs`, then every table's ``keys`` columns checked (:func:`check_columns`): every
+    problem of the inputs that can be seen without reading them is found before any work starts."""
+    files = expand_inputs(patterns, input_format)
+    for file in files:
+        if file.table:
+            check_columns(file, keys)
     return files
 
 
@@ -229,7 +239,7 @@ def output_labels(files: Sequence[InputFile]) -> list[str]:
     for f in files:
         rel = Path(os.path.relpath(os.path.abspath(f.path), common))
         name = rel.name
-        for suffix in (".gz", ".zst", ".zstd", ".parquet", ".pq", ".arrow", ".feather", ".jsonl", ".json"):
+        for suffix in (*_SUFFIXES, ".jsonl", ".json"):  # .jsonl.gz: .gz first, then .jsonl
             if name.lower().endswith(suffix) and len(name) > len(suffix):
                 name = name[: -len(suffix)]
         labels.append("_".join([*rel.parent.parts, name]))

@@ -49,7 +49,7 @@ import numpy as np
 
 from megatron_ext.data import formats
 from megatron_ext.data.formats import Chunk, InputError, InputFile
-from megatron_ext.data.indexed import IndexedWriter, commit_all, optimal_dtype, publish_all, stage_all
+from megatron_ext.data.indexed import HELD_SIGNALS, IndexedWriter, commit_all, optimal_dtype, publish_all, stage_all
 from megatron_ext.data.progress import Progress
 from megatron_ext.data.tokenizers import Tokenizer, build_tokenizer
 
@@ -471,7 +471,6 @@ def output_prefix_for(output_prefix: str, key: str, level: str = "document") -> 
     return f"{output_prefix}_{key}_{level}"
 
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _stopped: list[int] = []
 """Signals received during :func:`run` (the handler also raises; see :func:`_check_stopped`)."""
 
@@ -551,11 +550,8 @@ class _Outputs:
         self._stage_current()
         publish_all(self.staged)
 
-    def all_writers(self) -> list[IndexedWriter]:
-        return [*self.staged, *self.current.values()]
-
     def discard(self) -> None:
-        for w in self.all_writers():
+        for w in [*self.staged, *self.current.values()]:
             w.discard()
 
 
@@ -568,10 +564,7 @@ def run(spec: TokenizerSpec, opts: Options) -> Summary:
     """
     if opts.workers < 1:
         raise PreprocessError(f"--workers must be at least 1, got {opts.workers}")
-    files = formats.expand_inputs(opts.inputs, opts.input_format)
-    for file in files:
-        if file.table:  # before anything runs: a missing or non-string column is one clear error
-            formats.check_columns(file, opts.json_keys)
+    files = formats.open_inputs(opts.inputs, opts.input_format, opts.json_keys)
     out_dir = Path(opts.output_prefix).parent
     if not out_dir.is_dir():
         raise PreprocessError(f"output directory {out_dir} does not exist (from --output-prefix {opts.output_prefix})")
@@ -589,7 +582,8 @@ def run(spec: TokenizerSpec, opts: Options) -> Summary:
         )
 
     _stopped.clear()
-    old_handlers = {s: signal.signal(s, _raise_on_signal) for s in _STOP_SIGNALS}
+    # The signals that stop a run are those held while outputs are named (indexed.HELD_SIGNALS).
+    old_handlers = {s: signal.signal(s, _raise_on_signal) for s in HELD_SIGNALS}
     pool: WorkerPool | None = None
     try:
         if opts.workers > 1:

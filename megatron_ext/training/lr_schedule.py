@@ -18,7 +18,7 @@ from megatron_ext.config.arguments import TrainingConfig
 def scheduler_arguments(cfg: TrainingConfig) -> dict[str, Any]:
     """Keyword arguments of ``OptimizerParamScheduler`` (all but the optimizer)."""
     o, gbs = cfg.optim, cfg.layout.global_batch_size
-    decay_steps = max(o.lr_decay_iters or 0, 1) * gbs
+    decay_steps = o.decay_iters * gbs
     warmup_steps = o.lr_warmup_fraction * decay_steps if o.lr_warmup_fraction is not None else o.lr_warmup_iters * gbs
     constant = o.weight_decay_incr_style == "constant"
     return {
