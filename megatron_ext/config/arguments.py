@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_ext.config import schedule
 from megatron_ext.config.flags import Parser, add_options, bound_problems, opt, to_argv
 from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.megatron_lm import split_unknown
@@ -254,6 +255,26 @@ class BatchArgs(_Options):
         env="GLOBAL_BATCH",
         minimum=1,
     )
+    rampup_batch_size: tuple[int, ...] | None = opt(
+        None,
+        "Ramp the global batch up: START INCREMENT SAMPLES. Steps start with START sequences, which grows by "
+        "INCREMENT in equal shares of the first SAMPLES samples, up to --global-batch-size (with --train-samples).",
+    )
+    decrease_batch_size_if_needed: bool = opt(
+        False,
+        "With --rampup-batch-size: round a global batch that micro-batch × DP does not divide down to a multiple, "
+        "instead of refusing the ramp.",
+    )
+
+    def _relations(self) -> None:
+        ramp = self.rampup_batch_size
+        if ramp is not None and (len(ramp) != 3 or ramp[0] < 1 or ramp[1] < 1 or ramp[2] < 0):
+            raise ConfigError(
+                f"--rampup-batch-size takes three numbers, START INCREMENT SAMPLES (START and INCREMENT at least "
+                f"1), got {' '.join(map(str, ramp))}"
+            )
+        if self.decrease_batch_size_if_needed and ramp is None:
+            raise ConfigError("--decrease-batch-size-if-needed applies only with --rampup-batch-size")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,12 +283,34 @@ class OptimizerArgs(_Options):
     lr: float = opt(1e-4, "Peak learning rate.", above=0)
     min_lr: float = opt(0.0, "Learning rate at the end of decay.", minimum=0)
     lr_warmup_iters: int = opt(0, "Iterations of linear warm-up.", minimum=0)
+    lr_warmup_samples: int = opt(0, "Samples of linear warm-up (with --train-samples).", minimum=0)
     lr_warmup_fraction: float | None = opt(
-        None, "Warm-up as a fraction of the decay length (instead of --lr-warmup-iters).", minimum=0
+        None, "Warm-up as a fraction of the decay length (instead of --lr-warmup-iters/-samples).", minimum=0
     )
     lr_warmup_init: float = opt(0.0, "Learning rate at the start of the warm-up.", minimum=0)
     lr_decay_iters: int | None = opt(None, "Iterations of decay (default --train-iters).", minimum=0)
-    lr_decay_style: str = opt("linear", "Decay shape.", choices=["constant", "linear", "cosine", "inverse-square-root"])
+    lr_decay_samples: int | None = opt(
+        None, "Samples of decay, with --train-samples (default --train-samples).", minimum=0
+    )
+    lr_decay_style: str = opt(
+        "linear",
+        "Decay shape. WSD: warm-up, stable at --lr, then an anneal to --min-lr over the decay's last "
+        "--lr-wsd-decay-iters/-samples.",
+        choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
+    )
+    lr_wsd_decay_style: str = opt(
+        "exponential",
+        "Shape of the WSD anneal.",
+        choices=["exponential", "linear", "cosine", "minus_sqrt"],
+    )
+    lr_wsd_decay_iters: int | None = opt(None, "Iterations of the WSD anneal.", minimum=0)
+    lr_wsd_decay_samples: int | None = opt(None, "Samples of the WSD anneal (with --train-samples).", minimum=0)
+    decoupled_lr: float | None = opt(
+        None, "Peak learning rate of the input embedding and output layer (default --lr).", above=0
+    )
+    decoupled_min_lr: float | None = opt(
+        None, "Final learning rate of the input embedding and output layer (default --min-lr).", minimum=0
+    )
     weight_decay: float = opt(0.01, "Weight decay (with --weight-decay-incr-style constant).", minimum=0)
     start_weight_decay: float | None = opt(None, "Weight decay at the start (a non-constant style).", minimum=0)
     end_weight_decay: float | None = opt(None, "Weight decay at the end of training (a non-constant style).", minimum=0)
@@ -303,18 +346,26 @@ class OptimizerArgs(_Options):
         False, "Average the loss over all tokens of the step instead of per microbatch."
     )
 
-    @property
-    def decay_iters(self) -> int:
-        """The decay length in iterations (--lr-decay-iters; ``make_config`` defaults it to --train-iters)."""
-        return max(self.lr_decay_iters or 0, 1)
-
     def _relations(self) -> None:
         if self.bf16 and self.fp16:
             raise ConfigError("--bf16 and --fp16 are mutually exclusive; choose one")
         if self.grad_reduce_in_bf16 and not self.bf16:
             raise ConfigError("--grad-reduce-in-bf16 applies only with --bf16 (Megatron-LM ignores it otherwise)")
-        if self.lr_warmup_fraction is not None and self.lr_warmup_iters:
-            raise ConfigError("give one of --lr-warmup-fraction and --lr-warmup-iters")
+        if self.lr_warmup_fraction is not None and (self.lr_warmup_iters or self.lr_warmup_samples):
+            raise ConfigError("give one of --lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples")
+        wsd_length = self.lr_wsd_decay_iters is not None or self.lr_wsd_decay_samples is not None
+        if self.lr_decay_style == "WSD" and not wsd_length:
+            raise ConfigError("--lr-decay-style WSD needs the anneal's length: --lr-wsd-decay-iters (or -samples)")
+        if self.lr_decay_style != "WSD" and (wsd_length or self.lr_wsd_decay_style != "exponential"):
+            raise ConfigError("--lr-wsd-decay-iters/-samples/-style apply only with --lr-decay-style WSD")
+        if self.decoupled_min_lr is not None and self.decoupled_lr is None:
+            raise ConfigError("--decoupled-min-lr applies only with --decoupled-lr")
+        if self.decoupled_lr is not None and (self.decoupled_min_lr or self.min_lr) > self.decoupled_lr:
+            raise ConfigError(
+                f"the embedding and output layer's final learning rate "
+                f"({self.decoupled_min_lr if self.decoupled_min_lr is not None else self.min_lr:g}: "
+                f"--decoupled-min-lr, default --min-lr) is larger than --decoupled-lr {self.decoupled_lr:g}"
+            )
         if self.lr_warmup_fraction is not None and self.lr_warmup_fraction >= 1:
             raise ConfigError(
                 f"--lr-warmup-fraction {self.lr_warmup_fraction:g} must be below 1: the warm-up must end before "
@@ -406,7 +457,13 @@ CHECKPOINT_FORMATS = {
 
 @dataclass(frozen=True, kw_only=True)
 class RunArgs(_Options):
-    train_iters: int = opt(10, "Optimizer steps to train.", env="TRAIN_ITERS", minimum=0)
+    train_iters: int = opt(10, "Optimizer steps to train (or give --train-samples).", env="TRAIN_ITERS", minimum=0)
+    train_samples: int | None = opt(
+        None,
+        "Samples (sequences) to train on, instead of --train-iters: the iterations follow from the global batch "
+        "and its ramp-up, and the --lr-*-samples flags give the schedule.",
+        minimum=1,
+    )
     log_interval: int = opt(1, "Log every this many iterations.", env="LOG_INTERVAL", minimum=1)
     eval_interval: int = opt(
         0, "Evaluate every this many iterations (0: only at the end if --eval-iters).", env="EVAL_INTERVAL", minimum=0
@@ -500,6 +557,23 @@ class RunArgs(_Options):
         "to this JSON file (a Chrome trace: chrome://tracing or Perfetto; tools/plot_schedule.py --timeline).",
         env="TIMELINE",
     )
+    profile: bool = opt(
+        False,
+        "Profile iterations --profile-step-start+1 to --profile-step-end on --profile-ranks: CUDA profiler API and "
+        "NVTX ranges for nsys (GPU), or PyTorch's profiler with --use-pytorch-profiler.",
+    )
+    use_pytorch_profiler: bool = opt(
+        False, "With --profile: PyTorch's profiler, one trace per profiled rank in --tensorboard-dir (CPU too)."
+    )
+    profile_step_start: int = opt(10, "With --profile: iterations done before the first profiled one.", minimum=0)
+    profile_step_end: int = opt(12, "With --profile: the last profiled iteration.", minimum=1)
+    profile_ranks: tuple[int, ...] = opt((0,), "With --profile: the global ranks to profile.")
+    record_memory_history: bool = opt(
+        False,
+        "Record CUDA allocations from the start; the last rank writes a snapshot to --memory-snapshot-path at "
+        "every logged iteration (GPU).",
+    )
+    memory_snapshot_path: str = opt("snapshot.pickle", "With --record-memory-history: the snapshot file.")
     dry_run: bool = opt(False, "Validate and print the plan; create no process group; exit 0 if valid.")
     device: str = opt(
         "auto", "Where to run: cuda, cpu, or auto (cuda when available).", choices=["auto", "cuda", "cpu"], env="DEVICE"
@@ -514,6 +588,7 @@ class RunArgs(_Options):
     )
 
     def _relations(self) -> None:
+        self._profile_relations()
         if (self.manual_gc_interval or self.no_manual_gc_eval) and not self.manual_gc:
             raise ConfigError("--manual-gc-interval and --no-manual-gc-eval apply only with --manual-gc")
         if self.ckpt_format != "torch_dist":
@@ -522,6 +597,26 @@ class RunArgs(_Options):
                 f"--ckpt-format {self.ckpt_format}: {why}; this project saves and loads torch_dist checkpoints "
                 "(drop the flag or give torch_dist)"
             )
+
+    def _profile_relations(self) -> None:
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        profiling = ("use_pytorch_profiler", "profile_step_start", "profile_step_end", "profile_ranks")
+        changed = [f"--{n.replace('_', '-')}" for n in profiling if getattr(self, n) != defaults[n]]
+        if changed and not self.profile:
+            raise ConfigError(f"{', '.join(changed)} apply only with --profile")
+        if self.memory_snapshot_path != defaults["memory_snapshot_path"] and not self.record_memory_history:
+            raise ConfigError("--memory-snapshot-path applies only with --record-memory-history")
+        if self.profile and self.profile_step_end <= self.profile_step_start:
+            raise ConfigError(
+                f"--profile-step-end {self.profile_step_end} must be after --profile-step-start "
+                f"{self.profile_step_start}"
+            )
+        if self.use_pytorch_profiler and self.tensorboard_dir is None:
+            raise ConfigError("--use-pytorch-profiler writes its traces into --tensorboard-dir; give one")
+        if self.device == "cpu" and self.profile and not self.use_pytorch_profiler:
+            raise ConfigError("--profile without --use-pytorch-profiler needs a GPU (nsys); add --use-pytorch-profiler")
+        if self.device == "cpu" and self.record_memory_history:
+            raise ConfigError("--record-memory-history records CUDA allocations; it needs a GPU")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -716,19 +811,21 @@ def make_config(
         raise ConfigError(
             "--distrib-optim-fully-reshardable-mem-efficient only applies with --dist-ckpt-optim-fully-reshardable"
         )
-    if optim.lr_decay_iters is None:
-        optim = dataclasses.replace(optim, lr_decay_iters=run.train_iters)
-    decay = optim.decay_iters
-    if optim.lr_warmup_iters >= decay:
-        # Megatron-Core's scheduler asserts this at start-up; say it before launch.
-        raise ConfigError(
-            f"--lr-warmup-iters {optim.lr_warmup_iters} must be smaller than the decay length "
-            f"({decay} iterations: --lr-decay-iters, default --train-iters); lower the warm-up or lengthen the decay"
-        )
+    problems = schedule.unit_problems(optim, run, batch, train_iters_given="train_iters" in groups.get("run", {}))
+    if problems:
+        raise ConfigError("; ".join(problems))
 
     parallel, adjustments = megatron_lm_adjustments(parallel)
     layout = build_layout(model, parallel, batch, world_size=world_size)
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
+    problems = schedule.ramp_problems(batch, layout)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    if run.train_samples is not None:
+        run = dataclasses.replace(run, train_iters=schedule.training_iterations(run, batch, layout))
+    problems = schedule.lr_problems(schedule.lr_steps(optim, run, layout.global_batch_size))
+    if problems:
+        raise ConfigError("; ".join(problems))
     return TrainingConfig(
         adjustments=adjustments,
         model=model,

@@ -234,10 +234,6 @@ REFUSALS: tuple[Refusal, ...] = (
     _r("the Muon optimizer is not offered (--optimizer adam|sgd)", prefixes=("--muon-",)),
     _r(
         PLANNED,
-        "--decoupled-lr --decoupled-min-lr --lr-decay-samples --lr-warmup-samples "
-        "--lr-wsd-decay-iters --lr-wsd-decay-samples --lr-wsd-decay-style "
-        "--train-samples --rampup-batch-size --decrease-batch-size-if-needed --profile --profile-ranks --profile-step-start "
-        "--profile-step-end --use-pytorch-profiler --record-memory-history --memory-snapshot-path "
         "--auto-detect-ckpt-format --ckpt-step --dataloader-type "
         "--fp16-lm-cross-entropy --no-masked-softmax-fusion --no-rope-fusion "
         "--no-gradient-accumulation-fusion --disable-bf16-reduced-precision-matmul --deterministic-mode "

@@ -5,6 +5,7 @@ Used by ``--dry-run`` and printed at the start of every run.
 
 from __future__ import annotations
 
+from megatron_ext.config import schedule
 from megatron_ext.config.arguments import TrainingConfig, pad_vocab_size
 from megatron_ext.estimate.shapes import ParameterCounts
 from megatron_ext.estimate.shapes import parameter_counts as model_parameter_counts
@@ -40,6 +41,19 @@ def describe(cfg: TrainingConfig) -> list[str]:
         f"tokens per step: {tokens:,} ({layout.global_batch_size} sequences × {cfg.model.seq_length})",
         f"padded vocabulary: {cfg.padded_vocab_size:,}" + _kept_padding(cfg),
         f"parameters: {counts.total:,} in total, {counts.max_per_rank:,} on the most loaded rank",
-        f"training: {cfg.run.train_iters} iterations = {cfg.run.train_iters * tokens:,} tokens",
     ]
+    run = cfg.run
+    samples = schedule.trained_samples(cfg.batch, layout, run.train_iters)
+    asked = f"--train-samples {run.train_samples:,} → " if run.train_samples is not None else ""
+    lines.append(
+        f"training: {asked}{run.train_iters:,} iterations = {samples:,} samples = {samples * cfg.model.seq_length:,} "
+        "tokens"
+    )
+    ramped = list(schedule.ramp(cfg.batch, layout))
+    if ramped:
+        sizes = sorted(set(ramped))
+        lines.append(
+            f"batch ramp-up: global batch {' → '.join(map(str, sizes))} → {layout.global_batch_size} over the first "
+            f"{len(ramped):,} iterations ({sum(ramped):,} samples)"
+        )
     return lines

@@ -6,8 +6,9 @@ split by ``--split``, or ``--train/valid/test-data-path``), or
 ``MockGPTDataset`` for ``--mock-data``. The sampler is position-based
 (``consumed_samples``) like Megatron-LM's, so a resumed run continues with
 exactly the samples an uninterrupted one would have seen, for any DP size:
-step ``k`` always covers global samples ``[k·B, (k+1)·B)`` and each DP rank
-takes its slice of every ``micro_batch × DP`` block.
+every step takes the next global batch of samples in order (``[k·B, (k+1)·B)``
+for step ``k`` without a batch ramp-up) and each DP rank takes its slice of
+every ``micro_batch × DP`` block.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from megatron_ext.config import schedule
 from megatron_ext.config.arguments import TrainingConfig
 from megatron_ext.data import sources as data_sources
 from megatron_ext.data.tokenizers import Tokenizer
@@ -39,7 +41,9 @@ def dataset_sizes(cfg: TrainingConfig) -> list[int]:
     gbs = cfg.layout.global_batch_size
     run = cfg.run
     evaluated = run.eval_iters * gbs if run.eval_iters > 0 else 0
-    return [run.train_iters * gbs, evaluated, evaluated]
+    # Megatron-LM asks for --train-samples when given (a ramp-up's iterations may take one batch more).
+    trained = schedule.trained_samples(cfg.batch, cfg.layout, run.train_iters)
+    return [max(run.train_samples or 0, trained), evaluated, evaluated]
 
 
 def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_ext.config import schedule
 from megatron_ext.config.arguments import ConfigError, TrainingConfig, parse_args
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.layout import LayoutError
@@ -37,6 +38,7 @@ from megatron_ext.training.housekeeping import Housekeeping
 from megatron_ext.training.lr_schedule import scheduler_arguments
 from megatron_ext.training.metrics import MetricsWriter
 from megatron_ext.training.model import build_model_chunks, count_parameters, unwrap
+from megatron_ext.training.profiling import Profiler
 from megatron_ext.training.stage_timing import StageTimer
 
 log = logging.getLogger("megatron_ext")
@@ -113,6 +115,10 @@ def pretrain(
             tokenizer=checked.tokenizer,
         )
         return trainer.train(signal_flag=signal_flag, started=started)
+    except ConfigError as exc:
+        # What only the started run can tell (the device --device auto found).
+        log.error("error: %s", exc)
+        return ExitCode.INVALID
     except checkpointing.CheckpointError as exc:
         log.error("checkpoint error: %s", exc)
         return ExitCode.CHECKPOINT
@@ -132,6 +138,8 @@ class StepResult:
     """No update: a non-finite loss, or (fp16) gradients overflowed at this loss scale."""
     lr: float
     """Learning rate this step used."""
+    decoupled_lr: float | None = None
+    """With --decoupled-lr: the embedding and output layer's learning rate this step used."""
 
     @property
     def non_finite(self) -> bool:
@@ -143,14 +151,16 @@ class LogWindow:
     """The iterations since the last logged one (Megatron-LM averages the loss over them)."""
 
     iterations: int = 0
+    samples: int = 0
     seconds: float = 0.0
     """Training-step time only (evaluation and saving are timed apart)."""
     loss_sum: float = 0.0
     finite_losses: int = 0
     skipped: int = 0
 
-    def add(self, result: StepResult, seconds: float) -> None:
+    def add(self, result: StepResult, seconds: float, samples: int) -> None:
         self.iterations += 1
+        self.samples += samples
         self.seconds += seconds
         self.skipped += int(result.skipped)
         if not result.non_finite:
@@ -204,6 +214,8 @@ class Trainer:
                 optimizer=o.optimizer,
                 lr=o.lr,
                 min_lr=o.min_lr,
+                decoupled_lr=o.decoupled_lr,
+                decoupled_min_lr=o.decoupled_min_lr,
                 weight_decay=o.weight_decay,
                 adam_beta1=o.adam_beta1,
                 adam_beta2=o.adam_beta2,
@@ -225,6 +237,8 @@ class Trainer:
             self.chunks,
         )
         self.scheduler = OptimizerParamScheduler(self.optimizer, **scheduler_arguments(cfg))
+        # Megatron-Core's calculator, held here instead of in its process-wide slot.
+        self.microbatches = schedule.microbatch_calculator(cfg.batch, layout, rank=ctx.rank)
         self.housekeeping = Housekeeping(cfg.run, on_gpu=ctx.device.type == "cuda")
 
         config = get_model_config(self.chunks[0])
@@ -258,6 +272,7 @@ class Trainer:
                 cfg=cfg,
             )
             self.iteration, self.consumed_samples = state.iteration, state.consumed_samples
+            self.microbatches.update(self.consumed_samples, consistency_check=True)
             if state.path is not None:
                 log.info("loaded checkpoint %s (iteration %d)", state.path, state.iteration)
         if cfg.run.save:
@@ -270,9 +285,7 @@ class Trainer:
             metrics_file=cfg.run.metrics_file,
             tensorboard_dir=cfg.run.tensorboard_dir,
         )
-        self.flops_per_step = flops_per_step(
-            cfg.model, batch_size=layout.global_batch_size, padded_vocab_size=cfg.padded_vocab_size
-        )
+        self.flops_per_sample = flops_per_step(cfg.model, batch_size=1, padded_vocab_size=cfg.padded_vocab_size)
         self.peak_flops = peak_flops_for(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
         self._log_start()
 
@@ -299,7 +312,9 @@ class Trainer:
         )
         return iters if self.cfg.layout.interleaved else iters[0]
 
-    def _forward_backward(self, data_iterator: Any, *, forward_only: bool) -> list[dict[str, torch.Tensor]]:
+    def _forward_backward(
+        self, data_iterator: Any, *, forward_only: bool, num_microbatches: int
+    ) -> list[dict[str, torch.Tensor]]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         layout = self.cfg.layout
@@ -307,7 +322,7 @@ class Trainer:
             forward_step_func=self.forward_step,
             data_iterator=data_iterator,
             model=self.chunks if layout.interleaved else self.chunks[0],
-            num_microbatches=layout.num_microbatches,
+            num_microbatches=num_microbatches,
             seq_length=self.cfg.model.seq_length,
             micro_batch_size=layout.micro_batch_size,
             forward_only=forward_only,
@@ -331,24 +346,34 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
     def train_step(self, data_iterator: Any) -> StepResult:
+        """One optimizer step over the current global batch (``self.microbatches``)."""
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        losses = self._forward_backward(data_iterator, forward_only=False)
+        losses = self._forward_backward(data_iterator, forward_only=False, num_microbatches=self.microbatches.get())
         self.housekeeping.after_forward_backward()
         loss = self._reduce_loss(losses)
         self.stage_timer.end_step()
-        lr = float(self.optimizer.param_groups[0]["lr"])
+        lr, decoupled_lr = self._learning_rates()
         if not math.isfinite(loss):
             # Every rank sees the same value, so all skip together.
-            return StepResult(loss=loss, grad_norm=None, skipped=True, lr=lr)
+            return StepResult(loss=loss, grad_norm=None, skipped=True, lr=lr, decoupled_lr=decoupled_lr)
         self.timers("optimizer", 1).start(barrier=False)
         update_successful, grad_norm, _ = self.optimizer.step()
         self.timers("optimizer", 1).stop()
         self.housekeeping.after_optimizer_step()
         if update_successful:
-            self.scheduler.step(increment=self.cfg.layout.global_batch_size)
-        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful, lr=lr)
+            self.scheduler.step(increment=self.microbatches.get_current_running_global_batch_size())
+        return StepResult(
+            loss=loss, grad_norm=grad_norm, skipped=not update_successful, lr=lr, decoupled_lr=decoupled_lr
+        )
+
+    def _learning_rates(self) -> tuple[float, float | None]:
+        """The rate this step uses, and with --decoupled-lr the embedding and output layer's (Megatron-LM logs
+        both). Megatron-Core marks the groups whose rates are overridden; a stage without those layers has
+        none."""
+        rates = {bool(g["default_config"]): float(g["lr"]) for g in self.optimizer.param_groups if g["params"]}
+        return rates.get(True, 0.0), rates.get(False)
 
     def evaluate(self, split: str = "valid") -> float | None:
         dataset = getattr(self.datasets, split)
@@ -364,7 +389,11 @@ class Trainer:
         sums = []
         with torch.no_grad():
             for _ in range(self.cfg.run.eval_iters):
-                sums.append(self._reduce_loss(self._forward_backward(data_iterator, forward_only=True)))
+                # Megatron-LM evaluates whole global batches, ramp-up or not.
+                losses = self._forward_backward(
+                    data_iterator, forward_only=True, num_microbatches=self.cfg.layout.num_microbatches
+                )
+                sums.append(self._reduce_loss(losses))
         for chunk in self.chunks:
             chunk.train()
         self.model_config.timers = self.timers.timers
@@ -425,7 +454,7 @@ class Trainer:
             raise
 
     def _train(self, *, signal_flag: resilience.SignalFlag | None, started: float | None) -> int:
-        cfg, run = self.cfg, self.cfg.run
+        run = self.cfg.run
         stop_policy = resilience.StopPolicy(
             exit_interval=run.exit_interval,
             exit_duration_minutes=run.exit_duration_in_mins,
@@ -433,53 +462,22 @@ class Trainer:
             device=self.ctx.device,
             start_time=started,
         )
-        stop: resilience.StopReason | None = None
-        consecutive_skipped = 0
-        gbs = cfg.layout.global_batch_size
-        tokens_per_step = gbs * cfg.model.seq_length
         data_iterator = self._iterators(self.datasets.train, self.consumed_samples)
         last_saved = self.iteration if run.load else None
-        window = LogWindow()
         if self.ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         self.housekeeping.start()
-        while self.iteration < run.train_iters:
-            start = time.perf_counter()
-            result = self.train_step(data_iterator)
-            window.add(result, time.perf_counter() - start)
-            self.iteration += 1
-            self.consumed_samples += gbs
-            self.skipped_iterations += int(result.skipped)
-            self.housekeeping.after_iteration(self.iteration)
-            # fp16 overflows are the loss scaler searching downwards; they count
-            # against the run only once the scale cannot go lower.
-            if result.non_finite or (result.skipped and self._loss_scale_at_minimum()):
-                consecutive_skipped += 1
-            else:
-                consecutive_skipped = 0
-            if self.iteration % run.log_interval == 0 or self.iteration == run.train_iters:
-                self._log_iteration(
-                    result=result, window=window, tokens_per_step=tokens_per_step, per_rank_timers=self.timers.collect()
-                )
-                window = LogWindow()
-            if run.eval_iters > 0 and run.eval_interval > 0 and self.iteration % run.eval_interval == 0:
-                self._log_eval(self.evaluate("valid"))
-            if consecutive_skipped > run.max_consecutive_skipped:
-                raise resilience.NonFiniteLossError(
-                    f"{consecutive_skipped} consecutive iterations (up to {self.iteration}) had a non-finite "
-                    f"loss or overflowed at the minimum loss scale; stopping instead of training on garbage "
-                    f"(--max-consecutive-skipped "
-                    f"{run.max_consecutive_skipped}). Lower --lr, check the data, or resume from an earlier "
-                    "checkpoint."
-                )
-            if run.save and run.save_interval > 0 and self.iteration % run.save_interval == 0:
-                self.save()
-                last_saved = self.iteration
-            self.finish_async_saves(blocking=False)
-            if self.iteration < run.train_iters:
-                stop = stop_policy.check(self.iteration)
-                if stop is not None:
-                    break
+        profiler = Profiler(
+            run,
+            rank=self.ctx.rank,
+            is_last_rank=self.ctx.rank == self.ctx.world_size - 1,
+            device=self.ctx.device,
+            first_iteration=self.iteration,
+        )
+        try:
+            stop, last_saved = self._loop(data_iterator, stop_policy, profiler, last_saved)
+        finally:
+            profiler.close()
         finished = stop is None
         self.timers.collect()  # the last, unlogged window counts towards the run's bubble
         self._log_bubble()
@@ -514,6 +512,62 @@ class Trainer:
             log.info("done: %d iterations, %d skipped", self.iteration, self.skipped_iterations)
         return ExitCode.OK
 
+    def _loop(
+        self,
+        data_iterator: Any,
+        stop_policy: resilience.StopPolicy,
+        profiler: Profiler,
+        last_saved: int | None,
+    ) -> tuple[resilience.StopReason | None, int | None]:
+        """Train until --train-iters or a stop; returns (why it stopped early, the last saved iteration)."""
+        run = self.cfg.run
+        consecutive_skipped = 0
+        window = LogWindow()
+        while self.iteration < run.train_iters:
+            profiler.before_step(self.iteration)
+            if self._batch_grows() and run.save and last_saved != self.iteration:
+                # As Megatron-LM: a checkpoint of the last step with the smaller batch.
+                self.save()
+                last_saved = self.iteration
+            start = time.perf_counter()
+            result = self.train_step(data_iterator)
+            samples = self.microbatches.get_current_running_global_batch_size()
+            window.add(result, time.perf_counter() - start, samples)
+            self.iteration += 1
+            self.consumed_samples += samples
+            profiler.after_step(self.iteration)
+            self.skipped_iterations += int(result.skipped)
+            self.housekeeping.after_iteration(self.iteration)
+            # fp16 overflows are the loss scaler searching downwards; they count
+            # against the run only once the scale cannot go lower.
+            if result.non_finite or (result.skipped and self._loss_scale_at_minimum()):
+                consecutive_skipped += 1
+            else:
+                consecutive_skipped = 0
+            if self.iteration % run.log_interval == 0 or self.iteration == run.train_iters:
+                self._log_iteration(result=result, window=window, per_rank_timers=self.timers.collect())
+                profiler.at_log()
+                window = LogWindow()
+            if run.eval_iters > 0 and run.eval_interval > 0 and self.iteration % run.eval_interval == 0:
+                self._log_eval(self.evaluate("valid"))
+            if consecutive_skipped > run.max_consecutive_skipped:
+                raise resilience.NonFiniteLossError(
+                    f"{consecutive_skipped} consecutive iterations (up to {self.iteration}) had a non-finite "
+                    f"loss or overflowed at the minimum loss scale; stopping instead of training on garbage "
+                    f"(--max-consecutive-skipped "
+                    f"{run.max_consecutive_skipped}). Lower --lr, check the data, or resume from an earlier "
+                    "checkpoint."
+                )
+            if run.save and run.save_interval > 0 and self.iteration % run.save_interval == 0:
+                self.save()
+                last_saved = self.iteration
+            self.finish_async_saves(blocking=False)
+            if self.iteration < run.train_iters:
+                stop = stop_policy.check(self.iteration)
+                if stop is not None:
+                    return stop, last_saved
+        return None, last_saved
+
     def _log_bubble(self) -> None:
         """The measured pipeline bubble of the whole run next to (p-1)/(v*m) (level-2 timers)."""
         if self.timers.level < 2:
@@ -525,6 +579,13 @@ class Trainer:
             log.info("%s", report.describe())
         self.metrics.write({"iteration": self.iteration, "run_summary": True, **report.as_record()})
 
+    def _batch_grows(self) -> bool:
+        """Set the microbatches of the next step (Megatron-Core's calculator, at the samples consumed so far);
+        whether a ramp-up made them more than the last step's."""
+        before = self.microbatches.get()
+        self.microbatches.update(self.consumed_samples, consistency_check=True)
+        return self.iteration > 0 and self.microbatches.get() != before
+
     def _loss_scale_at_minimum(self) -> bool:
         scale = float(self.optimizer.get_loss_scale())
         return scale <= self.optimizer.config.min_loss_scale
@@ -534,26 +595,28 @@ class Trainer:
         *,
         result: StepResult,
         window: LogWindow,
-        tokens_per_step: int,
         per_rank_timers: list[dict[str, float]],
     ) -> None:
         """One line and one metrics record for the window; lr and grad norm are the last step's."""
         lr = result.lr
         seconds = window.seconds / window.iterations
         loss = window.mean_loss
-        tflops = self.flops_per_step / seconds / self.ctx.world_size / 1e12
+        tflops = self.flops_per_sample * window.samples / window.seconds / self.ctx.world_size / 1e12
         record: dict[str, Any] = {
             "iteration": self.iteration,
             "consumed_samples": self.consumed_samples,
+            "global_batch_size": self.microbatches.get_current_running_global_batch_size(),
             "lm_loss": loss,
             "lr": lr,
             "grad_norm": result.grad_norm,
-            "tokens_per_sec": tokens_per_step / seconds,
+            "tokens_per_sec": window.samples * self.cfg.model.seq_length / window.seconds,
             "tflops_per_gpu": tflops,
             "elapsed_ms": seconds * 1000.0,
             "skipped": window.skipped,
             "skipped_total": self.skipped_iterations,
         }
+        if result.decoupled_lr is not None:
+            record["decoupled_lr"] = result.decoupled_lr
         if self.ctx.device.type == "cuda":
             record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
             if self.peak_flops:
@@ -571,6 +634,8 @@ class Trainer:
                 f"iteration {self.iteration:>6}/{self.cfg.run.train_iters}",
                 f"lm loss {loss:.6e}",
                 f"lr {lr:.3e}",
+                *([f"decoupled lr {result.decoupled_lr:.3e}"] if result.decoupled_lr is not None else []),
+                *([f"global batch {record['global_batch_size']}"] if self.cfg.batch.rampup_batch_size else []),
                 f"grad norm {result.grad_norm:.3f}" if result.grad_norm is not None else "grad norm -",
                 f"{record['tokens_per_sec']:,.0f} tokens/s",
                 f"{tflops:.2f} TFLOP/s/GPU",

@@ -1,11 +1,11 @@
 """The arguments of Megatron-Core's ``OptimizerParamScheduler`` for a run.
 
-As Megatron-LM's ``get_optimizer_param_scheduler`` computes them for
-iteration-based training: steps count samples (iterations × global batch), so
-that a checkpoint's schedule state means the same in both. The warm-up is
-``--lr-warmup-iters`` iterations, or ``--lr-warmup-fraction`` of the decay
-length; the weight decay goes from ``--start-weight-decay`` to
-``--end-weight-decay`` over ``--train-iters`` (or stays ``--weight-decay``).
+As Megatron-LM's ``get_optimizer_param_scheduler`` computes them: the
+scheduler counts samples, so iteration counts are multiplied by the global
+batch (``config.schedule.lr_steps`` has the formulas), and a checkpoint's
+schedule state means the same in both kinds of run. The per-group peak and
+final rates of ``--decoupled-lr`` are the optimizer's parameter groups'
+(Megatron-Core's ``get_megatron_optimizer``).
 """
 
 from __future__ import annotations
@@ -13,27 +13,29 @@ from __future__ import annotations
 from typing import Any
 
 from megatron_ext.config.arguments import TrainingConfig
+from megatron_ext.config.schedule import lr_steps
 
 
 def scheduler_arguments(cfg: TrainingConfig) -> dict[str, Any]:
     """Keyword arguments of ``OptimizerParamScheduler`` (all but the optimizer)."""
-    o, gbs = cfg.optim, cfg.layout.global_batch_size
-    decay_steps = o.decay_iters * gbs
-    warmup_steps = o.lr_warmup_fraction * decay_steps if o.lr_warmup_fraction is not None else o.lr_warmup_iters * gbs
+    o = cfg.optim
+    steps = lr_steps(o, cfg.run, cfg.layout.global_batch_size)
     constant = o.weight_decay_incr_style == "constant"
     return {
         "init_lr": o.lr_warmup_init,
         "max_lr": o.lr,
         "min_lr": o.min_lr,
-        "lr_warmup_steps": warmup_steps,
-        "lr_decay_steps": decay_steps,
+        "lr_warmup_steps": steps.warmup,
+        "lr_decay_steps": steps.decay,
         "lr_decay_style": o.lr_decay_style,
         "start_wd": o.weight_decay if constant else o.start_weight_decay,
         "end_wd": o.weight_decay if constant else o.end_weight_decay,
-        # Megatron-LM: over --train-iters. A constant decay only needs a valid length; the decay length keeps
-        # --train-iters free to grow on a resume (a changed length would differ from the checkpoint's).
-        "wd_incr_steps": decay_steps if constant else cfg.run.train_iters * gbs,
+        # A constant weight decay only needs a valid length; the decay's keeps --train-iters free to grow on a
+        # resume (a changed length would differ from the checkpoint's).
+        "wd_incr_steps": steps.decay if constant else steps.wd_incr,
         "wd_incr_style": o.weight_decay_incr_style,
+        "wsd_decay_steps": steps.wsd_decay,
+        "lr_wsd_decay_style": o.lr_wsd_decay_style,
         # Megatron-LM's semantics: a schedule that differs from the checkpoint's is an error unless one of
         # the two flags says which wins.
         "use_checkpoint_opt_param_scheduler": cfg.run.use_checkpoint_opt_param_scheduler,

@@ -27,7 +27,7 @@ def test_parse_full_layout() -> None:
     assert cfg.layout.dp == 2 and cfg.layout.vp == 2 and cfg.layout.num_microbatches == 4
     assert cfg.model.effective_ffn_hidden_size == 320  # int(4·128·2/3 / 64) · 64
     assert cfg.optim.bf16 and cfg.layout.use_distributed_optimizer
-    assert cfg.optim.lr_decay_iters == cfg.run.train_iters
+    assert cfg.optim.lr_decay_iters is None  # the decay defaults to the whole run (config.schedule.lr_steps)
 
 
 def test_world_size_from_the_launcher_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,7 +58,7 @@ def test_padded_vocab_follows_megatron() -> None:
         ([], "no training data"),
         (["--mock-data", "--group-query-attention"], "needs --num-query-groups"),
         ("--mock-data --hidden-size 30 --num-attention-heads 4".split(), "not divisible"),
-        ("--mock-data --train-iters 4 --lr-warmup-iters 4".split(), "must be smaller than the decay length"),
+        ("--mock-data --train-iters 4 --lr-warmup-iters 4".split(), "must be shorter than the decay"),
         ("--mock-data --transformer-impl transformer_engine --attention-backend local".split(), "contradicts"),
     ],
 )

@@ -81,7 +81,18 @@ LLAMA3_8B = """--use-mcore-models --num-layers 4 --hidden-size 64 --ffn-hidden-s
     --save ckpt --load ckpt --eval-iters 32 --tensorboard-dir tb --ckpt-format torch_dist"""
 
 
-@pytest.mark.parametrize("script", [GPT3_175B, LLAMA3_8B], ids=["gpt3-175b", "llama3-8b"])
+def test_the_gpt3_examples_ramp_up_with_iteration_counts_is_refused_as_megatron_lm_refuses_it() -> None:
+    # Megatron-LM's validate_args: "expected no batch-size rampup for iteration-based training".
+    argv = shlex.split(GPT3_175B)
+    with pytest.raises(ConfigError, match="--rampup-batch-size needs samples-based training: give --train-samples"):
+        parse_args([t for t in argv if not megatron_lm.refusal(t)])
+
+
+@pytest.mark.parametrize(
+    "script",
+    [GPT3_175B.replace("--rampup-batch-size 2 2 100 ", ""), LLAMA3_8B],
+    ids=["gpt3-175b-without-its-ramp-up", "llama3-8b"],
+)
 def test_megatron_lm_example_scripts_get_a_reason_for_every_flag_they_cannot_use(script: str) -> None:
     argv = shlex.split(script)
     expected = [t for t in argv if t.startswith("--") and megatron_lm.refusal(t) is not None]
