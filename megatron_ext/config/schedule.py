@@ -162,6 +162,19 @@ def trained_samples(batch: BatchArgs, layout: ParallelLayout, train_iters: int) 
     return sum(ramped) + (train_iters - len(ramped)) * layout.global_batch_size
 
 
+def split_samples(run: RunArgs, batch: BatchArgs, layout: ParallelLayout) -> list[int]:
+    """Samples the run reads from the train, valid and test splits.
+
+    Training: ``--train-samples`` when given (a ramp-up's iterations may take
+    one batch more), else what its iterations consume. Every evaluation reads
+    the same first ``--eval-iters`` global batches of the validation split, so
+    successive validation losses are comparable; the test split is read once.
+    """
+    trained = trained_samples(batch, layout, run.train_iters)
+    evaluated = run.eval_iters * layout.global_batch_size
+    return [max(run.train_samples or 0, trained), evaluated, evaluated]
+
+
 @dataclass(frozen=True)
 class LrSteps:
     """The learning-rate and weight-decay schedule's lengths, in samples (Megatron-Core's scheduler counts

@@ -13,8 +13,10 @@ import dataclasses
 import importlib.util
 from dataclasses import dataclass
 
+from megatron_ext.config import schedule
 from megatron_ext.config.arguments import ConfigError, TrainingConfig
 from megatron_ext.data import sources
+from megatron_ext.data.indexed import IndexedDatasetFiles
 from megatron_ext.data.tokenizers import Tokenizer
 
 
@@ -41,4 +43,37 @@ def preflight(cfg: TrainingConfig, *, full: bool) -> Checked:
         tokenizer = sources.resolve(cfg.data, vocab_size=cfg.model.vocab_size if null else None, full=full)
     except sources.DataError as exc:
         raise ConfigError(str(exc)) from exc
+    problems = empty_split_problems(cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
     return Checked(cfg=dataclasses.replace(cfg, tokenizer_vocab_size=tokenizer.vocab_size), tokenizer=tokenizer)
+
+
+def empty_split_problems(cfg: TrainingConfig) -> list[str]:
+    """The splits the run reads that ``--split`` leaves without a document of a dataset of ``--data-path``.
+
+    Megatron-Core splits each dataset by documents (``round(share × documents)``
+    at both ends); indexing an empty split that is asked for samples never ends.
+    """
+    if cfg.data.mock_data or not cfg.data.data_path:
+        return []
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+
+    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(cfg.data.split))
+    needed = schedule.split_samples(cfg.run, cfg.batch, cfg.layout)
+    problems = []
+    for prefix in sources.parse_blend(cfg.data.data_path).prefixes:
+        documents = IndexedDatasetFiles.open(prefix).num_documents
+        for name, part, size in zip(("train", "valid", "test"), matrix, needed, strict=True):
+            if not size or part is None:
+                continue
+            if int(round(part[1] * documents)) <= int(round(part[0] * documents)):
+                instead = "" if name == "train" else " (or --eval-iters 0)"
+                problems.append(
+                    f"the {name} split of {prefix} holds no document: --split {cfg.data.split} gives it "
+                    f"{part[1] - part[0]:.2%} of its {documents:,} documents; give it a larger share{instead}"
+                )
+    return problems

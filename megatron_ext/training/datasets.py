@@ -32,20 +32,6 @@ class Datasets:
     test: Any | None
 
 
-def dataset_sizes(cfg: TrainingConfig) -> list[int]:
-    """Samples needed for train / valid / test.
-
-    Every evaluation reads the same first ``eval_iters`` global batches of the
-    validation split, so successive validation losses are comparable.
-    """
-    gbs = cfg.layout.global_batch_size
-    run = cfg.run
-    evaluated = run.eval_iters * gbs if run.eval_iters > 0 else 0
-    # Megatron-LM asks for --train-samples when given (a ramp-up's iterations may take one batch more).
-    trained = schedule.trained_samples(cfg.batch, cfg.layout, run.train_iters)
-    return [max(run.train_samples or 0, trained), evaluated, evaluated]
-
-
 def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:
     """Megatron-Core's ``GPTDatasetConfig`` for this run: blend (or one blend per split), split, cache."""
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
@@ -59,7 +45,7 @@ def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:
         else:
             blend_per_split = [b.as_megatron() if b is not None else None for b in sources.values()]
             split = None
-    return GPTDatasetConfig(
+    config = GPTDatasetConfig(
         random_seed=cfg.optim.seed,
         sequence_length=cfg.model.seq_length,
         blend=blend,
@@ -75,6 +61,12 @@ def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:
         mmap_bin_files=not cfg.data.no_mmap_bin_files,
         mid_level_dataset_surplus=0.005,
     )
+    if config.split_matrix is not None:
+        # A split no step reads (valid and test without --eval-iters) is not built: Megatron-Core would
+        # still index it, and an empty one (a small corpus's 0.1% test split) would loop forever.
+        sizes = schedule.split_samples(cfg.run, cfg.batch, cfg.layout)
+        config.split_matrix = [part if size else None for part, size in zip(config.split_matrix, sizes, strict=True)]
+    return config
 
 
 def build_datasets(cfg: TrainingConfig, tokenizer: Tokenizer) -> Datasets:
@@ -90,7 +82,9 @@ def build_datasets(cfg: TrainingConfig, tokenizer: Tokenizer) -> Datasets:
 
     config = dataset_config(cfg, tokenizer)
     cls = MockGPTDataset if cfg.data.mock_data else GPTDataset
-    train, valid, test = BlendedMegatronDatasetBuilder(cls, dataset_sizes(cfg), lambda: True, config).build()
+    train, valid, test = BlendedMegatronDatasetBuilder(
+        cls, schedule.split_samples(cfg.run, cfg.batch, cfg.layout), lambda: True, config
+    ).build()
     if train is None or len(train) == 0:
         raise data_sources.DataError(
             "the training split is empty: give it a share in --split (e.g. 969,30,1) or pass --train-data-path"

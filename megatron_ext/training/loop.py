@@ -172,6 +172,23 @@ class LogWindow:
         return self.loss_sum / self.finite_losses if self.finite_losses else math.nan
 
 
+def _param_group_overrides(config: Any) -> Any:
+    """Megatron-Core's standard parameter-group overrides (no weight decay on biases and norms; --decoupled-lr on
+    the embedding and output layer), with the decoupled group marked ``is_decoupled_lr``.
+
+    Megatron-Core 0.16.1 matches a checkpoint's groups to the optimizer's by (wd_mult, lr_mult,
+    is_expert_parallel, is_decoupled_lr), but its overrides leave is_decoupled_lr False, so the decoupled group
+    and the default one look alike and a resumed run fails on their sizes.
+    """
+    from megatron.core.optimizer import get_standard_config_overrides
+
+    overrides = get_standard_config_overrides(config)
+    for override in overrides.values():
+        if "max_lr" in override:
+            override["is_decoupled_lr"] = True  # type: ignore[typeddict-unknown-key]
+    return overrides
+
+
 class Trainer:
     """State of one run, passed explicitly (no global arguments)."""
 
@@ -209,32 +226,32 @@ class Trainer:
         self.timers = timing.StepTimers(level=cfg.run.timing_log_level, device=ctx.device)
 
         o = cfg.optim
+        optimizer_config = OptimizerConfig(
+            optimizer=o.optimizer,
+            lr=o.lr,
+            min_lr=o.min_lr,
+            decoupled_lr=o.decoupled_lr,
+            decoupled_min_lr=o.decoupled_min_lr,
+            weight_decay=o.weight_decay,
+            adam_beta1=o.adam_beta1,
+            adam_beta2=o.adam_beta2,
+            adam_eps=o.adam_eps,
+            sgd_momentum=o.sgd_momentum,
+            clip_grad=o.clip_grad,
+            bf16=o.bf16,
+            fp16=o.fp16,
+            params_dtype=get_model_config(self.chunks[0]).params_dtype,
+            loss_scale=o.loss_scale,
+            initial_loss_scale=o.initial_loss_scale,
+            min_loss_scale=o.min_loss_scale,
+            loss_scale_window=o.loss_scale_window,
+            hysteresis=o.hysteresis,
+            use_distributed_optimizer=layout.use_distributed_optimizer,
+            overlap_param_gather_with_optimizer_step=False,
+            timers=self.timers.timers,
+        )
         self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer=o.optimizer,
-                lr=o.lr,
-                min_lr=o.min_lr,
-                decoupled_lr=o.decoupled_lr,
-                decoupled_min_lr=o.decoupled_min_lr,
-                weight_decay=o.weight_decay,
-                adam_beta1=o.adam_beta1,
-                adam_beta2=o.adam_beta2,
-                adam_eps=o.adam_eps,
-                sgd_momentum=o.sgd_momentum,
-                clip_grad=o.clip_grad,
-                bf16=o.bf16,
-                fp16=o.fp16,
-                params_dtype=get_model_config(self.chunks[0]).params_dtype,
-                loss_scale=o.loss_scale,
-                initial_loss_scale=o.initial_loss_scale,
-                min_loss_scale=o.min_loss_scale,
-                loss_scale_window=o.loss_scale_window,
-                hysteresis=o.hysteresis,
-                use_distributed_optimizer=layout.use_distributed_optimizer,
-                overlap_param_gather_with_optimizer_step=False,
-                timers=self.timers.timers,
-            ),
-            self.chunks,
+            optimizer_config, self.chunks, config_overrides=_param_group_overrides(optimizer_config)
         )
         self.scheduler = OptimizerParamScheduler(self.optimizer, **scheduler_arguments(cfg))
         # Megatron-Core's calculator, held here instead of in its process-wide slot.
@@ -370,10 +387,9 @@ class Trainer:
 
     def _learning_rates(self) -> tuple[float, float | None]:
         """The rate this step uses, and with --decoupled-lr the embedding and output layer's (Megatron-LM logs
-        both). Megatron-Core marks the groups whose rates are overridden; a stage without those layers has
-        none."""
-        rates = {bool(g["default_config"]): float(g["lr"]) for g in self.optimizer.param_groups if g["params"]}
-        return rates.get(True, 0.0), rates.get(False)
+        both; a stage without those layers has none)."""
+        rates = {bool(g["is_decoupled_lr"]): float(g["lr"]) for g in self.optimizer.param_groups if g["params"]}
+        return rates.get(False, 0.0), rates.get(True)
 
     def evaluate(self, split: str = "valid") -> float | None:
         dataset = getattr(self.datasets, split)
