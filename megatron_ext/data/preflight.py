@@ -70,7 +70,7 @@ def empty_split_problems(cfg: TrainingConfig) -> list[str]:
         for name, part, size in zip(("train", "valid", "test"), matrix, needed, strict=True):
             if not size or part is None:
                 continue
-            if int(round(part[1] * documents)) <= int(round(part[0] * documents)):
+            if round(part[1] * documents) <= round(part[0] * documents):  # Megatron-Core's rounding
                 instead = "" if name == "train" else " (or --eval-iters 0)"
                 problems.append(
                     f"the {name} split of {prefix} holds no document: --split {cfg.data.split} gives it "

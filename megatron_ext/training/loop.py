@@ -185,7 +185,7 @@ def _param_group_overrides(config: Any) -> Any:
     overrides = get_standard_config_overrides(config)
     for override in overrides.values():
         if "max_lr" in override:
-            override["is_decoupled_lr"] = True  # type: ignore[typeddict-unknown-key]
+            override["is_decoupled_lr"] = True
     return overrides
 
 

@@ -24,7 +24,9 @@ from tests.conftest import TINY_MODEL, read_metrics, run_pretrain, train_losses
 pytestmark = pytest.mark.distributed
 
 ITERATION_SCHEDULE = {"--lr-warmup-iters", "--lr-decay-iters"}
-MODEL = [a for i, a in enumerate(TINY_MODEL) if a not in ITERATION_SCHEDULE and TINY_MODEL[i - 1] not in ITERATION_SCHEDULE]
+MODEL = [
+    a for i, a in enumerate(TINY_MODEL) if a not in ITERATION_SCHEDULE and TINY_MODEL[i - 1] not in ITERATION_SCHEDULE
+]
 LR, MIN_LR, DECOUPLED, DECOUPLED_MIN = 1e-3, 1e-4, 5e-3, 5e-4
 WARMUP, SAMPLES = 8, 70
 RUN = [
