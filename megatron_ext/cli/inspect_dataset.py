@@ -21,8 +21,9 @@ import numpy as np
 
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser, at_least
+from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, tokenizer_type_argument
 from megatron_ext.data.indexed import IndexedDatasetError, IndexedDatasetFiles
-from megatron_ext.data.tokenizers import TOKENIZER_TYPES, TokenizerError, build_tokenizer
+from megatron_ext.data.tokenizers import TokenizerError, build_tokenizer
 
 
 def histogram(lengths: np.ndarray, bins: int = 10) -> list[tuple[int, int, int]]:
@@ -42,7 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--show", type=at_least(0), default=0, help="Decode the first N documents (needs a tokenizer).")
     p.add_argument("--max-chars", type=at_least(1), default=500, help="Characters shown per decoded document.")
     p.add_argument("--json", action="store_true", help="Print the statistics as JSON.")
-    p.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, help="Tokenizer to decode with.")
+    p.add_argument(
+        "--tokenizer-type",
+        type=tokenizer_type_argument,
+        metavar="{" + ",".join(TOKENIZER_TYPES) + "}",
+        help="Tokenizer to decode with.",
+    )
     p.add_argument("--tokenizer-model", help="SentencePiece .model or Hugging Face directory.")
     p.add_argument("--vocab-file", help="GPT2BPETokenizer vocab.json.")
     p.add_argument("--merge-file", help="GPT2BPETokenizer merges.txt.")

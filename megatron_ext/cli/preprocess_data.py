@@ -23,8 +23,9 @@ import sys
 
 from megatron_ext.config.exit_codes import SIGNAL_BASE, ExitCode
 from megatron_ext.config.flags import Parser, above, at_least
+from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, tokenizer_type_argument
 from megatron_ext.data import formats, preprocess
-from megatron_ext.data.tokenizers import TOKENIZER_TYPES, TokenizerError
+from megatron_ext.data.tokenizers import TokenizerError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--split-sentences", action="store_true", help="Not supported (needs NLTK); refused.")
     g.add_argument("--keep-newlines", action="store_true", help="Only with --split-sentences; refused.")
     g = p.add_argument_group("tokenizer")
-    g.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES, help="Megatron-LM tokenizer name.")
+    g.add_argument(
+        "--tokenizer-type",
+        required=True,
+        type=tokenizer_type_argument,
+        metavar="{" + ",".join(TOKENIZER_TYPES) + "}",
+        help="Megatron-LM tokenizer name.",
+    )
     g.add_argument("--tokenizer-model", help="SentencePiece .model file, or a local Hugging Face directory.")
     g.add_argument("--vocab-file", help="GPT2BPETokenizer: vocab.json.")
     g.add_argument("--merge-file", help="GPT2BPETokenizer: merges.txt.")

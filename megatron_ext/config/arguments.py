@@ -19,6 +19,7 @@ from megatron_ext.config.flags import Parser, add_options, bound_problems, opt, 
 from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.megatron_lm import split_unknown
 from megatron_ext.config.presets import PRESETS, get_preset
+from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, VOCAB_FILE_TOKENIZERS, tokenizer_type_problem
 
 
 class ConfigError(ValueError):
@@ -69,6 +70,9 @@ class ModelArgs(_Options):
     swiglu: bool = opt(False, "Use a SwiGLU MLP (gated SiLU) instead of GeLU.", estimate=True)
     normalization: str = opt("LayerNorm", "Normalization layer.", choices=["LayerNorm", "RMSNorm"], estimate=True)
     norm_epsilon: float = opt(1e-5, "Epsilon of the normalization layers.", above=0)
+    apply_layernorm_1p: bool = opt(
+        False, "Zero-centred norm weights: each norm stores gamma − 1, starting at 0, and scales by weight + 1."
+    )
     untie_embeddings_and_output_weights: bool = opt(
         False, "Separate input embedding and output layer weights.", estimate=True
     )
@@ -107,6 +111,15 @@ class ModelArgs(_Options):
     no_bias_gelu_fusion: bool = opt(False, "Do not fuse bias and GeLU (fused on GPU by default).")
     no_bias_swiglu_fusion: bool = opt(False, "Do not fuse bias and SwiGLU (fused on GPU by default).")
     no_bias_dropout_fusion: bool = opt(False, "Do not fuse bias, dropout and residual add (fused on GPU by default).")
+    no_masked_softmax_fusion: bool = opt(
+        False, "Do not use Megatron-Core's fused attention-softmax kernels (apex's; used on GPU when installed)."
+    )
+    no_rope_fusion: bool = opt(False, "Do not fuse the rotary embedding (Transformer Engine's kernel).")
+    no_gradient_accumulation_fusion: bool = opt(
+        False,
+        "Do not fuse the weight-gradient GEMM with its accumulation into the fp32 gradient buffer (Transformer "
+        "Engine's or apex's kernel).",
+    )
 
     @property
     def effective_ffn_hidden_size(self) -> int:
@@ -415,14 +428,9 @@ class DataArgs(_Options):
     )
     tokenizer_type: str = opt(
         "NullTokenizer",
-        "Tokenizer, with Megatron-LM's names and semantics (must be the one the data was preprocessed with).",
-        choices=[
-            "NullTokenizer",
-            "SentencePieceTokenizer",
-            "GPTSentencePieceTokenizer",
-            "GPT2BPETokenizer",
-            "HuggingFaceTokenizer",
-        ],
+        f"Tokenizer, with Megatron-LM's names and semantics (must be the one the data was preprocessed with): "
+        f"{', '.join(TOKENIZER_TYPES)}. Default: GPT2BPETokenizer with --vocab-file and --merge-file, else "
+        "NullTokenizer.",
         env="TOKENIZER_TYPE",
     )
     tokenizer_model: str | None = opt(
@@ -438,6 +446,14 @@ class DataArgs(_Options):
     )
 
     def _relations(self) -> None:
+        problem = tokenizer_type_problem(self.tokenizer_type)
+        if problem is not None:
+            raise ConfigError(problem)
+        if (self.vocab_file or self.merge_file) and self.tokenizer_type not in VOCAB_FILE_TOKENIZERS:
+            raise ConfigError(
+                f"--vocab-file/--merge-file are read by {' and '.join(VOCAB_FILE_TOKENIZERS)}, not by "
+                f"--tokenizer-type {self.tokenizer_type}; drop them or change the tokenizer type"
+            )
         per_split = self.train_data_path or self.valid_data_path or self.test_data_path
         if self.data_path and per_split:
             raise ConfigError("--data-path and --train/valid/test-data-path are mutually exclusive; use one form")
@@ -787,6 +803,10 @@ def make_config(
     ``WORLD_SIZE``, which the caller reads). The tokenizer's vocabulary is filled in by
     ``megatron_ext.data.preflight``, which opens the files.
     """
+    data_given = groups.get("data", {})
+    if "tokenizer_type" not in data_given and data_given.get("vocab_file") and data_given.get("merge_file"):
+        # What Megatron-LM's GPT examples mean by giving only the two files.
+        groups = {**groups, "data": {**data_given, "tokenizer_type": "GPT2BPETokenizer"}}
     built = {name: cls(**groups.get(name, {})) for name, cls in GROUPS.items()}
     model: ModelArgs = built["model"]
     parallel: ParallelArgs = built["parallel"]

@@ -200,10 +200,6 @@ REFUSALS: tuple[Refusal, ...] = (
         "without the per-document mask this needs (a mask tensor per sample, slower attention); not supported",
         "--reset-attention-mask",
     ),
-    _r(
-        "the local spec's torch LayerNorm has no zero-centred gamma (Transformer Engine's has); not supported yet",
-        "--apply-layernorm-1p",
-    ),
     # ---- model variants
     _r(
         VARIANT + " (activation: GeLU, or SwiGLU with --swiglu)",
@@ -235,8 +231,7 @@ REFUSALS: tuple[Refusal, ...] = (
     _r(
         PLANNED,
         "--auto-detect-ckpt-format --ckpt-step --dataloader-type "
-        "--fp16-lm-cross-entropy --no-masked-softmax-fusion --no-rope-fusion "
-        "--no-gradient-accumulation-fusion --disable-bf16-reduced-precision-matmul --deterministic-mode "
+        "--fp16-lm-cross-entropy --disable-bf16-reduced-precision-matmul --deterministic-mode "
         "--log-params-norm --log-num-zeros-in-grad --log-memory-to-tensorboard --log-timers-to-tensorboard "
         "--log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --tensorboard-log-interval "
         "--tensorboard-queue-size --no-log-loss-scale-to-tensorboard --disable-log-loss-scale-to-tensorboard "

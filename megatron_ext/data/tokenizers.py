@@ -39,13 +39,7 @@ from typing import Any
 
 import numpy as np
 
-TOKENIZER_TYPES = (
-    "SentencePieceTokenizer",
-    "GPTSentencePieceTokenizer",
-    "GPT2BPETokenizer",
-    "HuggingFaceTokenizer",
-    "NullTokenizer",
-)
+from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES
 
 
 class TokenizerError(ValueError):

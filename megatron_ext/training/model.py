@@ -42,13 +42,19 @@ def use_transformer_engine(cfg: TrainingConfig, device: torch.device) -> bool:
 def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> TransformerConfig
     """Megatron-Core's TransformerConfig for this run."""
     from megatron.core.transformer import TransformerConfig
+
+    return TransformerConfig(**transformer_config_arguments(cfg, device))
+
+
+def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> dict[str, Any]:
+    """The TransformerConfig's arguments (its checks need the kernels it names, which a CPU machine lacks)."""
     from megatron.core.transformer.enums import AttnBackend
 
     m, layout, o = cfg.model, cfg.layout, cfg.optim
     on_gpu = device.type == "cuda"
     dtype = params_dtype(cfg)
     te = use_transformer_engine(cfg, device)
-    return TransformerConfig(
+    return dict(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
         ffn_hidden_size=m.effective_ffn_hidden_size,
@@ -91,7 +97,7 @@ def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> Transfo
         bias_dropout_fusion=on_gpu and not m.no_bias_dropout_fusion,
         # Megatron-Core's own attention softmax kernels come with apex; without them
         # the fused path raises instead of falling back.
-        masked_softmax_fusion=on_gpu and _has_softmax_kernels(),
+        masked_softmax_fusion=on_gpu and not m.no_masked_softmax_fusion and _has_softmax_kernels(),
         cross_entropy_loss_fusion=on_gpu and m.cross_entropy_loss_fusion,
         cross_entropy_fusion_impl="native",
         # With TE, Megatron-Core turns this into TE's backend switches; the local
@@ -99,10 +105,11 @@ def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> Transfo
         attention_backend=AttnBackend[m.attention_backend] if te else AttnBackend.local,
         # TE's fused rope and its weight-gradient GEMM accumulating into the fp32
         # main_grad buffer; the local spec's versions need apex's CUDA extensions.
-        apply_rope_fusion=te and m.position_embedding_type == "rope",
+        apply_rope_fusion=te and m.position_embedding_type == "rope" and not m.no_rope_fusion,
         persist_layer_norm=False,
-        gradient_accumulation_fusion=te
-        or (on_gpu and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None),
+        gradient_accumulation_fusion=not m.no_gradient_accumulation_fusion
+        and (te or (on_gpu and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None)),
+        layernorm_zero_centered_gamma=m.apply_layernorm_1p,
         # Frees a stage's output right after its (asynchronous) send. Safe with
         # NCCL's stream ordering; gloo reads the buffer later from its own thread,
         # so on CPU the output must live until the send completes.

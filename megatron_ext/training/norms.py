@@ -7,7 +7,8 @@ each rank normalises a different slice of the sequence, so the weights'
 gradients must be summed over TP. Megatron-Core's ``finalize_model_grads``
 does that for every parameter marked ``sequence_parallel`` (as apex's
 ``FusedLayerNorm`` marks its own); ``TorchNorm`` builds PyTorch's norm and
-marks it.
+marks it. ``WrappedTorchNorm`` also refuses ``--apply-layernorm-1p``; the
+zero-centred norms below give it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 
 class TorchNorm:
@@ -33,16 +35,42 @@ class TorchNorm:
         zero_centered_gamma: bool = False,
         normalization: str | None = None,
     ) -> torch.nn.Module:
-        if config.layernorm_zero_centered_gamma or zero_centered_gamma:
-            raise ValueError("zero-centred gamma needs apex or Transformer Engine norms")
+        centred = config.layernorm_zero_centered_gamma or zero_centered_gamma
         kind = normalization or config.normalization
         if kind == "LayerNorm":
-            norm: torch.nn.Module = torch.nn.LayerNorm(hidden_size, eps=eps)
+            norm: torch.nn.Module = (ZeroCenteredLayerNorm if centred else torch.nn.LayerNorm)(hidden_size, eps=eps)
         elif kind == "RMSNorm":
-            norm = torch.nn.RMSNorm(hidden_size, eps=eps)
+            norm = (ZeroCenteredRMSNorm if centred else torch.nn.RMSNorm)(hidden_size, eps=eps)
         else:
             raise ValueError(f"normalization {kind!r}: only LayerNorm and RMSNorm are supported without apex/TE")
         if config.sequence_parallel:
             for param in norm.parameters():
                 param.sequence_parallel = True  # type: ignore[attr-defined]
         return norm
+
+
+class ZeroCenteredLayerNorm(torch.nn.LayerNorm):
+    """LayerNorm whose stored weight is gamma − 1 (``--apply-layernorm-1p``, as apex's and Transformer Engine's
+    ``zero_centered_gamma``): it starts at 0 and the scale applied is ``weight + 1``."""
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.weight is not None:
+            torch.nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight + 1 if self.weight is not None else None
+        return F.layer_norm(x, self.normalized_shape, weight, self.bias, self.eps)
+
+
+class ZeroCenteredRMSNorm(torch.nn.RMSNorm):
+    """RMSNorm with the stored weight gamma − 1 (``--apply-layernorm-1p`` with ``--normalization RMSNorm``)."""
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.weight is not None:
+            torch.nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight + 1 if self.weight is not None else None
+        return F.rms_norm(x, self.normalized_shape, weight, self.eps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -158,3 +159,31 @@ def test_data_flags_reach_megatron_cores_dataset_config() -> None:
     flags = ["--mock-data", "--no-mmap-bin-files", "--eod-mask-loss", "--reset-position-ids"]
     asked = dataset_config(parse_args(flags), NullTokenizer(100))
     assert not asked.mmap_bin_files and asked.eod_mask_loss and asked.reset_position_ids
+
+
+# Megatron-LM's --tokenizer-type choices at core_v0.16.1 (megatron/training/arguments.py).
+MEGATRON_LM_TOKENIZER_TYPES = """BertWordPieceLowerCase BertWordPieceCase GPT2BPETokenizer SentencePieceTokenizer
+    GPTSentencePieceTokenizer HuggingFaceTokenizer Llama2Tokenizer TikTokenizer MultimodalTokenizer NullTokenizer
+    NullMultimodalTokenizer SFTTokenizer""".split()
+
+
+@pytest.mark.parametrize("name", MEGATRON_LM_TOKENIZER_TYPES)
+def test_every_megatron_lm_tokenizer_type_is_taken_or_refused_with_its_reason(name: str) -> None:
+    from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, UNSUPPORTED_TOKENIZER_TYPES
+
+    if name in TOKENIZER_TYPES:
+        assert parse_args(["--mock-data", "--tokenizer-type", name]).data.tokenizer_type == name
+    else:
+        with pytest.raises(
+            ConfigError, match=re.escape(f"--tokenizer-type {name}: {UNSUPPORTED_TOKENIZER_TYPES[name]}")
+        ):
+            parse_args(["--mock-data", "--tokenizer-type", name])
+
+
+def test_vocab_and_merge_files_alone_mean_gpt2_bpe_and_are_never_ignored() -> None:
+    files = ["--vocab-file", "vocab.json", "--merge-file", "merges.txt"]
+    assert parse_args(["--mock-data", *files]).data.tokenizer_type == "GPT2BPETokenizer"
+    with pytest.raises(ConfigError, match="read by GPT2BPETokenizer, not by --tokenizer-type NullTokenizer"):
+        parse_args(["--mock-data", "--vocab-file", "vocab.json", "--vocab-size", "100"])
+    with pytest.raises(ConfigError, match="not by --tokenizer-type SentencePieceTokenizer"):
+        parse_args(["--mock-data", "--tokenizer-type", "SentencePieceTokenizer", *files])
