@@ -69,10 +69,13 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[Any
 
 def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Any]:
     """Run one micro-batch through one model chunk."""
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
     chunk = unwrap(model)
     batch: Any = None
     if chunk.pre_process or chunk.post_process:
-        batch = next(data_iterator)
+        # Context parallelism: this rank's two of the sequence's 2·CP chunks (a no-op without).
+        batch = get_batch_on_this_cp_rank(next(data_iterator))
     device = next(model.parameters()).device
     tokens = batch["tokens"].to(device, non_blocking=True) if chunk.pre_process else None
     position_ids = batch["position_ids"].to(device, non_blocking=True) if chunk.pre_process else None

@@ -20,6 +20,7 @@
 # Layout, batch, precision, run and data (recipe defaults; each sets pretrain_gpt.py
 # flags through megatron_ext.cli.recipe, which lists them: python -m megatron_ext.cli.recipe --variables)
 #   TP PP             tensor- and pipeline-parallel sizes
+#   CP                context-parallel size (1; more needs Transformer Engine)
 #   VP_LAYERS         layers per virtual pipeline stage (interleaved 1F1B, even stages); 0: off
 #   VP                virtual stages per pipeline rank (instead of VP_LAYERS)
 #   FIRST_STAGE_LAYERS LAST_STAGE_LAYERS   uneven stages: layers on the first / last pipeline rank

@@ -246,15 +246,19 @@ def _describe_inputs(workload: Workload, cluster: Cluster, batch: int | None) ->
 
 
 def _table(estimates: list[LayoutEstimate]) -> list[str]:
+    # A CP column only where context parallelism was asked for (the search keeps CP 1).
+    with_cp = any(e.layout.cp > 1 for e in estimates)
     header = (
-        f"{'TP':>3} {'PP':>3} {'VP':>3} {'DP':>5} {'MB':>3} {'#mb':>5} {'GiB/GPU':>8} {'fits':>4} "
+        (f"{'TP':>3} {'CP':>3} " if with_cp else f"{'TP':>3} ")
+        + f"{'PP':>3} {'VP':>3} {'DP':>5} {'MB':>3} {'#mb':>5} {'GiB/GPU':>8} {'fits':>4} "
         f"{'bubble':>7} {'step s':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>6} {'imbal':>6}  split"
     )
     rows = [header]
     for e in estimates:
         lay = e.layout
+        factors = f"{lay.tp:>3} {lay.cp:>3} " if with_cp else f"{lay.tp:>3} "
         rows.append(
-            f"{lay.tp:>3} {lay.pp:>3} {lay.vp:>3} {lay.dp:>5} {lay.micro_batch_size:>3} {lay.num_microbatches:>5} "
+            f"{factors}{lay.pp:>3} {lay.vp:>3} {lay.dp:>5} {lay.micro_batch_size:>3} {lay.num_microbatches:>5} "
             f"{_gib(e.memory.total_bytes):>8} {'yes' if e.fits else 'NO':>4} "
             f"{lay.bubble_fraction:>7.1%} {e.time.step_s:>9.3f} "
             f"{e.tokens_per_sec:>11,.0f} {e.tflops_per_gpu:>8.1f} {e.mfu:>6.1%} {e.time.stage_imbalance:>6.1%}  "
@@ -289,8 +293,9 @@ def _explain(e: LayoutEstimate, workload: Workload) -> list[str]:
     most = mem.most_loaded
     per_w = most.weights_bytes / most.parameters
     per_o = most.optimizer_bytes / most.parameters
+    shards, over = lay.dp * lay.cp, f"DP {lay.dp} × CP {lay.cp}" if lay.cp > 1 else f"DP {lay.dp}"
     opt_note = f"{per_o:.2f} bytes/param" + (
-        f" = {per_o * lay.dp:.0f} / DP {lay.dp}, distributed optimizer" if lay.use_distributed_optimizer else ""
+        f" = {per_o * shards:.0f} / {over}, distributed optimizer" if lay.use_distributed_optimizer else ""
     )
     other = mem.last if most is mem.first else mem.first
     lines = [
@@ -314,6 +319,11 @@ def _explain(e: LayoutEstimate, workload: Workload) -> list[str]:
         f"  compute             {t.compute_s:>10.3f} s  ({lay.num_microbatches} microbatches × "
         f"{t.microbatch_compute_s * 1e3:.2f} ms on the slowest stage)",
         f"  tensor-parallel     {t.tp_comm_s:>10.3f} s  (all-reduce / all-gather + reduce-scatter, NVLink)",
+        *(
+            [f"  context-parallel    {t.cp_comm_s:>10.3f} s  (key/value ring exchange not hidden by attention)"]
+            if lay.cp > 1
+            else []
+        ),
         f"  pipeline bubble     {t.bubble_s:>10.3f} s  (fill and drain through the other stages; "
         f"(p-1)/(v*m) = {lay.pp - 1}/({lay.vp}*{lay.num_microbatches}) = {lay.bubble_fraction:.2%} with even stages; "
         f"{t.bubble_share:.2%} of the step)",

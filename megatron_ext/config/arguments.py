@@ -173,7 +173,11 @@ class ParallelArgs(_Options):
     )
     context_parallel_size: int = opt(
         1,
-        "Context-parallel size: 1 (no context parallelism) is the only value here; see the refusal for larger.",
+        "Context-parallel size: ranks that split every sequence (ring attention over their keys and values); needs "
+        "Transformer Engine's attention.",
+        estimate=True,
+        short="--cp",
+        env="CP",
         minimum=1,
     )
     num_layers_per_virtual_pipeline_stage: int | None = opt(
@@ -246,14 +250,6 @@ class ParallelArgs(_Options):
     world_size: int | None = opt(
         None, "World size for --dry-run (default: $WORLD_SIZE, or 1). Ignored in real runs.", minimum=1
     )
-
-    def _relations(self) -> None:
-        if self.context_parallel_size != 1:
-            raise ConfigError(
-                f"--context-parallel-size {self.context_parallel_size}: context parallelism needs Transformer "
-                "Engine's attention, which this project does not build (the local spec, CPU rehearsals); split "
-                "long sequences over TP with --sequence-parallel instead"
-            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -835,6 +831,13 @@ def make_config(
     if problems:
         raise ConfigError("; ".join(problems))
 
+    if parallel.context_parallel_size > 1 and (model.transformer_impl == "local" or run.device == "cpu"):
+        why = "--transformer-impl local" if model.transformer_impl == "local" else "--device cpu"
+        raise ConfigError(
+            f"--context-parallel-size {parallel.context_parallel_size} needs Transformer Engine's attention, which "
+            f"{why} does not build; use CP 1 (split long sequences over TP with --sequence-parallel), or run on "
+            "GPUs with Transformer Engine"
+        )
     parallel, adjustments = megatron_lm_adjustments(parallel)
     layout = build_layout(model, parallel, batch, world_size=world_size)
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)

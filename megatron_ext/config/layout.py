@@ -42,6 +42,8 @@ class ParallelLayout:
     """TP: ranks that split every layer's matrices (keep within a node)."""
     pipeline_model_parallel_size: int = 1
     """PP: pipeline stages, each holding a contiguous share of the layers."""
+    context_parallel_size: int = 1
+    """CP: ranks that split every sequence, exchanging keys and values in a ring inside attention."""
     virtual_pipeline_model_parallel_size: int | None = None
     """VP: model chunks per pipeline rank (interleaved 1F1B when > 1)."""
     decoder_first_pipeline_num_layers: int | None = None
@@ -147,7 +149,8 @@ class ParallelLayout:
         if global_batch_size is None:
             world = int(kwargs["world_size"])  # type: ignore[call-overload]
             tp = int(kwargs.get("tensor_model_parallel_size", 1) or 1)  # type: ignore[call-overload]
-            dp = max(world // (tp * pp), 1)
+            cp = int(kwargs.get("context_parallel_size", 1) or 1)  # type: ignore[call-overload]
+            dp = max(world // (tp * cp * pp), 1)
             global_batch_size = int(kwargs.get("micro_batch_size", 1) or 1) * dp  # type: ignore[call-overload]
         if vp is not None and int(vp) <= 1:  # type: ignore[call-overload]
             vp = None
@@ -183,6 +186,15 @@ class ParallelLayout:
         return self.pipeline_model_parallel_size
 
     @property
+    def cp(self) -> int:
+        return self.context_parallel_size
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Ranks that hold one replica of the model and its batch between them: TP × CP × PP."""
+        return self.tp * self.cp * self.pp
+
+    @property
     def vp(self) -> int:
         """Virtual stages per pipeline rank (1 when not interleaved)."""
         return self.virtual_pipeline_model_parallel_size or 1
@@ -193,7 +205,7 @@ class ParallelLayout:
 
     @property
     def data_parallel_size(self) -> int:
-        return self.world_size // (self.tp * self.pp)
+        return self.world_size // self.model_parallel_size
 
     @property
     def dp(self) -> int:
@@ -271,6 +283,7 @@ class ParallelLayout:
             ("world_size", self.world_size),
             ("tensor_model_parallel_size", tp),
             ("pipeline_model_parallel_size", pp),
+            ("context_parallel_size", self.cp),
             ("virtual_pipeline_model_parallel_size", vp),
             ("micro_batch_size", self.micro_batch_size),
             ("global_batch_size", self.global_batch_size),
@@ -282,12 +295,27 @@ class ParallelLayout:
         if p:
             return p
 
-        if self.world_size % (tp * pp):
+        cp, mp = self.cp, self.model_parallel_size
+        if self.world_size % mp:
+            factors = f"tensor({tp}) × context({cp}) × pipeline({pp})" if cp > 1 else f"tensor({tp}) × pipeline({pp})"
             p.append(
-                f"world_size={self.world_size} is not divisible by tensor({tp}) × pipeline({pp}) "
-                f"= {tp * pp}; use {nearest_multiples(self.world_size, tp * pp)} processes, "
-                f"or TP × PP in {sorted({d for d in divisors(self.world_size)})}"
+                f"world_size={self.world_size} is not divisible by {factors} "
+                f"= {mp}; use {nearest_multiples(self.world_size, mp)} processes, "
+                f"or {'TP × CP × PP' if cp > 1 else 'TP × PP'} in {sorted({d for d in divisors(self.world_size)})}"
             )
+        if cp > 1 and self.seq_length is not None:
+            # Megatron-Core splits each sequence into 2·CP chunks, two per rank, to balance causal attention.
+            if self.seq_length % (2 * cp):
+                p.append(
+                    f"seq_length={self.seq_length} is not divisible by 2 × context({cp}) = {2 * cp} (each rank "
+                    f"holds two of 2·CP chunks); try {nearest_multiples(self.seq_length, 2 * cp)}"
+                )
+            elif self.sequence_parallel and (self.seq_length // cp) % tp:
+                p.append(
+                    f"seq_length={self.seq_length} / context({cp}) = {self.seq_length // cp} tokens per rank is not "
+                    f"divisible by tensor({tp}) with sequence parallel; try seq_length "
+                    f"{nearest_multiples(self.seq_length, 2 * cp * tp)}"
+                )
         if self.gpus_per_node is not None and tp > self.gpus_per_node:
             p.append(
                 f"tensor_model_parallel_size={tp} exceeds gpus_per_node={self.gpus_per_node}; "
@@ -386,9 +414,10 @@ class ParallelLayout:
     def describe(self) -> list[str]:
         """The derived numbers, one 'name: value' line each, and the stage table when the layers are uneven."""
         vp_text = f" × VP {self.vp} (interleaved 1F1B)" if self.interleaved else ""
+        cp_text = f" × CP {self.cp}" if self.cp > 1 else ""
         group = self.microbatch_group_size_per_vp_stage
         lines = [
-            f"world size: {self.world_size} = TP {self.tp} × PP {self.pp} × DP {self.dp}{vp_text}",
+            f"world size: {self.world_size} = TP {self.tp}{cp_text} × PP {self.pp} × DP {self.dp}{vp_text}",
             f"micro-batch: {self.micro_batch_size}, global batch: {self.global_batch_size}, "
             f"microbatches per step (gradient accumulation): {self.num_microbatches}"
             + (f", in groups of {group} per virtual stage" if group is not None else ""),

@@ -62,7 +62,8 @@ NOTES: dict[str, str] = {
     "--sequence-parallel": "with TP 1 it is turned off with a note, as Megatron-LM does",
     "--exit-on-missing-checkpoint": "the same as --strict-load",
     "--ckpt-format": "torch_dist only; torch, torch_dcp and fsdp_dtensor are refused with the reason",
-    "--context-parallel-size": "1 only (no context parallelism); larger values are refused with the reason",
+    "--context-parallel-size": "with Transformer Engine's attention (GPU); refused before launch with the local spec "
+    "or on CPU, with the reason",
     "--num-workers": "default 0 here (2 in Megatron-LM): the data loader runs in the training process",
 }
 """What to know about some honoured flags (the docs table's "why" column)."""
@@ -120,8 +121,8 @@ REFUSALS: tuple[Refusal, ...] = (
         groups=("mla",),
     ),
     _r(
-        "context parallelism needs Transformer Engine's attention, which this project does not build (the local "
-        "spec, CPU rehearsals); split the sequence by TP with --sequence-parallel instead",
+        "a context-parallel variant this project does not expose: --context-parallel-size runs Megatron-Core's "
+        "default point-to-point ring",
         "--hierarchical-context-parallel-sizes --hybrid-context-parallel --cp-comm-type --max-seqlen-per-dp-cp-rank",
     ),
     _r(

@@ -74,11 +74,12 @@ class LayerActivations:
 
 
 def layer_activations(
-    workload: Workload, *, micro_batch_size: int, tp: int, sequence_parallel: bool
+    workload: Workload, *, micro_batch_size: int, tp: int, sequence_parallel: bool, cp: int = 1
 ) -> LayerActivations:
-    """Korthikanti et al. 2022, Table 2, term by term (see the module docstring)."""
+    """Korthikanti et al. 2022, Table 2, term by term (see the module docstring); with context parallelism
+    every rank keeps the activations of its 1/CP of each sequence."""
     m = workload.model
-    s, b, h = m.seq_length, micro_batch_size, m.hidden_size
+    s, b, h = m.seq_length / cp, micro_batch_size, m.hidden_size
     n, g, d, f = (
         m.num_attention_heads,
         m.effective_num_query_groups,
@@ -166,7 +167,8 @@ def bytes_per_parameter(workload: Workload, layout: ParallelLayout) -> tuple[flo
     else:
         weights, grads, optim = 4.0, 4.0, 8.0
     if layout.use_distributed_optimizer:
-        optim /= layout.dp
+        # Megatron-Core shards over the data-parallel ranks and, with context parallelism, over CP too.
+        optim /= layout.dp * layout.cp
     return weights, grads, optim
 
 
@@ -174,11 +176,11 @@ def estimate_memory(workload: Workload, layout: ParallelLayout) -> MemoryEstimat
     """Memory of every kind on every pipeline stage; the largest total is what must fit."""
     m = workload.model
     tp, pp, vp = layout.tp, layout.pp, layout.vp
-    s, b, h = m.seq_length, layout.micro_batch_size, m.hidden_size
+    s, b, h = m.seq_length / layout.cp, layout.micro_batch_size, m.hidden_size
     sp = layout.sequence_parallel
     params = workload.parameter_counts(tp=tp, pp=pp, stage_layers=layout.layers_per_rank)
     per_weight, per_grad, per_optim = bytes_per_parameter(workload, layout)
-    layer = layer_activations(workload, micro_batch_size=b, tp=tp, sequence_parallel=sp)
+    layer = layer_activations(workload, micro_batch_size=b, tp=tp, sequence_parallel=sp, cp=layout.cp)
 
     def chunk_activations(layers_per_chunk: int) -> tuple[float, float]:
         """(stored bytes of one chunk's layers for one microbatch, recompute working memory)."""

@@ -165,6 +165,7 @@ class LayoutEstimate:
             "time": {
                 "compute_s": t.compute_s,
                 "tp_comm_s": t.tp_comm_s,
+                "cp_comm_s": t.cp_comm_s,
                 "bubble_s": t.bubble_s,
                 "pp_comm_s": t.pp_comm_s,
                 "dp_comm_s": t.dp_comm_s,
@@ -294,7 +295,7 @@ def _uneven_estimates(
     """(the uneven splits worth keeping, every split tried) for the factors in ``values``."""
     # The loss's weight in layers depends on TP, micro-batch and SP only, which ``layout`` carries even
     # when its even split is invalid.
-    loss = unit_times(workload, layout, cluster.gpu).output_in_layers
+    loss = unit_times(workload, layout, cluster.gpu, gpus_per_node=cluster.gpus_per_node).output_in_layers
     tried = balanced_splits(layout.num_layers, layout.pp, layout.vp, loss=loss)
     kept = []
     for flags in tried:

@@ -111,6 +111,8 @@ class StepTimeEstimate:
     """The data-parallel communication before overlap."""
     optimizer_s: float
     """Adam's update of the rank's (shard of the) parameters, bound by memory bandwidth."""
+    cp_comm_s: float = 0.0
+    """Context parallelism's key/value ring exchange of the ``m`` microbatches that attention does not hide."""
     stage_microbatch_s: tuple[float, ...]
     """One microbatch's forward and backward (and TP communication) on every pipeline stage."""
     model_flops: float
@@ -120,7 +122,15 @@ class StepTimeEstimate:
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.tp_comm_s + self.bubble_s + self.pp_comm_s + self.dp_comm_s + self.optimizer_s
+        return (
+            self.compute_s
+            + self.tp_comm_s
+            + self.cp_comm_s
+            + self.bubble_s
+            + self.pp_comm_s
+            + self.dp_comm_s
+            + self.optimizer_s
+        )
 
     @property
     def stage_imbalance(self) -> float:
@@ -192,30 +202,41 @@ class UnitTimes:
     """The logits GEMM (forward and backward) of the last stage."""
     recompute_flops: float
     """FLOPs recomputation adds per layer and microbatch."""
+    layer_cp_s: float = 0.0
+    """A layer's context-parallel ring exchange that its attention does not hide."""
 
     @property
     def output_in_layers(self) -> float:
         """The output layer's time in transformer layers: how many fewer layers the last stage should hold."""
-        layer = self.layer_compute_s + self.layer_tp_s
+        layer = self.layer_compute_s + self.layer_tp_s + self.layer_cp_s
         return self.output_compute_s / layer if layer > 0 else 0.0
 
 
-def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile) -> UnitTimes:
-    """The per-layer and output-layer times of ``layout``'s TP, micro-batch and SP (see the module docstring)."""
+def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, gpus_per_node: int) -> UnitTimes:
+    """The per-layer and output-layer times of ``layout``'s TP, CP, micro-batch and SP (see the module docstring).
+
+    Context parallelism: each of the CP ranks computes 1/CP of every sequence
+    (Megatron-Core's 2·CP chunks balance the causal attention), so FLOPs,
+    element-wise bytes and TP collectives shrink by CP; attention passes every
+    rank's keys and values around the ring, CP − 1 transfers of 2·g·d·(s/CP)·b
+    in the forward pass and twice that (keys, values and their gradients) in the
+    backward, behind the attention's own compute where it is long enough.
+    """
     m = workload.model
-    t = layout.tp
-    s, b, h = m.seq_length, layout.micro_batch_size, m.hidden_size
+    t, cp = layout.tp, layout.cp
+    s, b, h = m.seq_length / cp, layout.micro_batch_size, m.hidden_size
     n, f = m.num_attention_heads, m.effective_ffn_hidden_size
     vocab = workload.padded_vocab_size(t)
     e = workload.activation_bytes
 
-    # FLOPs of one layer's and of the logits' forward for one microbatch (flops.py).
-    layer_fwd = layer_forward_flops(m, sequences=b)
-    logits_fwd = logits_forward_flops(m, sequences=b, padded_vocab_size=vocab)
+    # FLOPs of one layer's and of the logits' forward for one microbatch on this rank (flops.py).
+    layer_fwd = layer_forward_flops(m, sequences=b) / cp
+    logits_fwd = logits_forward_flops(m, sequences=b, padded_vocab_size=vocab) / cp
+    attention_fwd = attention_core_forward_flops(m, sequences=b) / cp
     if workload.recompute_granularity == "full":
         recompute = layer_fwd
     elif workload.recompute_granularity == "selective":
-        recompute = attention_core_forward_flops(m, sequences=b)
+        recompute = attention_fwd
     else:
         recompute = 0.0
     peak = gpu.peak_flops if workload.mixed_precision else gpu.peak_flops_fp32
@@ -250,8 +271,21 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile) -> U
     else:
         layer_tp = 0.0
 
+    if cp > 1:
+        g, d = m.effective_num_query_groups, m.effective_kv_channels
+        ring_bytes = 3 * (cp - 1) * 2 * g * d / t * s * b * e
+        # Megatron-Core's order tp-cp-dp-pp: the CP ring sits inside a node while TP × CP fits in one.
+        link = gpu.intra_node_bandwidth if t * cp <= gpus_per_node else gpu.inter_node_bandwidth
+        layer_cp = max(0.0, ring_bytes / link - 3 * attention_fwd / t / rate)
+    else:
+        layer_cp = 0.0
+
     return UnitTimes(
-        layer_compute_s=layer_compute, layer_tp_s=layer_tp, output_compute_s=output_compute, recompute_flops=recompute
+        layer_compute_s=layer_compute,
+        layer_tp_s=layer_tp,
+        output_compute_s=output_compute,
+        recompute_flops=recompute,
+        layer_cp_s=layer_cp,
     )
 
 
@@ -260,13 +294,15 @@ def estimate_step_time(
 ) -> StepTimeEstimate:
     """Step time of ``layout`` on ``gpu`` (``rank_parameters``: parameters of the most loaded rank)."""
     m = workload.model
-    t, p, v, dp = layout.tp, layout.pp, layout.vp, layout.dp
+    t, p, v = layout.tp, layout.pp, layout.vp
+    # Gradients are reduced, and the distributed optimizer shards, over the DP × CP ranks.
+    dp = layout.dp * layout.cp
     s, b, h, mbs = m.seq_length, layout.micro_batch_size, m.hidden_size, layout.num_microbatches
     vocab = workload.padded_vocab_size(t)
     e = workload.activation_bytes
     sp = layout.sequence_parallel
 
-    units = unit_times(workload, layout, gpu)
+    units = unit_times(workload, layout, gpu, gpus_per_node=gpus_per_node)
     layer_compute, output_compute, layer_tp, recompute = (
         units.layer_compute_s,
         units.output_compute_s,
@@ -275,18 +311,19 @@ def estimate_step_time(
     )
 
     # Every stage: its layers (ParallelLayout.stages), the output layer on the last. The slowest sets the pace.
-    stages = stage_times(layout, layer_s=layer_compute + layer_tp, output_s=output_compute)
+    stages = stage_times(layout, layer_s=layer_compute + layer_tp + units.layer_cp_s, output_s=output_compute)
     slowest = max(range(p), key=lambda r: stages[r])
     layers_slowest = layout.rank_layers(slowest)
     mb_compute = layers_slowest * layer_compute + (output_compute if slowest == p - 1 else 0.0)
     mb_tp = layers_slowest * layer_tp
+    mb_cp = layers_slowest * units.layer_cp_s
     mb_time = stages[slowest]
 
     # Pipeline: bubble and exposed point-to-point.
     bubble = pipeline_bubble(stages, vp=v)
     if p > 1:
         link = gpu.intra_node_bandwidth if t * dp * p <= gpus_per_node else gpu.inter_node_bandwidth
-        p2p_bytes = b * s * h * e / (t if sp or workload.p2p_scatter_gather else 1)
+        p2p_bytes = b * s * h * e / (t if sp or workload.p2p_scatter_gather else 1) / layout.cp
         pp_comm = pipeline_p2p_exposed(
             pp=p,
             vp=v,
@@ -339,6 +376,7 @@ def estimate_step_time(
         dp_comm_s=dp_exposed,
         dp_comm_total_s=dp_total,
         optimizer_s=optimizer,
+        cp_comm_s=mbs * mb_cp,
         stage_microbatch_s=tuple(stages),
         model_flops=model_flops,
         hardware_flops=hardware_flops,

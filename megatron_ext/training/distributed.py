@@ -93,6 +93,7 @@ def initialize(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vp if layout.interleaved else None,
+        context_parallel_size=layout.cp,
         distributed_timeout_minutes=timeout_minutes,
     )
     ctx = DistributedContext(

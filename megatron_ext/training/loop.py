@@ -37,7 +37,7 @@ from megatron_ext.training.datasets import Datasets, chunk_iterators
 from megatron_ext.training.housekeeping import Housekeeping
 from megatron_ext.training.lr_schedule import scheduler_arguments
 from megatron_ext.training.metrics import MetricsWriter
-from megatron_ext.training.model import build_model_chunks, count_parameters, unwrap
+from megatron_ext.training.model import build_model_chunks, check_context_parallel, count_parameters, unwrap
 from megatron_ext.training.profiling import Profiler
 from megatron_ext.training.stage_timing import StageTimer
 
@@ -211,6 +211,7 @@ class Trainer:
         self.cfg = cfg
         self.ctx = ctx
         layout = cfg.layout
+        check_context_parallel(cfg, ctx.device)
         provider = functools.partial(model_provider, cfg, device=ctx.device)
         self.chunks = build_model_chunks(provider, cfg=cfg, device=ctx.device)
         # Every pass timed: per-stage cost and imbalance in the log, and --timeline.
@@ -353,7 +354,8 @@ class Trainer:
         for item in losses:
             total += item["lm loss"].to(total)
         if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
-            dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
+            # Context parallelism: every CP rank holds a share of each sequence's tokens.
+            dist.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
         else:
             total.zero_()
         # The last stage's value (replicated over its TP ranks) goes to every rank:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from megatron_ext.config.arguments import TrainingConfig
+from megatron_ext.config.arguments import ConfigError, TrainingConfig
 from megatron_ext.config.layout import ParallelLayout
 
 
@@ -37,6 +37,23 @@ def use_transformer_engine(cfg: TrainingConfig, device: torch.device) -> bool:
         return True
     # Megatron-Core's own attention lives in the local spec only.
     return impl == "auto" and device.type == "cuda" and available and cfg.model.attention_backend != "local"
+
+
+def check_context_parallel(cfg: TrainingConfig, device: torch.device) -> None:
+    """ConfigError unless this run builds Transformer Engine's attention, which context parallelism needs
+    (Megatron-Core's own attention asserts CP 1)."""
+    if cfg.layout.cp > 1 and not use_transformer_engine(cfg, device):
+        if device.type != "cuda":
+            why = "this run is on CPU"
+        elif importlib.util.find_spec("transformer_engine") is None:
+            why = "Transformer Engine is not installed"
+        else:
+            why = f"--transformer-impl {cfg.model.transformer_impl} --attention-backend {cfg.model.attention_backend} "
+            why += "selects the local spec"
+        raise ConfigError(
+            f"--context-parallel-size {cfg.layout.cp} needs Transformer Engine's attention, and {why}; use CP 1 "
+            "(split long sequences over TP with --sequence-parallel), or run on GPUs with Transformer Engine"
+        )
 
 
 def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> TransformerConfig
@@ -71,6 +88,7 @@ def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> d
         activation_func=F.silu if m.swiglu else F.gelu,
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
+        context_parallel_size=layout.cp,
         virtual_pipeline_model_parallel_size=layout.vp if layout.interleaved else None,
         # Uneven stages: Megatron-Core places the layers (ParallelLayout.stages predicts the same placement).
         num_layers_in_first_pipeline_stage=layout.decoder_first_pipeline_num_layers,
