@@ -20,7 +20,7 @@ if [[ "${GATES:-1}" != 0 ]]; then
     echo "shellcheck is missing: as root, bash scripts/setup_system.sh" >&2
     exit 1
   }
-  shellcheck --external-sources recipes/*.sh scripts/*.sh
+  shellcheck --external-sources recipes/*.sh scripts/*.sh examples/megatron-lm/*.sh
 fi
 
 if [[ $# -gt 0 ]]; then

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -62,10 +63,13 @@ def unit_problems(optim: OptimizerArgs, run: RunArgs, batch: BatchArgs, *, train
 
 def microbatch_calculator(batch: BatchArgs, layout: ParallelLayout, *, rank: int = 0) -> Any:
     """Megatron-Core's calculator of the microbatches per step (constant, or ramping up with the batch)."""
-    from megatron.core.num_microbatches_calculator import (
-        ConstantNumMicroBatchesCalculator,
-        RampupBatchsizeNumMicroBatchesCalculator,
-    )
+    with warnings.catch_warnings():
+        # Importing megatron.core warns that Transformer Engine and apex are absent; a plan does not need them.
+        warnings.simplefilter("ignore")
+        from megatron.core.num_microbatches_calculator import (
+            ConstantNumMicroBatchesCalculator,
+            RampupBatchsizeNumMicroBatchesCalculator,
+        )
 
     common = {
         "global_batch_size": layout.global_batch_size,

@@ -51,9 +51,10 @@ def describe(cfg: TrainingConfig) -> list[str]:
     )
     ramped = list(schedule.ramp(cfg.batch, layout))
     if ramped:
-        sizes = sorted(set(ramped))
+        sizes = [*sorted(set(ramped)), layout.global_batch_size]
+        shown = " → ".join(map(str, sizes)) if len(sizes) <= 5 else f"{sizes[0]} → {sizes[1]} → … → {sizes[-1]}"
         lines.append(
-            f"batch ramp-up: global batch {' → '.join(map(str, sizes))} → {layout.global_batch_size} over the first "
-            f"{len(ramped):,} iterations ({sum(ramped):,} samples)"
+            f"batch ramp-up: global batch {shown} ({len(sizes)} sizes) over the first {len(ramped):,} iterations "
+            f"({sum(ramped):,} samples)"
         )
     return lines

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -187,3 +190,34 @@ def test_vocab_and_merge_files_alone_mean_gpt2_bpe_and_are_never_ignored() -> No
         parse_args(["--mock-data", "--vocab-file", "vocab.json", "--vocab-size", "100"])
     with pytest.raises(ConfigError, match="not by --tokenizer-type SentencePieceTokenizer"):
         parse_args(["--mock-data", "--tokenizer-type", "SentencePieceTokenizer", *files])
+
+
+def _launch_script(name: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """One of examples/megatron-lm/ with DRY_RUN=1: the whole job validated for its world size here."""
+    return subprocess.run(
+        ["bash", str(REPO / "examples" / "megatron-lm" / name), "/nonexistent/checkpoints", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"DRY_RUN": "1", "PYTHON": sys.executable, "PYTHONWARNINGS": "ignore", **env},
+    )
+
+
+def test_launch_scripts_in_megatron_lms_style_pass_their_dry_run() -> None:
+    gpt3 = _launch_script("gpt3_175b.sh")
+    assert gpt3.returncode == 0, gpt3.stderr
+    assert "world size: 1024 = TP 8 × PP 16 × DP 8" in gpt3.stdout
+    assert "batch ramp-up: global batch 16 → 32 → … → 1536 (96 sizes)" in gpt3.stdout
+    llama = _launch_script("llama3_8b.sh", "", "MOCK", "MOCK", TP_SIZE="2", CP_SIZE="2")
+    assert llama.returncode == 0, llama.stderr
+    assert "world size: 8 = TP 2 × CP 2 × PP 1 × DP 2" in llama.stdout
+    one_gpu_per_rank = _launch_script("llama3_8b.sh")
+    assert "note: --sequence-parallel turned off: it needs tensor parallelism, and TP is 1" in one_gpu_per_rank.stdout
+
+
+def test_fp8_in_a_launch_script_is_refused_for_the_software_it_needs() -> None:
+    fp8 = _launch_script("llama3_8b.sh", DTYPE="fp8")
+    assert fp8.returncode == 2
+    refused = [line.split(":")[0].strip() for line in fp8.stderr.splitlines()[1:]]
+    assert refused == ["--fp8-format", "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather"]
+    assert all("needs Transformer Engine" in line for line in fp8.stderr.splitlines()[1:])
