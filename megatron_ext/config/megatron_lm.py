@@ -47,6 +47,8 @@ def megatron_lm_version() -> str:
 
 
 ALREADY: dict[str, str] = {
+    "--auto-detect-ckpt-format": "the only format read is torch_dist, through Megatron-Core's dist-checkpointing; "
+    "a directory in another format stops the run with a checkpoint error",
     "--use-mcore-models": "the model is always Megatron-Core's GPTModel (Megatron-LM also ignores the flag now)",
     "--no-persist-layer-norm": "the persistent layer-norm kernel (apex) is never used",
     "--log-throughput": "tokens/s and TFLOP/s per GPU are always in the log line and the metrics file",
@@ -88,7 +90,6 @@ def _r(reason: str, flags: str = "", *, prefixes: Sequence[str] = (), groups: Se
 
 MOE = "mixture-of-experts models are not supported by this project (dense GPT only)"
 NOT_GPT = "not a GPT: this project pretrains decoder-only transformers"
-PLANNED = "not supported yet (planned: Megatron-LM's semantics through Megatron-Core's own pieces)"
 NOT_EXPOSED = "a Megatron-Core tuning option this project does not expose; its default applies"
 VARIANT = "a model variant this project's GPT builder does not offer; the model would not be the one asked for"
 SERVING = "an inference-serving option of Megatron-LM's text generation; this project trains"
@@ -230,16 +231,55 @@ REFUSALS: tuple[Refusal, ...] = (
     # ---- optimizer and schedules
     _r("the Muon optimizer is not offered (--optimizer adam|sgd)", prefixes=("--muon-",)),
     _r(
-        PLANNED,
-        "--auto-detect-ckpt-format --ckpt-step --dataloader-type "
-        "--fp16-lm-cross-entropy --disable-bf16-reduced-precision-matmul --deterministic-mode "
-        "--log-params-norm --log-num-zeros-in-grad --log-memory-to-tensorboard --log-timers-to-tensorboard "
-        "--log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --tensorboard-log-interval "
-        "--tensorboard-queue-size --no-log-loss-scale-to-tensorboard --disable-log-loss-scale-to-tensorboard "
-        "--log-progress --logging-level --timing-log-option --no-barrier-with-level-1-timing --log-memory-interval "
-        "--log-device-memory-used --ddp-bucket-size --ddp-num-buckets --ddp-average-in-collective "
-        "--no-align-grad-reduce --no-align-param-gather --no-gradient-reduce-div-fusion --recompute-modules "
-        "--distribute-saved-activations --full-validation --multiple-validation-sets --skip-train --test-mode "
+        "the checkpoint to load is the one --load's tracker file names (the newest complete one); to start from "
+        "another, point --load at a copy whose latest_checkpointed_iteration.txt names it",
+        "--ckpt-step",
+    ),
+    _r(
+        "the training data is read once in order from the consumed-samples position (Megatron-LM's 'single' "
+        "loader, its default for GPT); the cyclic and external loaders are not offered",
+        "--dataloader-type",
+    ),
+    _r(
+        "the loss is computed in fp32 whatever the training precision (the numerically safe choice); not configurable",
+        "--fp16-lm-cross-entropy",
+    ),
+    _r(
+        "a determinism or matmul-precision switch of Megatron-LM that this project does not expose: GPU runs use "
+        "PyTorch's and cuBLAS's defaults (the CPU rehearsals are deterministic)",
+        "--disable-bf16-reduced-precision-matmul --deterministic-mode",
+    ),
+    _r(
+        "TensorBoard receives every field of the metrics file at each logged iteration (--tensorboard-dir); which "
+        "fields, and how often, is not configurable apart from --log-interval",
+        "--log-memory-to-tensorboard --log-timers-to-tensorboard --log-validation-ppl-to-tensorboard "
+        "--log-world-size-to-tensorboard --tensorboard-log-interval --tensorboard-queue-size "
+        "--no-log-loss-scale-to-tensorboard --disable-log-loss-scale-to-tensorboard",
+    ),
+    _r(
+        "the log line and the metrics file have a fixed content (README: loss, rates, throughput, stage times, "
+        "memory on GPU); --timing-log-level chooses the timers, --log-interval how often",
+        "--log-params-norm --log-num-zeros-in-grad --log-progress --logging-level --timing-log-option "
+        "--no-barrier-with-level-1-timing --log-memory-interval --log-device-memory-used",
+    ),
+    _r(
+        NOT_EXPOSED + " (Megatron-Core's DDP: bucket sizes, averaging and alignment)",
+        "--ddp-bucket-size --ddp-num-buckets --ddp-average-in-collective --no-align-grad-reduce "
+        "--no-align-param-gather --no-gradient-reduce-div-fusion",
+    ),
+    _r(
+        "selective recomputation recomputes Megatron-Core's default module (core attention), and full "
+        "recomputation keeps each checkpointed input whole; use --recompute-granularity/--recompute-method",
+        "--recompute-modules --distribute-saved-activations",
+    ),
+    _r(
+        "evaluation reads --eval-iters batches of the validation split every --eval-interval and the test split "
+        "at the end; other evaluation modes (whole split, several validation sets, no training) are not offered",
+        "--full-validation --multiple-validation-sets --skip-train --test-mode",
+    ),
+    _r(
+        "non-finite losses are found on every step and stop the run after --max-consecutive-skipped; Megatron-"
+        "Core's gradient checks are left at their defaults",
         "--no-check-for-nan-in-loss-and-grad --check-for-large-grads",
     ),
     # ---- distribution and runtime
