@@ -62,10 +62,11 @@ def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:
         mid_level_dataset_surplus=0.005,
     )
     if config.split_matrix is not None:
-        # A split no step reads (valid and test without --eval-iters) is not built: Megatron-Core would
-        # still index it, and an empty one (a small corpus's 0.1% test split) would loop forever.
-        sizes = schedule.split_samples(cfg.run, cfg.batch, cfg.layout)
-        config.split_matrix = [part if size else None for part, size in zip(config.split_matrix, sizes, strict=True)]
+        # Valid and test splits no step reads (no --eval-iters) are not built: Megatron-Core would still
+        # index them, and an empty one (a small corpus's 0.1% test split) would loop forever.
+        train, *evaluated = config.split_matrix
+        _, *sizes = schedule.split_samples(cfg.run, cfg.batch, cfg.layout)
+        config.split_matrix = [train, *(part if size else None for part, size in zip(evaluated, sizes, strict=True))]
     return config
 
 

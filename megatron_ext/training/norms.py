@@ -49,28 +49,31 @@ class TorchNorm:
         return norm
 
 
-class ZeroCenteredLayerNorm(torch.nn.LayerNorm):
-    """LayerNorm whose stored weight is gamma − 1 (``--apply-layernorm-1p``, as apex's and Transformer Engine's
+class _ZeroCenteredGamma:
+    """The stored weight is gamma − 1 (``--apply-layernorm-1p``, as apex's and Transformer Engine's
     ``zero_centered_gamma``): it starts at 0 and the scale applied is ``weight + 1``."""
 
+    weight: Any  # the norm's own (a Parameter, or None without an affine weight)
+
     def reset_parameters(self) -> None:
-        super().reset_parameters()
+        super().reset_parameters()  # type: ignore[misc]
         if self.weight is not None:
             torch.nn.init.zeros_(self.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight + 1 if self.weight is not None else None
-        return F.layer_norm(x, self.normalized_shape, weight, self.bias, self.eps)
+    @property
+    def gamma(self) -> torch.Tensor | None:
+        return self.weight + 1 if self.weight is not None else None
 
 
-class ZeroCenteredRMSNorm(torch.nn.RMSNorm):
-    """RMSNorm with the stored weight gamma − 1 (``--apply-layernorm-1p`` with ``--normalization RMSNorm``)."""
-
-    def reset_parameters(self) -> None:
-        super().reset_parameters()
-        if self.weight is not None:
-            torch.nn.init.zeros_(self.weight)
+class ZeroCenteredLayerNorm(_ZeroCenteredGamma, torch.nn.LayerNorm):
+    """LayerNorm with a zero-centred weight."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight + 1 if self.weight is not None else None
-        return F.rms_norm(x, self.normalized_shape, weight, self.eps)
+        return F.layer_norm(x, self.normalized_shape, self.gamma, self.bias, self.eps)
+
+
+class ZeroCenteredRMSNorm(_ZeroCenteredGamma, torch.nn.RMSNorm):
+    """RMSNorm with a zero-centred weight (``--apply-layernorm-1p`` with ``--normalization RMSNorm``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.gamma, self.eps)
