@@ -5,20 +5,21 @@ batch from 4 by 2 over the first 16 samples up to 8, warms the learning rate
 up over 8 samples and decays it over the run, with the embedding and output
 layer on their own rates (``--decoupled-lr``). The expected batch sizes,
 iteration count and rates below are worked out by hand from Megatron-LM's
-definitions, not taken from the code under test. A second run stops at
-iteration 5 and a third resumes it: the ramp's own checkpoints are there and
-the resumed losses equal the uninterrupted run's.
+definitions, not taken from the code under test. The run's checkpoints include
+the ramp's own, and a second run resumed from the one at iteration 2 (the
+calculator must come back in the middle of the ramp) repeats the first one's
+losses exactly.
 """
 
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import pytest
 
-from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.training.checkpointing import read_tracker
+from megatron_ext.config.runtime import TRACKER_FILENAME
 from tests.conftest import TINY_MODEL, read_metrics, run_pretrain, train_losses
 
 pytestmark = pytest.mark.distributed
@@ -52,14 +53,17 @@ def _rate(peak: float, final: float, samples: int) -> float:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    metrics = tmp_path_factory.mktemp("ramp") / "m.jsonl"
-    run_pretrain([*RUN, "--metrics-file", str(metrics)], nproc=2)
-    return metrics
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(checkpoints, metrics) of the whole run, saving every 5 iterations."""
+    root = tmp_path_factory.mktemp("ramp")
+    save, metrics = root / "ckpt", root / "m.jsonl"
+    run_pretrain([*RUN, "--save", str(save), "--save-interval", "5", "--metrics-file", str(metrics)], nproc=2)
+    return save, metrics
 
 
-def test_batches_iterations_and_rates_follow_megatron_lm(uninterrupted: Path) -> None:
-    rows = [r for r in read_metrics(uninterrupted) if "lm_loss" in r]
+def test_batches_iterations_and_rates_follow_megatron_lm(reference: tuple[Path, Path]) -> None:
+    save, metrics = reference
+    rows = [r for r in read_metrics(metrics) if "lm_loss" in r]
     assert [r["iteration"] for r in rows] == list(range(1, len(BATCHES) + 1))
     assert [r["global_batch_size"] for r in rows] == BATCHES
     assert [r["consumed_samples"] for r in rows] == [c + b for c, b in zip(CONSUMED_BEFORE, BATCHES, strict=True)]
@@ -68,19 +72,20 @@ def test_batches_iterations_and_rates_follow_megatron_lm(uninterrupted: Path) ->
         assert row["decoupled_lr"] == pytest.approx(_rate(DECOUPLED, DECOUPLED_MIN, consumed), rel=1e-6, abs=1e-12)
     losses = [r["lm_loss"] for r in rows]
     assert losses[-1] < losses[0] - 0.1
+    # As Megatron-LM: a checkpoint before each step that takes a larger batch (before 3 and 5), then every 5.
+    assert sorted(int(p.name.removeprefix("iter_")) for p in save.glob("iter_*")) == [2, 4, 5, 10]
 
 
-def test_a_run_stopped_during_the_ramp_resumes_exactly(uninterrupted: Path, tmp_path: Path) -> None:
-    save, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
-    args = [*RUN, "--save", str(save), "--metrics-file", str(metrics)]
-    run_pretrain([*args, "--exit-interval", "5"], nproc=2, expect=ExitCode.SAVED_AND_STOPPED)
-    # As Megatron-LM: a checkpoint before each step that takes a larger batch (before 3 and 5), and the exit's.
-    assert sorted(int(p.name.removeprefix("iter_")) for p in save.glob("iter_*")) == [2, 4, 5]
-    assert read_tracker(save) == 5
-    run_pretrain([*args, "--load", str(save)], nproc=2)
+def test_a_run_resumed_during_the_ramp_continues_exactly(reference: tuple[Path, Path], tmp_path: Path) -> None:
+    save, expected = reference
+    resume, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    shutil.copytree(save, resume)
+    (resume / TRACKER_FILENAME).write_text("2\n")  # the ramp's own checkpoint, before the batch grows to 6
+    run_pretrain([*RUN, "--load", str(resume), "--metrics-file", str(metrics)], nproc=2)
     rows = {r["iteration"]: r for r in read_metrics(metrics) if "lm_loss" in r}
-    expected = train_losses(uninterrupted)
-    assert sorted(rows) == list(range(1, len(BATCHES) + 1))
-    for it in range(6, len(BATCHES) + 1):
-        assert rows[it]["lm_loss"] == expected[it], f"iteration {it}"
-        assert rows[it]["global_batch_size"] == BATCHES[it - 1]
+    assert sorted(rows) == list(range(3, len(BATCHES) + 1))
+    uninterrupted = train_losses(expected)
+    for it, row in rows.items():
+        assert row["lm_loss"] == uninterrupted[it], f"iteration {it}"
+        assert row["global_batch_size"] == BATCHES[it - 1]
+        assert row["consumed_samples"] == CONSUMED_BEFORE[it - 1] + BATCHES[it - 1]

@@ -55,11 +55,12 @@ def _resume(load: Path, metrics: Path, nproc: int, *flags: str) -> str:
 @pytest.mark.parametrize(
     ("name", "saved", "resumed"),
     [
+        # 384 rows kept at TP2 (which would pad to 512).
         ("tied tp1 -> tp2", (1, []), [(2, [TP, "2"])]),
-        ("tied tp2 -> tp1", (2, [TP, "2"]), [(1, [])]),
-        # Untied (the output layer's rows too) with the distributed optimizer's state of both.
-        ("untied, distributed optimizer dp2 -> tp2", (2, [*UNTIED, *FULLY_RESHARDABLE]),
-         [(2, [*UNTIED, *FULLY_RESHARDABLE, TP, "2"])]),
+        # 512 rows kept at TP1 (which would pad to 384); untied, so the output layer's rows too, with the
+        # distributed optimizer's state of both.
+        ("untied, distributed optimizer tp2 -> dp2", (2, [*UNTIED, *FULLY_RESHARDABLE, TP, "2"]),
+         [(2, [*UNTIED, *FULLY_RESHARDABLE])]),
     ],
 )  # fmt: skip
 def test_resume_under_another_tp_keeps_the_padding(
