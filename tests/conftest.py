@@ -144,6 +144,8 @@ def train_from_seed(
             str(seed),
             "--metrics-file",
             str(metrics),
+            # The weights' norm after every step must agree too (and the norm itself be layout-free).
+            "--log-params-norm",
             *extra,
         ],
         nproc=nproc,
@@ -175,11 +177,30 @@ def baseline_grad_norms(baseline_metrics: Path) -> dict[int, float]:
     return grad_norms(baseline_metrics)
 
 
+def params_norms(path: Path) -> dict[int, float]:
+    """Per-iteration weight norms (``--log-params-norm``)."""
+    return {r["iteration"]: r["params_norm"] for r in read_metrics(path) if "params_norm" in r}
+
+
 def assert_matches_baseline(
-    metrics: Path, losses: dict[int, float], norms: dict[int, float], *, name: str, first: int = 1
+    metrics: Path,
+    losses: dict[int, float],
+    norms: dict[int, float],
+    *,
+    name: str,
+    first: int = 1,
+    params: dict[int, float] | None = None,
 ) -> None:
-    """Loss and gradient norm of every iteration from ``first`` to ITERS agree to REL_TOL."""
+    """Loss and gradient norm of every iteration from ``first`` to ITERS agree to REL_TOL, and with ``params``
+    the weights' norm after each step (``--log-params-norm``, which the runs from the seed checkpoint log)."""
     got_losses, got_norms = train_losses(metrics), grad_norms(metrics)
+    if params is not None:
+        got_params = params_norms(metrics)
+        assert sorted(got_params) == list(range(first, ITERS + 1)), f"{name}: params norms {sorted(got_params)}"
+        for it, value in got_params.items():
+            assert value == pytest.approx(params[it], rel=REL_TOL), (
+                f"{name}: iteration {it} params norm {value!r} != baseline {params[it]!r}"
+            )
     assert sorted(got_losses) == list(range(first, ITERS + 1)), f"{name}: iterations {sorted(got_losses)}"
     for it in range(first, ITERS + 1):
         assert got_losses[it] == pytest.approx(losses[it], rel=REL_TOL), (

@@ -560,6 +560,11 @@ class RunArgs(_Options):
     no_load_rng: bool = opt(False, "Do not load RNG state from --load.")
     finetune: bool = opt(False, "Load only the model from --load and start at iteration 0.")
     tensorboard_dir: str | None = opt(None, "Write TensorBoard scalars here.", env="TENSORBOARD_DIR")
+    log_params_norm: bool = opt(
+        False,
+        "Log the L2 norm of the model's weights at every logged iteration (each weight counted once: the same "
+        "under any layout).",
+    )
     metrics_file: str | None = opt(
         None, "Append one JSON object per logged iteration (JSON Lines).", env="METRICS_FILE"
     )

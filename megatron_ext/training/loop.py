@@ -37,7 +37,13 @@ from megatron_ext.training.datasets import Datasets, chunk_iterators
 from megatron_ext.training.housekeeping import Housekeeping
 from megatron_ext.training.lr_schedule import scheduler_arguments
 from megatron_ext.training.metrics import MetricsWriter
-from megatron_ext.training.model import build_model_chunks, check_context_parallel, count_parameters, unwrap
+from megatron_ext.training.model import (
+    build_model_chunks,
+    check_context_parallel,
+    count_parameters,
+    parameter_norm,
+    unwrap,
+)
 from megatron_ext.training.profiling import Profiler
 from megatron_ext.training.stage_timing import StageTimer
 
@@ -635,6 +641,8 @@ class Trainer:
         }
         if result.decoupled_lr is not None:
             record["decoupled_lr"] = result.decoupled_lr
+        if self.cfg.run.log_params_norm:
+            record["params_norm"] = parameter_norm(self.chunks)
         if self.ctx.device.type == "cuda":
             record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
             if self.peak_flops:
@@ -655,6 +663,7 @@ class Trainer:
                 *([f"decoupled lr {result.decoupled_lr:.3e}"] if result.decoupled_lr is not None else []),
                 *([f"global batch {record['global_batch_size']}"] if self.cfg.batch.rampup_batch_size else []),
                 f"grad norm {result.grad_norm:.3f}" if result.grad_norm is not None else "grad norm -",
+                *([f"params norm {record['params_norm']:.3f}"] if "params_norm" in record else []),
                 f"{record['tokens_per_sec']:,.0f} tokens/s",
                 f"{tflops:.2f} TFLOP/s/GPU",
                 f"{seconds * 1000:.1f} ms/it",

@@ -260,3 +260,25 @@ def unwrap(chunk: torch.nn.Module) -> Any:
 def count_parameters(chunks: list[torch.nn.Module]) -> int:
     """Parameters held by this rank (all of its chunks)."""
     return sum(p.numel() for chunk in chunks for p in chunk.parameters())
+
+
+def parameter_norm(chunks: list[torch.nn.Module]) -> float:
+    """The L2 norm of the whole model's weights, each counted once: ``--log-params-norm``.
+
+    This rank's squares, without the copies on other TP ranks and without the
+    last stage's copy of a tied embedding, summed over the model-parallel group
+    (TP × PP): the value is the same under any layout. (Megatron-LM's
+    ``calc_params_l2_norm`` counts a tied embedding twice when PP > 1.) A
+    collective: every rank calls it at the same point.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    device = next(chunks[0].parameters()).device
+    squares = torch.zeros((), dtype=torch.float64, device=device)
+    for chunk in chunks:
+        for param in chunk.parameters():
+            if param_is_not_tensor_parallel_duplicate(param) and not getattr(param, "shared", False):
+                squares += param.detach().double().square().sum()
+    torch.distributed.all_reduce(squares, group=parallel_state.get_model_parallel_group())
+    return float(squares.sqrt())

@@ -21,7 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_MODEL, assert_matches_baseline, grad_norms, run_pretrain, train_from_seed, train_losses
+from tests.conftest import (
+    TINY_MODEL,
+    assert_matches_baseline,
+    grad_norms,
+    params_norms,
+    run_pretrain,
+    train_from_seed,
+    train_losses,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -90,12 +98,15 @@ def test_layout_matches_baseline(
     name: str,
     baseline: dict[int, float],
     baseline_grad_norms: dict[int, float],
+    baseline_metrics: Path,
     seed_checkpoint: Path,
     tmp_path: Path,
 ) -> None:
     nproc, flags = LAYOUTS[name]
     train_from_seed(seed_checkpoint, tmp_path / "m.jsonl", nproc, flags)
-    assert_matches_baseline(tmp_path / "m.jsonl", baseline, baseline_grad_norms, name=name)
+    assert_matches_baseline(
+        tmp_path / "m.jsonl", baseline, baseline_grad_norms, name=name, params=params_norms(baseline_metrics)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -118,4 +129,10 @@ def test_odd_layer_count_layout_matches_its_baseline(
 ) -> None:
     nproc, flags = ODD_LAYOUTS[name]
     train_from_seed(odd_seed, tmp_path / "m.jsonl", nproc, [*ODD_LAYERS, *flags])
-    assert_matches_baseline(tmp_path / "m.jsonl", train_losses(odd_baseline), grad_norms(odd_baseline), name=name)
+    assert_matches_baseline(
+        tmp_path / "m.jsonl",
+        train_losses(odd_baseline),
+        grad_norms(odd_baseline),
+        name=name,
+        params=params_norms(odd_baseline),
+    )
