@@ -432,7 +432,7 @@ class Trainer:
 
     def _param_sync_for_use(self) -> None:
         # With overlapped param gather the newest weights arrive lazily in the next
-        # forward; evaluation and checkpoints need them now.
+        # forward; evaluation, checkpoints and the weights' norm need them now.
         if self.cfg.parallel.overlap_param_gather:
             for chunk in self.chunks:
                 chunk.disable_forward_pre_hook()
@@ -642,7 +642,9 @@ class Trainer:
         if result.decoupled_lr is not None:
             record["decoupled_lr"] = result.decoupled_lr
         if self.cfg.run.log_params_norm:
+            self._param_sync_for_use()
             record["params_norm"] = parameter_norm(self.chunks)
+            self._restore_param_hooks()
         if self.ctx.device.type == "cuda":
             record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
             if self.peak_flops:
