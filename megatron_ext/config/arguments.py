@@ -769,6 +769,15 @@ def model_layout_facts(model: ModelArgs) -> dict[str, int]:
     }
 
 
+def context_parallel_refusal(cp: int, why: str) -> ConfigError:
+    """Context parallelism refused where Megatron-Core's attention cannot split the sequence (its own attention
+    asserts CP 1): before launch from the flags, at start-up from the device and the installed packages."""
+    return ConfigError(
+        f"--context-parallel-size {cp} needs Transformer Engine's attention, {why}; use CP 1 (split long sequences "
+        "over TP with --sequence-parallel), or run on GPUs with Transformer Engine"
+    )
+
+
 def megatron_lm_adjustments(parallel: ParallelArgs) -> tuple[ParallelArgs, tuple[str, ...]]:
     """The flags Megatron-LM's ``validate_args`` changes instead of refusing, changed the same way, each with why
     (``pretrain_gpt.py`` and the calculator)."""
@@ -838,11 +847,7 @@ def make_config(
 
     if parallel.context_parallel_size > 1 and (model.transformer_impl == "local" or run.device == "cpu"):
         why = "--transformer-impl local" if model.transformer_impl == "local" else "--device cpu"
-        raise ConfigError(
-            f"--context-parallel-size {parallel.context_parallel_size} needs Transformer Engine's attention, which "
-            f"{why} does not build; use CP 1 (split long sequences over TP with --sequence-parallel), or run on "
-            "GPUs with Transformer Engine"
-        )
+        raise context_parallel_refusal(parallel.context_parallel_size, f"which {why} does not build")
     parallel, adjustments = megatron_lm_adjustments(parallel)
     layout = build_layout(model, parallel, batch, world_size=world_size)
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)

@@ -213,17 +213,16 @@ def lr_steps(optim: OptimizerArgs, run: RunArgs, global_batch_size: int) -> LrSt
 
 
 def lr_problems(steps: LrSteps) -> list[str]:
-    """Schedules Megatron-Core's scheduler would assert on at start-up, said before launch."""
-    unit = "samples"
+    """Schedules Megatron-Core's scheduler would assert on at start-up, said before launch (lengths in samples)."""
     problems = []
     if steps.warmup >= steps.decay:
         problems.append(
-            f"the warm-up ({steps.warmup:g} {unit}) must be shorter than the decay ({steps.decay} {unit}: "
+            f"the warm-up ({steps.warmup:g} samples) must be shorter than the decay ({steps.decay} samples: "
             "--lr-decay-iters/--lr-decay-samples, default the whole run); lower the warm-up or lengthen the decay"
         )
     if steps.wsd_decay is not None and steps.wsd_decay > steps.decay:
         problems.append(
-            f"the WSD anneal ({steps.wsd_decay} {unit}) is longer than the decay ({steps.decay} {unit}); "
+            f"the WSD anneal ({steps.wsd_decay} samples) is longer than the decay ({steps.decay} samples); "
             "shorten --lr-wsd-decay-iters/--lr-wsd-decay-samples"
         )
     return problems

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from megatron_ext.config.arguments import ConfigError, TrainingConfig
+from megatron_ext.config.arguments import TrainingConfig, context_parallel_refusal
 from megatron_ext.config.layout import ParallelLayout
 
 
@@ -50,10 +50,7 @@ def check_context_parallel(cfg: TrainingConfig, device: torch.device) -> None:
         else:
             why = f"--transformer-impl {cfg.model.transformer_impl} --attention-backend {cfg.model.attention_backend} "
             why += "selects the local spec"
-        raise ConfigError(
-            f"--context-parallel-size {cfg.layout.cp} needs Transformer Engine's attention, and {why}; use CP 1 "
-            "(split long sequences over TP with --sequence-parallel), or run on GPUs with Transformer Engine"
-        )
+        raise context_parallel_refusal(cfg.layout.cp, f"and {why}")
 
 
 def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> TransformerConfig
