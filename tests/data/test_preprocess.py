@@ -347,7 +347,10 @@ def test_worker_killed_by_the_system_is_a_prompt_error(data: dict[str, Path], tm
     proc, out = _start_slow_run(data, tmp_path, fmt=fmt)
     workers = _workers(proc.pid)
     assert len(workers) == 2, workers
-    os.kill(workers[0], signal.SIGKILL)
+    # A worker in the middle of a chunk: with gzip the parent decompresses, and a worker can be idle
+    # waiting for it (the error then rightly says "while idle").
+    victim = _running(workers)
+    os.kill(victim, signal.SIGKILL)
     try:
         _, err = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
@@ -355,13 +358,24 @@ def test_worker_killed_by_the_system_is_a_prompt_error(data: dict[str, Path], tm
         proc.communicate()
         pytest.fail("preprocess_data.py hung after one of its workers was killed")
     assert proc.returncode == 1, err
-    assert f"worker pid {workers[0]} died with signal 9 (SIGKILL, likely out of memory" in err, err
+    assert f"worker pid {victim} died with signal 9 (SIGKILL, likely out of memory" in err, err
     assert f"while encoding {tmp_path / f'big.{fmt}'}" in err and "Nothing was written" in err
     assert list(out.iterdir()) == [], f"left behind: {leftovers(out)}"
     deadline = time.time() + 5
     while time.time() < deadline and _session_alive(proc.pid):
         time.sleep(0.1)
     assert not _session_alive(proc.pid), "the other worker was left running"
+
+
+def _running(pids: list[int], timeout: float = 10.0) -> int:
+    """One of ``pids`` seen on a CPU (process state R), polled for up to ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for pid in pids:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "R":
+                return pid
+        time.sleep(0.005)
+    raise AssertionError(f"no worker of {pids} was seen running within {timeout} s")
 
 
 def _session_alive(sid: int) -> bool:
