@@ -21,7 +21,7 @@ from megatron_ext.config.arguments import TrainingConfig
 from megatron_ext.data.tokenizers import Tokenizer
 from megatron_ext.training.datasets import Datasets, build_datasets
 from megatron_ext.training.loop import pretrain
-from megatron_ext.training.model import layer_spec, transformer_config, unwrap
+from megatron_ext.training.model import gpt_model, unwrap
 
 
 def model_provider(
@@ -33,24 +33,7 @@ def model_provider(
     device: torch.device,
 ) -> torch.nn.Module:
     """One GPT model chunk (the layers of one virtual pipeline stage)."""
-    from megatron.core.models.gpt import GPTModel
-
-    m = cfg.model
-    config = transformer_config(cfg, device)
-    return GPTModel(
-        config=config,
-        transformer_layer_spec=layer_spec(cfg, device, config=config, vp_stage=vp_stage),
-        vocab_size=cfg.padded_vocab_size,
-        max_sequence_length=m.max_position_embeddings or m.seq_length,
-        pre_process=pre_process,
-        post_process=post_process,
-        parallel_output=True,
-        share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
-        position_embedding_type=m.position_embedding_type,
-        rotary_percent=m.rotary_percent,
-        rotary_base=m.rotary_base,
-        vp_stage=vp_stage,
-    )
+    return gpt_model(cfg, pre_process=pre_process, post_process=post_process, vp_stage=vp_stage, device=device)
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[Any, ...]:

@@ -3,8 +3,12 @@
 #   1. a real-text corpus from the Python standard library's docstrings (tools/build_corpus.py)
 #   2. a SentencePiece BPE tokenizer trained on it (tools/train_tokenizer.py)
 #   3. a Megatron indexed dataset (tools/preprocess_data.py)
-#   4. a tiny GPT trained on it with two pipeline stages and interleaved virtual
-#      stages (PP=2, VP=2, gloo) for a few dozen iterations; writes a checkpoint.
+#   4. a tiny Llama-style GPT (rotary positions, SwiGLU, RMSNorm, grouped-query
+#      attention, untied output) trained on it with two pipeline stages and
+#      interleaved virtual stages (PP=2, VP=2, gloo) for a few dozen iterations;
+#      writes a checkpoint
+#   5. the checkpoint exported to Hugging Face transformers (tools/convert_checkpoint.py)
+#      and a short sample generated from it (tools/generate.py).
 # Steps 1-3 are cached under DATA_DIR (delete it to rebuild).
 #
 #   OUT_DIR    where metrics and checkpoints go (default runs/demo)
@@ -43,7 +47,8 @@ fi
 
 model=(
   --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64
-  --swiglu --normalization RMSNorm --disable-bias-linear
+  --group-query-attention --num-query-groups 2 --position-embedding-type rope
+  --swiglu --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights
 )
 data_args=(
   --data-path "${dataset}" --split "969,30,1" --data-cache-path "${data}/index-cache"
@@ -76,3 +81,8 @@ print(f"checkpoint: {out / 'checkpoints'} (latest iteration {tracker})")
 if not train[-1]["lm_loss"] < train[0]["lm_loss"]:
     sys.exit("the loss did not go down")
 PY
+
+"${py}" tools/convert_checkpoint.py to-hf --load "${out}/checkpoints" --output "${out}/hf"
+echo "sample (temperature 0.8, top-k 40, from the checkpoint; a model this small and short-trained babbles):"
+"${py}" tools/generate.py --load "${out}/checkpoints" --prompt "Return the" --max-new-tokens 32 \
+  --temperature 0.8 --top-k 40 --seed 1 --device cpu

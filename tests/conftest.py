@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,114 @@ def assert_matches_baseline(
         assert got_norms[it] == pytest.approx(norms[it], rel=REL_TOL), (
             f"{name}: iteration {it} grad norm {got_norms[it]!r} != baseline {norms[it]!r}"
         )
+
+
+# ------------------------------------------------------------- runs on real data
+@pytest.fixture(scope="session")
+def indexed_datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two datasets (halves of the shared corpus) and the tokenizer they were made with."""
+    from tests.data.helpers import shared_data, tool  # it imports this module
+
+    shared = shared_data(tmp_path_factory)
+    root = tmp_path_factory.mktemp("indexed")
+    lines = shared["corpus"].read_text(encoding="utf-8").splitlines(keepends=True)
+    half = len(lines) // 2
+    out = {"model": shared["model"], "root": root}
+    for name, part in (("a", lines[:half]), ("b", lines[half:])):
+        (root / f"{name}.jsonl").write_text("".join(part), encoding="utf-8")
+        tool(
+            "preprocess_data",
+            "--input",
+            str(root / f"{name}.jsonl"),
+            "--output-prefix",
+            str(root / name),
+            "--tokenizer-type",
+            "GPTSentencePieceTokenizer",
+            "--tokenizer-model",
+            str(shared["model"]),
+            "--append-eod",
+            "--workers",
+            "2",
+            "--quiet",
+        )
+        out[name] = root / f"{name}_text_document"
+    return out
+
+
+def tokenizer_flags(ds: dict[str, Path]) -> list[str]:
+    return ["--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", str(ds["model"])]
+
+
+def blend_flags(datasets: dict[str, Path]) -> list[str]:
+    """'0.7 A 0.3 B' with a 90/8/2 split."""
+    return ["--data-path", "0.7", str(datasets["a"]), "0.3", str(datasets["b"]), "--split", "90,8,2"]
+
+
+MODEL = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --hidden-dropout 0 --attention-dropout 0 --device cpu --seed 1234".split()
+"""The GPT of the real-data runs (a GPT-2-style block; ``LLAMA`` makes it Llama-style)."""
+
+LLAMA = "--position-embedding-type rope --swiglu --normalization RMSNorm --disable-bias-linear --group-query-attention --num-query-groups 2 --untie-embeddings-and-output-weights".split()
+"""Rotary positions, SwiGLU, RMSNorm, grouped-query attention, untied output: what the demo trains."""
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """A training run kept for the tests that read what it wrote."""
+
+    metrics: Path
+    checkpoint: Path
+    data_cache: Path | None = None
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(indexed_datasets: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> SavedRun:
+    """The Llama-style GPT trained 16 iterations under PP2 × VP2 on '0.7 A 0.3 B' (90/8/2 split), evaluated
+    every 8 and saved at the end (tests/training/test_train_on_indexed.py checks the run,
+    tests/huggingface what it saved)."""
+    root = tmp_path_factory.mktemp("pipeline-run")
+    run = SavedRun(root / "metrics.jsonl", root / "checkpoints", root / "index-cache")
+    run_pretrain(
+        [
+            *MODEL,
+            *LLAMA,
+            *blend_flags(indexed_datasets),
+            "--data-cache-path",
+            str(run.data_cache),
+            *tokenizer_flags(indexed_datasets),
+            "--pipeline-model-parallel-size",
+            "2",
+            "--num-layers-per-virtual-pipeline-stage",
+            "1",
+            "--lr",
+            "3e-3",
+            "--lr-warmup-iters",
+            "2",
+            "--train-iters",
+            "16",
+            "--eval-interval",
+            "8",
+            "--eval-iters",
+            "2",
+            "--log-interval",
+            "1",
+            "--metrics-file",
+            str(run.metrics),
+            "--save",
+            str(run.checkpoint),
+            "--save-interval",
+            "16",
+        ],
+        nproc=2,
+    )
+    return run
+
+
+@pytest.fixture(scope="session")
+def tp2_run(seed_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> SavedRun:
+    """The tiny (GPT-2-style) GPT trained from the seed checkpoint under TP2, saved at the end
+    (tests/training/test_loss_equivalence.py checks its losses, tests/huggingface what it saved)."""
+    root = tmp_path_factory.mktemp("tp2-run")
+    run = SavedRun(root / "m.jsonl", root / "checkpoints")
+    flags = ["--tensor-model-parallel-size", "2", "--save", str(run.checkpoint), "--save-interval", str(ITERS)]
+    train_from_seed(seed_checkpoint, run.metrics, 2, flags)
+    return run

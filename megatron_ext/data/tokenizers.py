@@ -414,6 +414,7 @@ class HuggingFaceTokenizer(Tokenizer):
         self.directory = str(directory.resolve())
         self._hf: Any = None
         self._fast: Any = None
+        transformers: Any
         try:
             import transformers
         except ImportError:

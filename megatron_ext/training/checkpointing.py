@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from megatron_ext.config.arguments import TrainingConfig
+from megatron_ext.config.arguments import GROUPS, TrainingConfig
 from megatron_ext.config.factors import divisors
 from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.runtime import TRACKER_FILENAME
@@ -298,13 +298,18 @@ def saved_padded_vocab_size(root: str | Path) -> int | None:
     Read before any model or process group exists; a damaged checkpoint is
     reported by ``load_checkpoint`` itself.
     """
-    from torch.distributed.checkpoint import FileSystemReader
-
     iteration = read_tracker(root)
     if iteration is None:
         return None
+    return padded_vocab_of(checkpoint_dir(root, iteration))
+
+
+def padded_vocab_of(path: Path) -> int | None:
+    """The padded vocabulary (rows of the embedding or output layer) of one checkpoint directory, or None."""
+    from torch.distributed.checkpoint import FileSystemReader
+
     try:
-        metadata = FileSystemReader(str(checkpoint_dir(root, iteration))).read_metadata().state_dict_metadata
+        metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
     except Exception:
         return None
     for key, item in metadata.items():
@@ -397,6 +402,39 @@ def _optimizer_has_state(optimizer: Any, *, device: torch.device) -> bool:
     flag = torch.tensor([1 if mine else 0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
+
+
+def _arguments_record(cfg: TrainingConfig) -> dict[str, Any]:
+    """The run's arguments by group (as Megatron-LM keeps ``args``), with the tokenizer's vocabulary: what a
+    one-process reader (``megatron_ext.inference``, the Hugging Face export) rebuilds the model and tokenizer
+    from. Plain values only, so that ``torch.load(weights_only=True)`` reads them."""
+    record: dict[str, Any] = {name: dataclasses.asdict(getattr(cfg, name)) for name in GROUPS}
+    record["tokenizer_vocab_size"] = cfg.tokenizer_vocab_size
+    return record
+
+
+def saved_arguments(path: Path) -> dict[str, Any] | None:
+    """The arguments record of one checkpoint directory (None: saved before records were kept)."""
+    from megatron.core import dist_checkpointing
+
+    try:
+        common = dist_checkpointing.load_common_state_dict(str(path))
+    except Exception as exc:
+        raise CheckpointError(f"{path}/common.pt cannot be read ({type(exc).__name__}: {exc})") from exc
+    args = common.get("args")
+    return args if isinstance(args, dict) else None
+
+
+def _common_state(cfg: TrainingConfig, *, iteration: int, consumed_samples: int) -> dict[str, Any]:
+    """What every save records besides tensors and optimizer (one rank's copy; ``common.pt``)."""
+    return {
+        "iteration": iteration,
+        "consumed_samples": consumed_samples,
+        "layout": _layout_record(cfg),
+        "vocab_size": cfg.vocab_size,
+        "args": _arguments_record(cfg),
+        "checkpoint_version": 3.0,
+    }
 
 
 def _layout_record(cfg: TrainingConfig) -> dict[str, Any]:
@@ -535,19 +573,11 @@ def save_checkpoint(
     state["optimizer_format"] = metadata["distrib_optim_sharding_type"]
     state["opt_param_scheduler"] = scheduler.state_dict()
     state["rng_state"] = _rng_sharded_object(cfg)
-    state["iteration"] = iteration
-    state["consumed_samples"] = consumed_samples
-    state["layout"] = _layout_record(cfg)
-    state["vocab_size"] = cfg.vocab_size
-    state["checkpoint_version"] = 3.0
+    state.update(_common_state(cfg, iteration=iteration, consumed_samples=consumed_samples))
 
     def publish() -> None:
         # Runs on every rank once all files are written (also for async saves).
-        _write_checksums(target, enabled=not cfg.run.no_checkpoint_checksums)
-        if dist.get_rank() == 0:
-            _write_tracker(root, iteration)
-            if cfg.run.keep_last_checkpoints > 0:
-                _prune(root, keep=cfg.run.keep_last_checkpoints)
+        _publish(root, target, iteration, cfg)
 
     if async_queue is not None:
         request = dist_checkpointing.save(state, str(target), content_metadata=metadata, async_sharded_save=True)
@@ -561,6 +591,63 @@ def save_checkpoint(
     return target
 
 
+def _publish(root: Path, target: Path, iteration: int, cfg: TrainingConfig) -> None:
+    """Mark a save complete (checksums), then make it the latest (tracker), then prune (every rank calls it)."""
+    _write_checksums(target, enabled=not cfg.run.no_checkpoint_checksums)
+    if dist.get_rank() == 0:
+        _write_tracker(root, iteration)
+        if cfg.run.keep_last_checkpoints > 0:
+            _prune(root, keep=cfg.run.keep_last_checkpoints)
+
+
+def save_weights(root: str | Path, model: torch.nn.Module, cfg: TrainingConfig) -> Path:
+    """A checkpoint of the weights alone at iteration 0, as a seed checkpoint (``--train-iters 0 --save``) is:
+    no optimizer state, so a run that loads it starts training from these weights under any layout. For
+    weights made elsewhere (``tools/convert_checkpoint.py from-hf``); one process (a collective)."""
+    from megatron.core import dist_checkpointing
+
+    root = Path(root)
+    target = checkpoint_dir(root, 0)
+    if dist.get_rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_incomplete(root, also=target)
+        target.mkdir()
+    dist.barrier()
+    state: dict[str, Any] = _model_sharded_state_dict([model])
+    state.update(has_optimizer_state=False, rng_state=_rng_sharded_object(cfg))
+    state.update(_common_state(cfg, iteration=0, consumed_samples=0))
+    dist_checkpointing.save(state, str(target))
+    dist.barrier()
+    _publish(root, target, 0, cfg)
+    dist.barrier()
+    return target
+
+
+def verify_checkpoint(path: Path) -> dict[str, Any]:
+    """Every file of one checkpoint directory present, whole and (unless saved without) matching its CRC-32;
+    returns the saved tensors' metadata by key (a collective). CheckpointError names what is wrong."""
+    saved = _check_files(path)
+    _verify_checksums(path)
+    return saved
+
+
+def resolve_iteration(root: str | Path, iteration: int | None) -> Path:
+    """The directory of checkpoint ``iteration`` under ``root`` (None: the latest), which must be complete."""
+    root = Path(root)
+    latest = read_tracker(root)
+    if latest is None:
+        raise CheckpointError(f"{root} holds no checkpoint ({TRACKER_FILENAME} is missing); check the path")
+    if iteration is None:
+        iteration = latest
+    path = checkpoint_dir(root, iteration)
+    if not path.is_dir() or not is_complete(path):
+        have = sorted(i for i, d in _iteration_dirs(root).items() if is_complete(d))
+        raise CheckpointError(
+            f"{root} has no complete checkpoint of iteration {iteration}; complete ones: {have or 'none'}"
+        )
+    return path
+
+
 def load_checkpoint(
     *,
     root: str | Path,
@@ -568,13 +655,17 @@ def load_checkpoint(
     optimizer: Any,
     scheduler: Any,
     cfg: TrainingConfig,
+    iteration: int | None = None,
 ) -> LoadedState:
-    """Load the latest complete checkpoint under ``root`` into the model (and,
+    """Load the latest complete checkpoint under ``root`` (or that of ``iteration``) into the model (and,
     unless told not to, optimizer, scheduler and RNG). Missing → fresh start."""
     from megatron.core import dist_checkpointing
 
     run = cfg.run
-    iteration = read_tracker(root)
+    if iteration is not None:
+        iteration = int(resolve_iteration(root, iteration).name.removeprefix("iter_"))
+    else:
+        iteration = read_tracker(root)
     if iteration is None:
         if run.strict_load:
             raise CheckpointError(
@@ -587,9 +678,7 @@ def load_checkpoint(
     if not path.is_dir():
         raise CheckpointError(f"{root}/{TRACKER_FILENAME} names iteration {iteration} but {path} does not exist")
 
-    saved_tensors = _check_files(path)
-    if not run.no_checkpoint_checksums:
-        _verify_checksums(path)
+    saved_tensors = _check_files(path) if run.no_checkpoint_checksums else verify_checkpoint(path)
     try:
         common = dist_checkpointing.load_common_state_dict(str(path))
     except Exception as exc:

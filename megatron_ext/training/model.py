@@ -173,6 +173,31 @@ def layer_spec(cfg: TrainingConfig, device: torch.device, *, config: Any, vp_sta
     return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=TorchNorm)
 
 
+def gpt_model(
+    cfg: TrainingConfig, *, pre_process: bool, post_process: bool, vp_stage: int | None, device: torch.device
+) -> Any:
+    """Megatron-Core's GPTModel for one chunk (the layers of one virtual pipeline stage; the whole model in one
+    process): ``pretrain_gpt.py``'s provider, and the one-process model of ``megatron_ext.inference``."""
+    from megatron.core.models.gpt import GPTModel
+
+    m = cfg.model
+    config = transformer_config(cfg, device)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(cfg, device, config=config, vp_stage=vp_stage),
+        vocab_size=cfg.padded_vocab_size,
+        max_sequence_length=m.max_position_embeddings or m.seq_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
+        position_embedding_type=m.position_embedding_type,
+        rotary_percent=m.rotary_percent,
+        rotary_base=m.rotary_base,
+        vp_stage=vp_stage,
+    )
+
+
 ModelProvider = Callable[..., torch.nn.Module]
 
 

@@ -12,8 +12,7 @@ from megatron_ext.data import sources as data_sources
 from megatron_ext.data.indexed import IndexedDatasetFiles, IndexedWriter
 from megatron_ext.data.preflight import preflight
 from megatron_ext.data.tokenizers import NullTokenizer
-from tests.conftest import read_metrics, run_pretrain, run_script
-from tests.data.helpers import shared_data, tool
+from tests.conftest import MODEL, SavedRun, blend_flags, read_metrics, run_pretrain, run_script, tokenizer_flags
 
 
 def check(argv: list[str]) -> TrainingConfig:
@@ -21,40 +20,9 @@ def check(argv: list[str]) -> TrainingConfig:
     return preflight(parse_args(argv), full=True).cfg
 
 
-MODEL = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --hidden-dropout 0 --attention-dropout 0 --device cpu --seed 1234".split()
-
-
 @pytest.fixture(scope="module")
-def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two datasets (halves of the shared corpus) and the tokenizer they were made with."""
-    shared = shared_data(tmp_path_factory)
-    root = tmp_path_factory.mktemp("train-on-indexed")
-    lines = shared["corpus"].read_text(encoding="utf-8").splitlines(keepends=True)
-    half = len(lines) // 2
-    out = {"model": shared["model"], "root": root}
-    for name, part in (("a", lines[:half]), ("b", lines[half:])):
-        (root / f"{name}.jsonl").write_text("".join(part), encoding="utf-8")
-        tool(
-            "preprocess_data",
-            "--input",
-            str(root / f"{name}.jsonl"),
-            "--output-prefix",
-            str(root / name),
-            "--tokenizer-type",
-            "GPTSentencePieceTokenizer",
-            "--tokenizer-model",
-            str(shared["model"]),
-            "--append-eod",
-            "--workers",
-            "2",
-            "--quiet",
-        )
-        out[name] = root / f"{name}_text_document"
-    return out
-
-
-def tokenizer_flags(ds: dict[str, Path]) -> list[str]:
-    return ["--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", str(ds["model"])]
+def datasets(indexed_datasets: dict[str, Path]) -> dict[str, Path]:
+    return indexed_datasets
 
 
 @pytest.mark.unit
@@ -193,11 +161,6 @@ def test_token_dtype_must_only_hold_the_vocabulary(tmp_path: Path, monkeypatch: 
     data_sources.check_dataset(str(small), NullTokenizer(255))  # 256 ids fit in uint8
 
 
-def blend_flags(datasets: dict[str, Path]) -> list[str]:
-    """'0.7 A 0.3 B' with a 90/8/2 split."""
-    return ["--data-path", "0.7", str(datasets["a"]), "0.3", str(datasets["b"]), "--split", "90,8,2"]
-
-
 @pytest.mark.unit
 def test_blend_weights_reach_megatron_cores_blended_dataset(datasets: dict[str, Path]) -> None:
     """'0.7 A 0.3 B' draws 70% of the training and validation samples from A, through Megatron-Core's
@@ -236,38 +199,9 @@ def test_blend_weights_reach_megatron_cores_blended_dataset(datasets: dict[str, 
 
 
 @pytest.mark.distributed
-def test_pipeline_trains_on_a_weighted_blend(datasets: dict[str, Path], tmp_path: Path) -> None:
+def test_pipeline_trains_on_a_weighted_blend(pipeline_run: SavedRun) -> None:
     """PP2 × VP2 on '0.7 A 0.3 B' with a 90/8/2 split: the loss goes down, validation and test run."""
-    metrics = tmp_path / "metrics.jsonl"
-    cache = tmp_path / "index-cache"
-    run_pretrain(
-        [
-            *MODEL,
-            *blend_flags(datasets),
-            "--data-cache-path",
-            str(cache),
-            *tokenizer_flags(datasets),
-            "--pipeline-model-parallel-size",
-            "2",
-            "--num-layers-per-virtual-pipeline-stage",
-            "1",
-            "--lr",
-            "3e-3",
-            "--lr-warmup-iters",
-            "2",
-            "--train-iters",
-            "16",
-            "--eval-interval",
-            "8",
-            "--eval-iters",
-            "2",
-            "--log-interval",
-            "1",
-            "--metrics-file",
-            str(metrics),
-        ],
-        nproc=2,
-    )
+    metrics, cache = pipeline_run.metrics, pipeline_run.data_cache
     rows = read_metrics(metrics)
     losses = [r["lm_loss"] for r in rows if "lm_loss" in r]
     valid = [r["valid_loss"] for r in rows if "valid_loss" in r]

@@ -1,0 +1,87 @@
+"""Move a checkpoint to and from Hugging Face ``transformers`` (Llama and GPT-2 architectures).
+
+::
+
+    python tools/convert_checkpoint.py to-hf --load runs/demo/checkpoints --output runs/demo/hf
+    python tools/convert_checkpoint.py to-hf --load CKPT --output HF_DIR --iteration 2000 --max-shard-size 2GB
+    python tools/convert_checkpoint.py from-hf --input HF_DIR --save CKPT
+
+``to-hf`` reads a checkpoint saved under any TP/PP/VP/DP in one CPU process, with
+the model and tokenizer the run recorded (``--tokenizer-*`` give another copy of
+the tokenizer). ``from-hf`` writes a weights-only checkpoint that
+``pretrain_gpt.py --load CKPT`` continues from under any layout, and prints the
+model flags to train it with. Nothing is downloaded; an interrupted or failed
+conversion leaves nothing at the output path.
+
+Exit codes: 0 done, 2 invalid arguments or a model that does not convert, 3 an
+unreadable checkpoint. Details: docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from megatron_ext.cli.launch import quiet_dependencies
+from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.flags import Parser
+from megatron_ext.config.tokenizer_types import tokenizer_type_argument
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    to_hf = commands.add_parser("to-hf", help="checkpoint → transformers directory")
+    to_hf.add_argument("--load", required=True, help="The checkpoint directory (pretrain_gpt.py's --save).")
+    to_hf.add_argument("--output", required=True, help="The transformers directory to create.")
+    to_hf.add_argument("--iteration", type=int, default=None, help="Which checkpoint (default: the latest).")
+    to_hf.add_argument("--max-shard-size", default="5GB", help="Largest safetensors file (default 5GB).")
+    to_hf.add_argument("--tokenizer-type", type=tokenizer_type_argument, default=None)
+    to_hf.add_argument("--tokenizer-model", default=None, help="SentencePiece model or tokenizer directory.")
+    to_hf.add_argument("--vocab-file", default=None)
+    to_hf.add_argument("--merge-file", default=None)
+    from_hf = commands.add_parser("from-hf", help="transformers directory → checkpoint")
+    from_hf.add_argument("--input", required=True, help="A local transformers model directory (safetensors).")
+    from_hf.add_argument("--save", required=True, help="The checkpoint directory to create.")
+    args = parser.parse_args(argv)
+    quiet_dependencies()
+
+    from megatron_ext.huggingface.architectures import ConversionError
+    from megatron_ext.huggingface.convert import export_to_hf, import_from_hf, parse_size
+    from megatron_ext.training.checkpointing import CheckpointError
+
+    try:
+        if args.command == "to-hf":
+            tokenizer = {
+                "tokenizer_type": args.tokenizer_type,
+                "tokenizer_model": args.tokenizer_model,
+                "vocab_file": args.vocab_file,
+                "merge_file": args.merge_file,
+            }
+            done = export_to_hf(
+                args.load,
+                args.output,
+                iteration=args.iteration,
+                tokenizer=tokenizer,
+                max_shard_bytes=parse_size(args.max_shard_size),
+            )
+            print(
+                f"exported iteration {done.iteration} as {done.architecture}: {done.tensors} tensors in "
+                f"{done.output} ({', '.join(done.files)}); tokenizer: {done.tokenizer_note}"
+            )
+        else:
+            imported = import_from_hf(args.input, args.save)
+            print(f"imported {imported.architecture} ({imported.tensors} tensors) into {imported.save} (iteration 0)")
+            tokenizer_flags = [
+                f"--{k.replace('_', '-')} {shlex.quote(v)}" for k, v in (imported.tokenizer_flags or {}).items()
+            ]
+            print("continue pretraining with: pretrain_gpt.py --load", shlex.quote(str(imported.save)), end=" ")
+            print(" ".join([*imported.flags, *tokenizer_flags]))
+    except (ConversionError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.INVALID
+    except CheckpointError as exc:
+        print(f"checkpoint error: {exc}", file=sys.stderr)
+        return ExitCode.CHECKPOINT
+    return ExitCode.OK

@@ -1,0 +1,351 @@
+"""Export a checkpoint to a ``transformers`` directory, and import one back.
+
+Export reads the checkpoint (saved under any TP/PP/VP/DP, uneven stages
+included) through Megatron-Core's dist-checkpointing in one CPU process, one
+tensor at a time: memory is the largest tensor (one weight of every layer) plus
+one output shard, never the model twice. Weights go to sharded safetensors files
+with an index, as ``transformers`` writes them; ``config.json``,
+``generation_config.json`` and the tokenizer's files go beside them.
+
+Import builds Megatron-Core's GPTModel for the ``transformers`` config in one
+process, fills its sharded state dict from the safetensors files and saves it
+as a weights-only checkpoint (iteration 0, no optimizer state) that
+``pretrain_gpt.py --load`` continues from under any layout.
+
+Both write into a hidden directory beside the target and rename it at the end:
+an interrupted or failed conversion leaves nothing at the final path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron_ext.config.arguments import ConfigError, make_config
+from megatron_ext.huggingface.architectures import ConversionError, TokenIds, architecture, hf_config, model_flags
+from megatron_ext.huggingface.tokenizer_files import read_tokenizer_flags, write_tokenizer
+from megatron_ext.huggingface.weights import LAYERS, Rule, is_model_tensor, rules
+from megatron_ext.inference.checkpoint import (
+    one_process,
+    open_checkpoint,
+    read_tensor,
+    tokenizer_of,
+)
+from megatron_ext.training import checkpointing
+
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
+"""transformers' default shard size (``max_shard_size="5GB"``)."""
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '500MB', '2GiB' or a byte count → bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", text, flags=re.IGNORECASE)
+    if not match:
+        raise ValueError(f"{text!r} is not a size; write e.g. 5GB, 500MB or 2GiB")
+    number, unit = float(match.group(1)), (match.group(2) or "B").upper()
+    scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+    scale |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    return int(number * scale[unit])
+
+
+@contextlib.contextmanager
+def _staging(target: Path) -> Iterator[Path]:
+    """A hidden directory beside ``target`` that becomes ``target`` when the block succeeds (else is removed).
+
+    ``target`` must not exist, or be an empty directory: nothing of the user's is replaced.
+    """
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise ConversionError(f"{target} already exists and is not empty; choose a new directory or remove it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{target.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+        if target.exists():
+            target.rmdir()
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+class ShardWriter:
+    """Safetensors shards of at most ``max_bytes`` each (one tensor larger than that gets a shard of its own),
+    named and indexed as ``transformers`` names them once the number of shards is known."""
+
+    def __init__(self, directory: Path, max_bytes: int) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.shards: list[list[str]] = []
+        self.total_bytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if self.pending and self.pending_bytes + size > self.max_bytes:
+            self._flush()
+        # A copy of its own: safetensors refuses tensors that share storage (the layers of one weight do).
+        self.pending[name] = tensor.detach().to("cpu").contiguous().clone()
+        self.pending_bytes += size
+        self.total_bytes += size
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        save_file(self.pending, str(self.directory / f"shard-{len(self.shards)}.tmp"), metadata={"format": "pt"})
+        self.shards.append(list(self.pending))
+        self.pending, self.pending_bytes = {}, 0
+
+    def close(self) -> list[str]:
+        """Write what is left; name the shards and write the index. Returns the file names."""
+        if self.pending or not self.shards:
+            self._flush()
+        count = len(self.shards)
+        for i in range(count):
+            # safetensors creates its files private (0600); these are published like the others.
+            os.chmod(self.directory / f"shard-{i}.tmp", 0o644)
+        if count == 1:
+            (self.directory / "shard-0.tmp").rename(self.directory / SINGLE)
+            return [SINGLE]
+        names = [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+        weight_map: dict[str, str] = {}
+        for i, (name, tensors) in enumerate(zip(names, self.shards, strict=True)):
+            (self.directory / f"shard-{i}.tmp").rename(self.directory / name)
+            weight_map |= dict.fromkeys(tensors, name)
+        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+        (self.directory / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        return [*names, INDEX]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class Exported:
+    output: Path
+    architecture: str
+    iteration: int
+    files: list[str]
+    tensors: int
+    tokenizer_note: str
+
+
+def _check_tensors(path: Path, table: list[Rule], saved: dict[str, Any]) -> None:
+    """Every tensor of the checkpoint has a rule and every rule a tensor: nothing is dropped or invented."""
+    model_keys = {k for k in saved if is_model_tensor(k)}
+    missing = sorted(r.key for r in table if r.key not in saved)
+    unexpected = sorted(model_keys - {r.key for r in table})
+    if missing or unexpected:
+        raise ConversionError(
+            f"{path} does not hold the tensors its recorded arguments describe: "
+            + "; ".join(
+                part
+                for part in (
+                    f"missing {', '.join(missing)}" if missing else "",
+                    f"not convertible {', '.join(unexpected)}" if unexpected else "",
+                )
+                if part
+            )
+        )
+
+
+def export_to_hf(
+    load: str | Path,
+    output: str | Path,
+    *,
+    iteration: int | None = None,
+    tokenizer: dict[str, str | None] | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> Exported:
+    """Write checkpoint ``iteration`` (default: the latest) under ``load`` as a ``transformers`` directory."""
+    ckpt = open_checkpoint(load, iteration=iteration, tokenizer=tokenizer)
+    cfg = ckpt.cfg
+    arch = architecture(cfg.model)
+    table = rules(cfg.model)
+    tok = tokenizer_of(cfg)
+    count = 0
+    with _staging(Path(output)) as staging, one_process(cfg):
+        saved = checkpointing.verify_checkpoint(ckpt.path)
+        _check_tensors(ckpt.path, table, saved)
+        writer = ShardWriter(staging, max_shard_bytes)
+        dtype = saved[table[0].key].dtype
+        for rule in table:
+            tensor = read_tensor(ckpt.path, rule.key, saved[rule.key])
+            slices = list(enumerate(tensor)) if rule.per_layer else [(0, tensor)]
+            for layer, part in slices:
+                for name, value in zip(rule.names(layer), rule.split(part), strict=True):
+                    writer.add(name, value)
+                    count += 1
+            del tensor, slices
+        files = writer.close()
+        max_length = cfg.model.max_position_embeddings or cfg.model.seq_length
+        written = write_tokenizer(tok, cfg.data, staging, max_length=max_length)
+        ids = written.ids
+        config = hf_config(cfg.model, padded_vocab_size=cfg.padded_vocab_size, tokens=ids, dtype=_dtype_name(dtype))
+        _write_json(staging / "config.json", config)
+        _write_json(staging / "generation_config.json", _generation_config(ids))
+        files += ["config.json", "generation_config.json", *written.files]
+    return Exported(Path(output), arch, ckpt.iteration, files, count, written.note)
+
+
+def _generation_config(ids: TokenIds) -> dict[str, Any]:
+    return {"bos_token_id": ids.bos, "eos_token_id": ids.eos, "_from_model_config": True}
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+
+
+class _SafetensorsReader:
+    """The tensors of a ``transformers`` directory by name (one file or an indexed set), read on demand."""
+
+    def __init__(self, directory: Path) -> None:
+        from safetensors import safe_open
+
+        index = directory / INDEX
+        if index.is_file():
+            weight_map: dict[str, str] = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        elif (directory / SINGLE).is_file():
+            with safe_open(str(directory / SINGLE), "pt") as f:
+                names: list[str] = list(f.keys())
+            weight_map = dict.fromkeys(names, SINGLE)
+        else:
+            raise ConversionError(
+                f"{directory} has neither {SINGLE} nor {INDEX}; only safetensors weights are read "
+                "(convert a pytorch_model.bin with transformers' save_pretrained(safe_serialization=True))"
+            )
+        self.directory = directory
+        self.weight_map = weight_map
+        self.used: set[str] = set()
+
+    def __call__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        file = self.weight_map.get(name)
+        if file is None:
+            raise ConversionError(f"{self.directory} has no tensor {name}")
+        self.used.add(name)
+        with safe_open(str(self.directory / file), "pt") as f:
+            return f.get_tensor(name)
+
+
+@dataclass(frozen=True)
+class Imported:
+    save: Path
+    architecture: str
+    tensors: int
+    flags: list[str]
+    """The pretrain_gpt.py model flags of the imported model (to continue pretraining with)."""
+    tokenizer_flags: dict[str, str] | None
+
+
+def import_from_hf(source: str | Path, save: str | Path) -> Imported:
+    """Save the ``transformers`` model in ``source`` as our checkpoint (iteration 0) under ``save``."""
+    from megatron_ext.config.flags import to_argv
+
+    source, save = Path(source), Path(save)
+    config_file = source / "config.json"
+    if not config_file.is_file():
+        raise ConversionError(f"{source} has no config.json: give a transformers model directory")
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    arch, model = model_flags(config)
+    padded_vocab = int(config["vocab_size"])
+    weights = _SafetensorsReader(source)
+    with _staging(save) as staging:
+        tokenizer = read_tokenizer_flags(source, staging / "tokenizer")
+        # The flags name the tokenizer files where they will be once the directory is renamed.
+        if tokenizer is not None:
+            tokenizer = {k: v.replace(str(staging), str(save.resolve())) for k, v in tokenizer.items()}
+            data: dict[str, Any] = {"mock_data": True, **tokenizer}
+            vocab_size = None
+        else:
+            # No tokenizer: the null tokenizer over the whole (padded) vocabulary, its last id the end of document.
+            model["vocab_size"] = padded_vocab - 1
+            data, vocab_size = {"mock_data": True}, padded_vocab
+        try:
+            cfg = make_config(world_size=1, model=model, data=data, optim=_precision(config), run={"device": "cpu"})
+        except ConfigError as exc:
+            raise ConversionError(f"{config_file}: {exc}") from exc
+        if tokenizer is not None:
+            staged: dict[str, Any] = _staged(tokenizer, staging, save)
+            vocab_size = tokenizer_of(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **staged))).vocab_size
+        cfg = dataclasses.replace(cfg, tokenizer_vocab_size=vocab_size, checkpoint_padded_vocab_size=padded_vocab)
+        if vocab_size is not None and vocab_size > padded_vocab:
+            raise ConversionError(
+                f"{config_file}: vocab_size {padded_vocab} is smaller than the tokenizer's {vocab_size}"
+            )
+        count = _fill_and_save(cfg, weights, staging)
+    model_only = ("vocab_size", "init_method_std") if tokenizer else ("init_method_std",)
+    shape = [f.name for f in dataclasses.fields(cfg.model) if f.name in model and f.name not in model_only]
+    flags = to_argv(cfg.model, only=shape, always=("num_layers", "hidden_size", "num_attention_heads"))
+    return Imported(save, arch, count, flags, tokenizer)
+
+
+def _precision(config: dict[str, Any]) -> dict[str, bool]:
+    """Keep the weights' dtype: the model is built in it, so that a round trip is exact."""
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    return {"bf16": dtype == "bfloat16", "fp16": dtype == "float16"}
+
+
+IGNORED = re.compile(r"(\.attn\.(bias|masked_bias)|\.rotary_emb\.inv_freq)$")
+"""Buffers older transformers versions saved with the weights (causal masks, rotary frequencies)."""
+
+
+def _staged(tokenizer: dict[str, str], staging: Path, save: Path) -> dict[str, str]:
+    """The tokenizer flags pointing into the staging directory (where the files are until the rename)."""
+    return {k: v.replace(str(save.resolve()), str(staging)) for k, v in tokenizer.items()}
+
+
+def _fill_and_save(cfg: Any, weights: _SafetensorsReader, staging: Path) -> int:
+    """Build the model in one process, set every tensor of its sharded state dict from ``weights``, save."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    from megatron_ext.training.model import gpt_model
+
+    table = {rule.key: rule for rule in rules(cfg.model)}
+    count = 0
+    with one_process(cfg) as ctx:
+        model = gpt_model(cfg, pre_process=True, post_process=True, vp_stage=None, device=ctx.device)
+        for item in nested_values(model.sharded_state_dict()):
+            if not isinstance(item, ShardedTensor | ShardedTensorFactory) or not is_model_tensor(item.key):
+                continue
+            rule = table.get(item.key)
+            if rule is None:
+                raise ConversionError(f"the model has a tensor {item.key} that no transformers weight maps to")
+            # A factory (SwiGLU's fc1, saved as its two halves) holds the whole local tensor; its pieces the offsets.
+            first = item if isinstance(item, ShardedTensor) else next(iter(nested_values(item.build())))
+            layer = first.global_offset[0] if item.key.startswith(LAYERS) else 0
+            value = rule.join([weights(name) for name in rule.names(layer)])
+            if tuple(value.shape) != tuple(item.data.shape):
+                raise ConversionError(
+                    f"{', '.join(rule.names(layer))}: shape {tuple(value.shape)} does not make {item.key} of shape "
+                    f"{tuple(item.data.shape)}; config.json does not describe these weights"
+                )
+            with torch.no_grad():
+                item.data.copy_(value.to(item.data.dtype))
+            count += 1
+        tied_head = {"lm_head.weight"} if not cfg.model.untie_embeddings_and_output_weights else set()
+        unused = sorted(n for n in set(weights.weight_map) - weights.used - tied_head if not IGNORED.search(n))
+        if unused:
+            raise ConversionError(
+                f"{weights.directory}: tensors this architecture does not have: {', '.join(unused[:10])}"
+                + (f" … and {len(unused) - 10} more" if len(unused) > 10 else "")
+            )
+        checkpointing.save_weights(staging, model, cfg)
+    return count

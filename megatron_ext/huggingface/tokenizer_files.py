@@ -1,0 +1,194 @@
+"""The tokenizer files of a ``transformers`` directory, written from our tokenizer types and read back.
+
+- ``GPTSentencePieceTokenizer``: its SentencePiece model as ``tokenizer.model``, and a
+  ``tokenizer.json`` that gives the same ids (``sentencepiece_bpe_json``) with a
+  ``PreTrainedTokenizerFast`` config adding no BOS/EOS (ours adds none). One difference
+  remains: ``transformers`` reads the control pieces' text (``<s>``, ``</s>``) in the input as
+  those tokens, where SentencePiece encodes it as characters.
+- ``GPT2BPETokenizer``: ``vocab.json`` and ``merges.txt`` with a ``GPT2Tokenizer`` config.
+- ``HuggingFaceTokenizer``: the tokenizer files of its directory, as they are.
+
+``SentencePieceTokenizer`` (which appends Megatron's own special pieces after the
+model's) and ``NullTokenizer`` have no ``transformers`` equivalent: the weights are
+exported without tokenizer files, and the note says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megatron_ext.config.arguments import DataArgs
+from megatron_ext.data.tokenizers import Tokenizer
+from megatron_ext.huggingface.architectures import TokenIds
+
+HF_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+"""The files a ``transformers`` tokenizer is made of (whichever it has)."""
+
+GPT2_EOS = "<|endoftext|>"
+MARKER = "megatron_tokenizer_type"
+"""Our tokenizer type, in the ``tokenizer_config.json`` we write (transformers ignores it): import restores it."""
+
+
+@dataclass(frozen=True)
+class WrittenTokenizer:
+    ids: TokenIds
+    files: tuple[str, ...]
+    note: str
+    """What was written, or why nothing was."""
+
+
+def _json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def write_tokenizer(tokenizer: Tokenizer, data: DataArgs, directory: Path, *, max_length: int) -> WrittenTokenizer:
+    """Write ``tokenizer``'s files (the run's data flags say where its own files are) into ``directory``."""
+    kind = data.tokenizer_type
+    if kind == "GPTSentencePieceTokenizer":
+        sp: Any = tokenizer.sp  # type: ignore[attr-defined]
+        shutil.copyfile(str(data.tokenizer_model), directory / "tokenizer.model")
+        (directory / "tokenizer.json").write_text(sentencepiece_bpe_json(str(data.tokenizer_model)), encoding="utf-8")
+
+        def piece(i: int) -> str | None:
+            return str(sp.id_to_piece(i)) if i >= 0 else None
+
+        bos = int(sp.bos_id())
+        _json(
+            directory / "tokenizer_config.json",
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                MARKER: kind,
+                "bos_token": piece(bos),
+                "eos_token": piece(tokenizer.eod),
+                "unk_token": piece(int(sp.unk_id())),
+                "clean_up_tokenization_spaces": False,
+                "model_max_length": max_length,
+            },
+        )
+        files: tuple[str, ...] = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json")
+        note = f"{kind}: tokenizer.json (the same ids as the SentencePiece model) and tokenizer.model"
+        return WrittenTokenizer(TokenIds(bos if bos >= 0 else None, tokenizer.eod), files, note)
+    if kind == "GPT2BPETokenizer":
+        shutil.copyfile(str(data.vocab_file), directory / "vocab.json")
+        shutil.copyfile(str(data.merge_file), directory / "merges.txt")
+        _json(
+            directory / "tokenizer_config.json",
+            {
+                "tokenizer_class": "GPT2Tokenizer",
+                "bos_token": GPT2_EOS,
+                "eos_token": GPT2_EOS,
+                "unk_token": GPT2_EOS,
+                "add_prefix_space": False,
+                "model_max_length": max_length,
+            },
+        )
+        files = ("vocab.json", "merges.txt", "tokenizer_config.json")
+        return WrittenTokenizer(TokenIds(tokenizer.eod, tokenizer.eod), files, "GPT-2 BPE vocab.json and merges.txt")
+    if kind == "HuggingFaceTokenizer":
+        source = Path(str(data.tokenizer_model))
+        files = tuple(name for name in HF_TOKENIZER_FILES if (source / name).is_file())
+        for name in files:
+            shutil.copyfile(source / name, directory / name)
+        hf_bos = getattr(getattr(tokenizer, "_hf", None), "bos_token_id", None)
+        return WrittenTokenizer(TokenIds(hf_bos, tokenizer.eod), files, f"the tokenizer files of {source}")
+    why = (
+        "it appends Megatron's own special pieces after the SentencePiece model's"
+        if kind == "SentencePieceTokenizer"
+        else "it has no vocabulary"
+    )
+    return WrittenTokenizer(
+        TokenIds(None, tokenizer.eod), (), f"no tokenizer files: {kind} has no transformers equivalent ({why})"
+    )
+
+
+def read_tokenizer_flags(directory: Path, copy_to: Path) -> dict[str, str] | None:
+    """Our tokenizer flags for the tokenizer files of a ``transformers`` directory, after copying them to
+    ``copy_to`` (the flags name the copies); None when the directory has no tokenizer.
+
+    The type we exported (``MARKER``) comes back; otherwise a ``tokenizer.json`` is a ``HuggingFaceTokenizer`` (what ``transformers`` itself loads); else a
+    ``tokenizer.model`` is a SentencePiece model with plain ids (what ``write_tokenizer`` writes); else
+    ``vocab.json`` with ``merges.txt`` is GPT-2's BPE.
+    """
+    present = [name for name in HF_TOKENIZER_FILES if (directory / name).is_file()]
+    if not present:
+        return None
+    copy_to.mkdir(parents=True, exist_ok=True)
+    for name in present:
+        shutil.copyfile(directory / name, copy_to / name)
+    config = directory / "tokenizer_config.json"
+    ours = json.loads(config.read_text(encoding="utf-8")).get(MARKER) if config.is_file() else None
+    if ours == "GPTSentencePieceTokenizer" and "tokenizer.model" in present:
+        return {"tokenizer_type": ours, "tokenizer_model": str(copy_to / "tokenizer.model")}
+    if "tokenizer.json" in present:
+        return {"tokenizer_type": "HuggingFaceTokenizer", "tokenizer_model": str(copy_to)}
+    if "tokenizer.model" in present:
+        return {"tokenizer_type": "GPTSentencePieceTokenizer", "tokenizer_model": str(copy_to / "tokenizer.model")}
+    if "vocab.json" in present and "merges.txt" in present:
+        return {
+            "tokenizer_type": "GPT2BPETokenizer",
+            "vocab_file": str(copy_to / "vocab.json"),
+            "merge_file": str(copy_to / "merges.txt"),
+        }
+    return None
+
+
+SP_SEGMENTS = "▁+[^▁]*|[^▁]+"
+"""SentencePiece's words, which BPE never merges across: a new one starts at a space that follows a non-space
+(a run of spaces and the word after it are one word)."""
+
+
+def sentencepiece_bpe_json(model_file: str) -> str:
+    """A ``tokenizers`` ``tokenizer.json`` that encodes and decodes as the SentencePiece BPE model ``model_file``
+    does (plain ids, as ``GPTSentencePieceTokenizer``): same vocabulary and ids, merges ranked by the merged
+    piece's score (SentencePiece merges the best-scoring pair first), byte fallback, user-defined pieces
+    matched whole, and SentencePiece's own whitespace handling (checked on the model itself: dummy prefix,
+    extra whitespace kept or collapsed). Loading it needs neither sentencepiece nor protobuf."""
+    import sentencepiece
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=model_file)
+    size = len(sp)
+    pieces = [sp.id_to_piece(i) for i in range(size)]
+    vocab = {piece: i for i, piece in enumerate(pieces)}
+    special = {i for i in range(size) if sp.is_control(i) or sp.is_unknown(i)}
+    # User-defined pieces score +0.0; learned ones -rank, the first of them -0.0 (the API has no piece type).
+    user_defined = [
+        i for i in range(size) if i not in special and not sp.is_byte(i) and math.copysign(1.0, sp.get_score(i)) > 0
+    ]
+    merges = []
+    for i, piece in enumerate(pieces):
+        if i in special or sp.is_byte(i) or i in user_defined or len(piece) < 2:
+            continue
+        splits = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
+        merges += [(-sp.get_score(i), vocab[a], vocab[b], a, b) for a, b in splits]
+    merges.sort()
+    unk = pieces[sp.unk_id()] if sp.unk_id() >= 0 else None
+    tokenizer = Tokenizer(
+        models.BPE(
+            vocab=vocab, merges=[(a, b) for *_, a, b in merges], unk_token=unk, fuse_unk=True, byte_fallback=True
+        )
+    )
+    dummy_prefix = sp.encode("a", out_type=str)[0].startswith("▁")
+    steps: list[Any] = [normalizers.Prepend("▁")] if dummy_prefix else []
+    if sp.encode("a  b", out_type=str) == sp.encode("a b", out_type=str):  # remove_extra_whitespaces
+        steps = [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " "), *steps]
+    tokenizer.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(SP_SEGMENTS), behavior="isolated")
+    steps_out = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tokenizer.decoder = decoders.Sequence([*steps_out, decoders.Strip(" ", 1, 0)] if dummy_prefix else steps_out)
+    tokenizer.add_special_tokens([AddedToken(pieces[i], special=True, normalized=False) for i in sorted(special)])
+    tokenizer.add_tokens([AddedToken(pieces[i], special=False, normalized=True) for i in user_defined])
+    return tokenizer.to_str()
