@@ -133,6 +133,24 @@ def model_flags(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             + ", ".join(f"{k} ({v})" for k, v in ARCHITECTURES.items())
         )
     problems: list[str] = []
+    try:
+        flags = _flags(arch, config, problems)
+    except (KeyError, TypeError, ValueError) as exc:
+        if problems:
+            raise ConversionError(
+                f"this {ARCHITECTURES[arch]} cannot be imported exactly: " + "; ".join(problems)
+            ) from exc
+        raise ConversionError(f"config.json of a {ARCHITECTURES[arch]} lacks or mangles {exc}") from exc
+    if problems:
+        raise ConversionError(f"this {ARCHITECTURES[arch]} cannot be imported exactly: " + "; ".join(problems))
+    # transformers' defaults differ: GPT-2 ties, Llama does not.
+    flags["untie_embeddings_and_output_weights"] = not config.get("tie_word_embeddings", arch == GPT2)
+    flags["init_method_std"] = float(config.get("initializer_range", 0.02))
+    return arch, flags
+
+
+def _flags(arch: str, config: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """``model_flags``' reading of each architecture's fields (``problems`` gets what does not carry over)."""
 
     def expect(key: str, allowed: tuple[Any, ...], why: str) -> None:
         if config.get(key, allowed[0]) not in allowed:
@@ -192,9 +210,4 @@ def model_flags(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             "hidden_dropout": float(config.get("resid_pdrop", 0.1)),
             "attention_dropout": float(config.get("attn_pdrop", 0.1)),
         }
-    if problems:
-        raise ConversionError(f"this {ARCHITECTURES[arch]} cannot be imported exactly: " + "; ".join(problems))
-    # transformers' defaults differ: GPT-2 ties, Llama does not.
-    flags["untie_embeddings_and_output_weights"] = not config.get("tie_word_embeddings", arch == GPT2)
-    flags["init_method_std"] = float(config.get("initializer_range", 0.02))
-    return arch, flags
+    return flags

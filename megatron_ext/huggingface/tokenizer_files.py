@@ -2,9 +2,12 @@
 
 - ``GPTSentencePieceTokenizer``: its SentencePiece model as ``tokenizer.model``, and a
   ``tokenizer.json`` that gives the same ids (``sentencepiece_bpe_json``) with a
-  ``PreTrainedTokenizerFast`` config adding no BOS/EOS (ours adds none). One difference
-  remains: ``transformers`` reads the control pieces' text (``<s>``, ``</s>``) in the input as
-  those tokens, where SentencePiece encodes it as characters.
+  ``PreTrainedTokenizerFast`` config adding no BOS/EOS (ours adds none). Two differences
+  remain: ``transformers`` reads the control pieces' text (``<s>``, ``</s>``) in the input as
+  those tokens, where SentencePiece encodes it as characters; and text right after a
+  user-defined piece (``--user-defined-symbols``) gets the word-start ``▁`` SentencePiece
+  only puts at the start of the text (``transformers`` normalizes the text between added
+  tokens piece by piece).
 - ``GPT2BPETokenizer``: ``vocab.json`` and ``merges.txt`` with a ``GPT2Tokenizer`` config.
 - ``HuggingFaceTokenizer``: the tokenizer files of its directory, as they are.
 
@@ -182,6 +185,7 @@ def sentencepiece_bpe_json(model_file: str) -> str:
         )
     )
     dummy_prefix = sp.encode("a", out_type=str)[0].startswith("▁")
+    # Always one "▁" before the text (transformers' Metaspace skips it when the text starts with a space).
     steps: list[Any] = [normalizers.Prepend("▁")] if dummy_prefix else []
     if sp.encode("a  b", out_type=str) == sp.encode("a b", out_type=str):  # remove_extra_whitespaces
         steps = [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " "), *steps]
@@ -190,5 +194,5 @@ def sentencepiece_bpe_json(model_file: str) -> str:
     steps_out = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     tokenizer.decoder = decoders.Sequence([*steps_out, decoders.Strip(" ", 1, 0)] if dummy_prefix else steps_out)
     tokenizer.add_special_tokens([AddedToken(pieces[i], special=True, normalized=False) for i in sorted(special)])
-    tokenizer.add_tokens([AddedToken(pieces[i], special=False, normalized=True) for i in user_defined])
+    tokenizer.add_tokens([AddedToken(pieces[i], special=False, normalized=False) for i in user_defined])
     return tokenizer.to_str()

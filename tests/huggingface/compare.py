@@ -1,12 +1,16 @@
 """Run as a process by tests/huggingface (Megatron-Core's process group state is per process):
 
-    python -m tests.huggingface.compare logits CKPT HF_DIR    → {"max_abs", "max_logit", "valid_loss", ...}
-    python -m tests.huggingface.compare weights CKPT_A CKPT_B → {"keys": [...], "different": [...]}
+    python -m tests.huggingface.compare CKPT HF_DIR IMPORTED [WORK]
+        → {"max_abs", "max_logit", "valid_loss", "batches", "keys", "other_keys", "different"}
 
-``logits`` runs Megatron-Core's forward (the checkpoint loaded in one process) and the exported
+With WORK, ``HF_DIR`` is first imported into ``IMPORTED`` and exported again to ``WORK/hf-again``
+here, through the library (the tools' command lines are tested on the other run).
+
+It runs Megatron-Core's forward (the checkpoint loaded in one process) and the exported
 ``transformers`` model on the first validation batches the run evaluated (the training split's
 when it evaluated none), and the ``transformers`` model's loss over exactly the batches of the
-run's validation (``--eval-iters`` global batches from the start of the split).
+run's validation (``--eval-iters`` global batches from the start of the split), and
+compares the checkpoint's model tensors with the imported checkpoint's.
 """
 
 from __future__ import annotations
@@ -76,5 +80,12 @@ def weights(first: str, second: str) -> dict[str, Any]:
 
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
-    command, x, y = sys.argv[1:4]
-    print(json.dumps(logits(x, y) if command == "logits" else weights(x, y)))
+    checkpoint, hf_dir, imported, *work = sys.argv[1:]
+    if work:
+        from pathlib import Path
+
+        from megatron_ext.huggingface.convert import export_to_hf, import_from_hf
+
+        import_from_hf(hf_dir, imported)
+        export_to_hf(imported, Path(work[0]) / "hf-again")
+    print(json.dumps(logits(checkpoint, hf_dir) | weights(checkpoint, imported)))

@@ -1,0 +1,277 @@
+"""The conversion's parts without a process group: architectures, configs, tensor rules, shards, tokenizer
+files, sampling, and the tools' refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_ext.config.arguments import DataArgs, ModelArgs
+from megatron_ext.data.tokenizers import GPT2BPETokenizer, GPTSentencePieceTokenizer
+from megatron_ext.huggingface.architectures import ConversionError, TokenIds, architecture, hf_config, model_flags
+from megatron_ext.huggingface.convert import ShardWriter, _SafetensorsReader, _staging, parse_size
+from megatron_ext.huggingface.tokenizer_files import write_tokenizer
+from megatron_ext.huggingface.weights import LAYERS, rules
+from megatron_ext.inference.generate import Sampling, generate, next_token
+from tests.data.helpers import shared_data, tool
+
+pytestmark = pytest.mark.unit
+
+LLAMA_GQA = ModelArgs(
+    num_layers=2, hidden_size=64, num_attention_heads=8, group_query_attention=True, num_query_groups=2,
+    position_embedding_type="rope", swiglu=True, normalization="RMSNorm", disable_bias_linear=True,
+    untie_embeddings_and_output_weights=True, seq_length=32, rotary_base=500000,
+)  # fmt: skip
+LLAMA_BIAS_TIED = ModelArgs(
+    num_layers=2, hidden_size=64, num_attention_heads=4, kv_channels=32, position_embedding_type="rope",
+    swiglu=True, normalization="RMSNorm", ffn_hidden_size=96, seq_length=16,
+)  # fmt: skip
+GPT2 = ModelArgs(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, norm_epsilon=1e-6)
+GPT2_UNTIED = ModelArgs(
+    num_layers=3, hidden_size=48, num_attention_heads=3, seq_length=16, untie_embeddings_and_output_weights=True
+)
+SHAPE_FIELDS = (
+    "num_layers", "hidden_size", "effective_ffn_hidden_size", "num_attention_heads", "effective_num_query_groups",
+    "effective_kv_channels", "position_embedding_type", "swiglu", "normalization", "norm_epsilon",
+    "untie_embeddings_and_output_weights", "disable_bias_linear", "rotary_base",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "model",
+    [LLAMA_GQA, LLAMA_BIAS_TIED, GPT2, GPT2_UNTIED],
+    ids=["llama-gqa", "llama-bias-tied", "gpt2", "gpt2-untied"],
+)
+def test_config_round_trip_keeps_the_model(model: ModelArgs) -> None:
+    config = hf_config(model, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32")
+    arch, flags = model_flags(json.loads(json.dumps(config)))
+    assert arch == architecture(model)
+    back = ModelArgs(**flags)
+    for name in SHAPE_FIELDS:
+        if name == "rotary_base" and arch == "gpt2":
+            continue
+        assert getattr(back, name) == getattr(model, name), name
+    assert config["vocab_size"] == 128 and config["eos_token_id"] == 2
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"position_embedding_type": "rope"}, ["without --swiglu", "with LayerNorm"]),
+        ({"position_embedding_type": "rope", "swiglu": True, "normalization": "RMSNorm", "rotary_percent": 0.5}, ["--rotary-percent 0.5"]),
+        ({"swiglu": True, "disable_bias_linear": True}, ["with --swiglu", "--disable-bias-linear"]),
+        ({"group_query_attention": True, "num_query_groups": 2}, ["grouped-query attention"]),
+        ({"position_embedding_type": "none"}, ["neither rope nor learned"]),
+        ({"apply_layernorm_1p": True}, ["--apply-layernorm-1p"]),
+    ],
+)  # fmt: skip
+def test_models_without_a_transformers_architecture_are_refused_naming_why(changes: dict, named: list[str]) -> None:
+    model = ModelArgs(num_layers=2, hidden_size=64, num_attention_heads=4, **changes)
+    with pytest.raises(ConversionError) as err:
+        architecture(model)
+    for part in [*named, "Supported: Llama"]:
+        assert part in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"activation_function": "gelu_new"}, "gelu_new is the tanh approximation"),
+        ({"model_type": "mistral"}, "model_type 'mistral' is not supported"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope type 'llama3'"),
+        ({"attention_bias": True, "mlp_bias": False}, "attention_bias ≠ mlp_bias"),
+    ],
+)
+def test_transformers_configs_we_cannot_compute_alike_are_refused(changes: dict, named: str) -> None:
+    base = GPT2 if "activation_function" in changes else LLAMA_GQA
+    config = hf_config(base, padded_vocab_size=128, tokens=TokenIds(None, 0), dtype="float32") | changes
+    with pytest.raises(ConversionError, match=named):
+        model_flags(config)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [LLAMA_GQA, LLAMA_BIAS_TIED, GPT2, GPT2_UNTIED],
+    ids=["llama-gqa", "llama-bias-tied", "gpt2", "gpt2-untied"],
+)
+def test_every_rule_is_inverted_bit_for_bit(model: ModelArgs) -> None:
+    """join(split(t)) is t for every tensor of the model (random values, each tensor's per-layer shape)."""
+    d, f = model.effective_kv_channels, model.effective_ffn_hidden_size
+    qkv_rows = (model.num_attention_heads + 2 * model.effective_num_query_groups) * d
+    shapes = {
+        "self_attention.linear_qkv.weight": (qkv_rows, model.hidden_size),
+        "self_attention.linear_qkv.bias": (qkv_rows,),
+        "self_attention.linear_proj.weight": (model.hidden_size, model.num_attention_heads * d),
+        "mlp.linear_fc1.weight": ((2 if model.swiglu else 1) * f, model.hidden_size),
+        "mlp.linear_fc1.bias": ((2 if model.swiglu else 1) * f,),
+        "mlp.linear_fc2.weight": (model.hidden_size, f),
+    }
+    table = rules(model)
+    assert ("output_layer.weight" in {r.key for r in table}) == model.untie_embeddings_and_output_weights
+    for rule in table:
+        shape = shapes.get(rule.key.removeprefix(LAYERS), (model.hidden_size,) if "norm" in rule.key else (7, 5))
+        t = torch.randn(shape)
+        parts = rule.split(t)
+        assert len(parts) == len(rule.names(1)) and all(n.count(".1.") == 1 for n in rule.names(1) if rule.per_layer)
+        assert torch.equal(rule.join([p.clone() for p in parts]), t), rule.key
+
+
+def test_grouped_query_heads_go_to_their_own_projection() -> None:
+    """Megatron's rows [q_g0 (4 heads), k_g0, v_g0, q_g1, …] → q_proj head h is Megatron's group h // 4, slot h % 4."""
+    (rule,) = [r for r in rules(LLAMA_GQA) if r.key == LAYERS + "self_attention.linear_qkv.weight"]
+    d, per = 8, 4
+    rows = torch.arange((8 + 4) * d, dtype=torch.float32).unsqueeze(1)  # each row holds its own index
+    q, k, v = rule.split(rows)
+    for head in range(8):
+        group, slot = divmod(head, per)
+        assert q[head * d, 0] == (group * (per + 2) + slot) * d
+    for group in range(2):
+        assert k[group * d, 0] == (group * (per + 2) + per) * d
+        assert v[group * d, 0] == (group * (per + 2) + per + 1) * d
+
+
+def test_shards_are_indexed_and_read_back(tmp_path: Path) -> None:
+    writer = ShardWriter(tmp_path, max_bytes=1000)
+    tensors = {f"t{i}": torch.randn(100 + i) for i in range(5)}  # ~400 bytes each: 3 shards
+    for name, t in tensors.items():
+        writer.add(name, t)
+    files = writer.close()
+    assert files[-1] == "model.safetensors.index.json" and len(files) == 4
+    assert files[0] == "model-00001-of-00003.safetensors"
+    index = json.loads((tmp_path / files[-1]).read_text())
+    assert set(index["weight_map"]) == set(tensors) and index["metadata"]["total_size"] == sum(
+        t.numel() * 4 for t in tensors.values()
+    )
+    reader = _SafetensorsReader(tmp_path)
+    for name, t in tensors.items():
+        assert torch.equal(reader(name), t)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_failed_conversion_leaves_nothing_and_an_existing_output_is_kept(tmp_path: Path) -> None:
+    target = tmp_path / "out"
+    with pytest.raises(RuntimeError), _staging(target) as staging:
+        (staging / "model.safetensors").write_bytes(b"partial")
+        raise RuntimeError("interrupted")
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    with pytest.raises(ConversionError, match="already exists and is not empty"), _staging(target):
+        pass
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+
+
+def test_sizes() -> None:
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30 and parse_size("512") == 512
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size("five")
+
+
+def test_sentencepiece_tokenizer_json_gives_our_ids(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    """transformers, on the exported tokenizer.json, encodes and decodes the corpus as our GPTSentencePieceTokenizer
+    (byte fallback, runs of spaces, a user-defined piece ending the text). Text holding the control pieces'
+    own spelling (<s>, </s>), and text after a user-defined piece, are the documented exceptions."""
+    import transformers
+
+    shared = shared_data(tmp_path_factory)
+    ours = GPTSentencePieceTokenizer(shared["model"])
+    data = DataArgs(mock_data=True, tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model=str(shared["model"]))
+    written = write_tokenizer(ours, data, tmp_path, max_length=64)
+    assert written.ids == TokenIds(ours.sp.bos_id(), ours.eod)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+    lines = [json.loads(line)["text"] for line in shared["corpus"].read_text(encoding="utf-8").splitlines()]
+    edge = [" a", "  two  spaces ", "\n    indented", "tabs\tand\nnewlines", "日本語 😀 é", "x<special>", "", "   "]
+    texts = [t for t in [*edge, *lines] if "<s>" not in t and "</s>" not in t]
+    assert len(texts) > 400
+    for text in texts:
+        ids = ours.tokenize(text)
+        assert theirs(text)["input_ids"] == ids, text[:80]
+        assert theirs.decode(ids) == ours.detokenize(ids), text[:80]
+    assert theirs.eos_token_id == ours.eod
+
+
+def test_gpt2_bpe_files_give_our_ids(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    import transformers
+    from tokenizers import ByteLevelBPETokenizer
+
+    shared = shared_data(tmp_path_factory)
+    lines = [json.loads(line)["text"] for line in shared["corpus"].read_text(encoding="utf-8").splitlines()]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(lines[:300], vocab_size=600, special_tokens=["<|endoftext|>"])
+    (tmp_path / "bpe").mkdir()
+    vocab, merges = bpe.save_model(str(tmp_path / "bpe"))
+    ours = GPT2BPETokenizer(vocab, merges)
+    out = tmp_path / "hf"
+    out.mkdir()
+    data = DataArgs(mock_data=True, tokenizer_type="GPT2BPETokenizer", vocab_file=vocab, merge_file=merges)
+    written = write_tokenizer(ours, data, out, max_length=64)
+    assert written.files == ("vocab.json", "merges.txt", "tokenizer_config.json")
+    theirs = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    for text in [*lines[300:500], " leading", "a  b", "日本語"]:
+        assert theirs(text)["input_ids"] == ours.tokenize(text), text[:80]
+    assert theirs.eos_token_id == ours.eod
+
+
+class _Fixed(torch.nn.Module):
+    """A 'model' whose next-token logits are always ``logits``."""
+
+    def __init__(self, logits: list[float]) -> None:
+        super().__init__()
+        self.logits = torch.tensor(logits)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: None) -> torch.Tensor:
+        return self.logits.expand(tokens.shape[0], tokens.shape[1], -1)
+
+
+def test_sampling_is_greedy_restricted_and_seeded() -> None:
+    logits = torch.tensor([0.0, 3.0, 2.9, 1.0, -5.0])
+    g = torch.Generator().manual_seed(0)
+    assert next_token(logits, Sampling(), g) == 1
+    assert {next_token(logits, Sampling(temperature=5.0, top_k=1), g) for _ in range(20)} == {1}
+    assert {next_token(logits, Sampling(temperature=1.0, top_k=2), g) for _ in range(200)} == {1, 2}
+    # p = 0.5: token 1 alone holds ~47%, so 1 and 2 are needed; nothing else is ever drawn.
+    assert {next_token(logits, Sampling(temperature=1.0, top_p=0.5), g) for _ in range(200)} == {1, 2}
+    assert {next_token(logits, Sampling(temperature=1.0, top_p=1e-6), g) for _ in range(20)} == {1}
+    model = _Fixed([0.0, 1.0, 1.0, 1.0, 9.0, 9.0])  # the padded rows (4, 5) must never be chosen
+
+    def run(seed: int) -> list[int]:
+        sampling = Sampling(temperature=1.0, seed=seed)
+        return generate(
+            model,
+            [0],
+            max_new_tokens=30,
+            sampling=sampling,
+            vocab_size=4,
+            window=8,
+            stop=None,
+            device=torch.device("cpu"),
+        )
+
+    assert run(7) == run(7) and run(7) != run(8)
+    assert set(run(7)) <= {0, 1, 2, 3} and len(run(7)) == 30
+    stopped = generate(
+        model, [0], max_new_tokens=30, sampling=Sampling(), vocab_size=4, window=8, stop=1, device=torch.device("cpu")
+    )
+    assert stopped == [1]
+    for bad in ({"temperature": -1.0}, {"top_k": -1}, {"top_p": 1.5}):
+        with pytest.raises(ValueError):
+            Sampling(**bad)
+
+
+def test_tools_refuse_bad_input_clearly(tmp_path: Path) -> None:
+    missing = tool(
+        "convert_checkpoint", "to-hf", "--load", str(tmp_path / "none"), "--output", str(tmp_path / "o"), check=False
+    )
+    assert missing.returncode == 3 and "holds no checkpoint" in missing.stderr
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "hf").mkdir()
+    no_config = tool(
+        "convert_checkpoint", "from-hf", "--input", str(tmp_path / "hf"), "--save", str(tmp_path / "c"), check=False
+    )
+    assert no_config.returncode == 2 and "has no config.json" in no_config.stderr
+    assert not (tmp_path / "c").exists()
+    gen = tool("generate", "--load", str(tmp_path / "none"), "--prompt", "x", check=False)
+    assert gen.returncode == 3 and "holds no checkpoint" in gen.stderr
