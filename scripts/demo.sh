@@ -51,7 +51,7 @@ model=(
   --swiglu --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights
 )
 data_args=(
-  --data-path "${dataset}" --split "969,30,1" --data-cache-path "${data}/index-cache"
+  --data-path "${dataset}" --split "98,1,1" --data-cache-path "${data}/index-cache"
   --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model "${tokenizer}.model"
 )
 layout=(--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1)

@@ -23,24 +23,18 @@ import argparse
 import shlex
 import sys
 
-from megatron_ext.cli.launch import quiet_dependencies
+from megatron_ext.cli.checkpoint_args import add_checkpoint_arguments, quiet_dependencies, tokenizer_overrides
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser
-from megatron_ext.config.tokenizer_types import tokenizer_type_argument
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     to_hf = commands.add_parser("to-hf", help="checkpoint → transformers directory")
-    to_hf.add_argument("--load", required=True, help="The checkpoint directory (pretrain_gpt.py's --save).")
+    add_checkpoint_arguments(to_hf)
     to_hf.add_argument("--output", required=True, help="The transformers directory to create.")
-    to_hf.add_argument("--iteration", type=int, default=None, help="Which checkpoint (default: the latest).")
     to_hf.add_argument("--max-shard-size", default="5GB", help="Largest safetensors file (default 5GB).")
-    to_hf.add_argument("--tokenizer-type", type=tokenizer_type_argument, default=None)
-    to_hf.add_argument("--tokenizer-model", default=None, help="SentencePiece model or tokenizer directory.")
-    to_hf.add_argument("--vocab-file", default=None)
-    to_hf.add_argument("--merge-file", default=None)
     from_hf = commands.add_parser("from-hf", help="transformers directory → checkpoint")
     from_hf.add_argument("--input", required=True, help="A local transformers model directory (safetensors).")
     from_hf.add_argument("--save", required=True, help="The checkpoint directory to create.")
@@ -53,17 +47,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "to-hf":
-            tokenizer = {
-                "tokenizer_type": args.tokenizer_type,
-                "tokenizer_model": args.tokenizer_model,
-                "vocab_file": args.vocab_file,
-                "merge_file": args.merge_file,
-            }
             done = export_to_hf(
                 args.load,
                 args.output,
                 iteration=args.iteration,
-                tokenizer=tokenizer,
+                tokenizer=tokenizer_overrides(args),
                 max_shard_bytes=parse_size(args.max_shard_size),
             )
             print(

@@ -8,7 +8,7 @@
 Greedy by default; ``--temperature`` (or ``--top-k`` / ``--top-p``, which sample at
 temperature 1 unless it is given) samples, reproducibly for a ``--seed``. The
 model and tokenizer are those the run recorded in the checkpoint. Prints the
-prompt followed by the generated text; stops early at the end-of-document token.
+prompt followed by the generated text (decoded together); stops early at the end-of-document token.
 """
 
 from __future__ import annotations
@@ -16,27 +16,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from megatron_ext.cli.launch import quiet_dependencies
+from megatron_ext.cli.checkpoint_args import add_checkpoint_arguments, quiet_dependencies, tokenizer_overrides
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser, at_least
-from megatron_ext.config.tokenizer_types import tokenizer_type_argument
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--load", required=True, help="The checkpoint directory (pretrain_gpt.py's --save).")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--prompt", required=True, help="The text to continue.")
     parser.add_argument("--max-new-tokens", type=at_least(1), default=32)
     parser.add_argument("--temperature", type=float, default=None, help="0: greedy (default); >0 samples.")
     parser.add_argument("--top-k", type=at_least(0), default=0, help="Sample among the k most likely tokens.")
     parser.add_argument("--top-p", type=float, default=0.0, help="Sample among the top tokens covering p.")
     parser.add_argument("--seed", type=int, default=1234, help="Sampling seed (same seed, same text).")
-    parser.add_argument("--iteration", type=int, default=None, help="Which checkpoint (default: the latest).")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    parser.add_argument("--tokenizer-type", type=tokenizer_type_argument, default=None)
-    parser.add_argument("--tokenizer-model", default=None, help="SentencePiece model or tokenizer directory.")
-    parser.add_argument("--vocab-file", default=None)
-    parser.add_argument("--merge-file", default=None)
     args = parser.parse_args(argv)
     quiet_dependencies()
 
@@ -51,13 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sampling = Sampling(temperature=temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
         device = resolve_device(args.device)
-        tokenizer = {
-            "tokenizer_type": args.tokenizer_type,
-            "tokenizer_model": args.tokenizer_model,
-            "vocab_file": args.vocab_file,
-            "merge_file": args.merge_file,
-        }
-        ckpt = open_checkpoint(args.load, iteration=args.iteration, device=device.type, tokenizer=tokenizer)
+        ckpt = open_checkpoint(
+            args.load, iteration=args.iteration, device=device.type, tokenizer=tokenizer_overrides(args)
+        )
         tok = tokenizer_of(ckpt.cfg)
         prompt = tok.tokenize(args.prompt)
         if not prompt:
@@ -80,6 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.INVALID
-    text = tok.detokenize([t for t in new if t != tok.eod])
-    print(args.prompt + text)
+    # Decoded with the prompt: a piece's leading space only survives decoding in context.
+    print(tok.detokenize(prompt + [t for t in new if t != tok.eod]))
     return ExitCode.OK

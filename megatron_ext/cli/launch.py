@@ -94,12 +94,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def quiet_dependencies() -> None:
-    """Hide the warnings Megatron-Core and torch print on import and load (missing Transformer Engine and apex,
-    deprecations) in a one-process tool's output; its own errors and messages are printed, not warned."""
-    import warnings
-
-    for category in (UserWarning, FutureWarning, DeprecationWarning):
-        warnings.filterwarnings("ignore", category=category)

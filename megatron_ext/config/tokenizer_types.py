@@ -49,3 +49,7 @@ def tokenizer_type_argument(text: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(problem.split(": ", 1)[1])
     return text
+
+
+TOKENIZER_FIELDS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file")
+"""The data flags that name the tokenizer (the tools that open a checkpoint take them from it unless given)."""

@@ -23,8 +23,6 @@ from megatron_ext.data.tokenizers import Tokenizer, TokenizerError, build_tokeni
 from megatron_ext.training import checkpointing, distributed
 from megatron_ext.training.checkpointing import CheckpointError
 
-TOKENIZER_FIELDS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file")
-"""The data flags that name the tokenizer (taken from the checkpoint unless given)."""
 RUN_LENGTH = ("train_iters", "train_samples", "eval_interval", "eval_iters")
 """The run options that size the datasets."""
 

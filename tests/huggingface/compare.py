@@ -3,8 +3,8 @@
     python -m tests.huggingface.compare CKPT HF_DIR IMPORTED [WORK]
         → {"max_abs", "max_logit", "valid_loss", "batches", "keys", "other_keys", "different"}
 
-With WORK, ``HF_DIR`` is first imported into ``IMPORTED`` and exported again to ``WORK/hf-again``
-here, through the library (the tools' command lines are tested on the other run).
+With WORK, ``HF_DIR`` is first imported into ``IMPORTED`` (unless it exists) and exported again to
+``WORK/hf-again`` here, through the library.
 
 It runs Megatron-Core's forward (the checkpoint loaded in one process) and the exported
 ``transformers`` model on the first validation batches the run evaluated (the training split's
@@ -86,6 +86,7 @@ if __name__ == "__main__":
 
         from megatron_ext.huggingface.convert import export_to_hf, import_from_hf
 
-        import_from_hf(hf_dir, imported)
+        if not Path(imported).exists():  # else imported by the command line
+            import_from_hf(hf_dir, imported)
         export_to_hf(imported, Path(work[0]) / "hf-again")
     print(json.dumps(logits(checkpoint, hf_dir) | weights(checkpoint, imported)))

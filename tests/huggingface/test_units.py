@@ -262,11 +262,6 @@ def test_sampling_is_greedy_restricted_and_seeded() -> None:
 
 
 def test_tools_refuse_bad_input_clearly(tmp_path: Path) -> None:
-    missing = tool(
-        "convert_checkpoint", "to-hf", "--load", str(tmp_path / "none"), "--output", str(tmp_path / "o"), check=False
-    )
-    assert missing.returncode == 3 and "holds no checkpoint" in missing.stderr
-    assert not (tmp_path / "o").exists()
     (tmp_path / "hf").mkdir()
     no_config = tool(
         "convert_checkpoint", "from-hf", "--input", str(tmp_path / "hf"), "--save", str(tmp_path / "c"), check=False

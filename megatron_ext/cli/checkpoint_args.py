@@ -1,0 +1,31 @@
+"""The flags of the tools that open a checkpoint in one process (``convert_checkpoint.py to-hf``, ``generate.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+
+from megatron_ext.config.tokenizer_types import TOKENIZER_FIELDS, tokenizer_type_argument
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--load``, ``--iteration`` and the tokenizer flags that point at another copy of the run's tokenizer."""
+    parser.add_argument("--load", required=True, help="The checkpoint directory (pretrain_gpt.py's --save).")
+    parser.add_argument("--iteration", type=int, default=None, help="Which checkpoint (default: the latest).")
+    group = parser.add_argument_group("tokenizer (default: the one the run recorded in the checkpoint)")
+    group.add_argument("--tokenizer-type", type=tokenizer_type_argument, default=None)
+    group.add_argument("--tokenizer-model", default=None, help="SentencePiece model or tokenizer directory.")
+    group.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: vocab.json.")
+    group.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: merges.txt.")
+
+
+def tokenizer_overrides(args: argparse.Namespace) -> dict[str, str | None]:
+    """The tokenizer flags given (None where not)."""
+    return {name: getattr(args, name) for name in TOKENIZER_FIELDS}
+
+
+def quiet_dependencies() -> None:
+    """Hide the warnings Megatron-Core and torch print on import and load (missing Transformer Engine and apex,
+    deprecations) in a one-process tool's output; its own errors and messages are printed, not warned."""
+    for category in (UserWarning, FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
