@@ -1,16 +1,18 @@
-"""Run as a process by tests/huggingface (Megatron-Core's process group state is per process):
+"""Run as one process by tests/huggingface/test_export.py (Megatron-Core's process-group state is per process):
 
-    python -m tests.huggingface.compare CKPT HF_DIR IMPORTED [WORK]
-        → {"max_abs", "max_logit", "valid_loss", "batches", "keys", "other_keys", "different"}
+    python -m tests.huggingface.compare JOBS.json   → one JSON object per job, in a JSON list
 
-With WORK, ``HF_DIR`` is first imported into ``IMPORTED`` (unless it exists) and exported again to
-``WORK/hf-again`` here, through the library.
+Each job names a checkpoint, a transformers directory, an imported checkpoint and a work directory.
+What the command lines did not already do is done here, through the library: the export (when the
+transformers directory does not exist), the import (when the imported checkpoint does not exist),
+and always the export of the imported checkpoint to ``WORK/hf-again``. Then:
 
-It runs Megatron-Core's forward (the checkpoint loaded in one process) and the exported
-``transformers`` model on the first validation batches the run evaluated (the training split's
-when it evaluated none), and the ``transformers`` model's loss over exactly the batches of the
-run's validation (``--eval-iters`` global batches from the start of the split), and
-compares the checkpoint's model tensors with the imported checkpoint's.
+- Megatron-Core's forward (the checkpoint loaded in one process) and the exported ``transformers``
+  model on the first validation batch the run evaluated (the training split's when it evaluated
+  none): ``max_abs`` difference and ``max_logit``;
+- the ``transformers`` model's loss over exactly the batches of the run's validation
+  (``--eval-iters`` global batches from the start of the split): ``valid_loss``, ``batches``;
+- the model tensors of the checkpoint and the imported one: ``keys``, ``other_keys``, ``different``.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
 
 
-def logits(checkpoint: str, hf_dir: str) -> dict[str, Any]:
+def logits(checkpoint: Path, hf_dir: Path) -> dict[str, Any]:
     import transformers
 
     from megatron_ext.inference.checkpoint import forward_logits, load_model, one_process, open_checkpoint, tokenizer_of
@@ -38,8 +41,8 @@ def logits(checkpoint: str, hf_dir: str) -> dict[str, Any]:
         size = cfg.batch.global_batch_size
         samples = [[split[b * size + i] for i in range(size)] for b in range(batches)]
         model = load_model(ckpt, ctx.device)
-        ours = forward_logits(model, torch.as_tensor(torch.stack([torch.as_tensor(s["tokens"]) for s in samples[0]])))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True, dtype=torch.float32)
+        ours = forward_logits(model, torch.stack([torch.as_tensor(s["tokens"]) for s in samples[0]]).long())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), local_files_only=True, dtype=torch.float32)
     hf.eval()
     losses = []
     with torch.no_grad():
@@ -56,7 +59,7 @@ def logits(checkpoint: str, hf_dir: str) -> dict[str, Any]:
     return first | {"valid_loss": sum(losses) / len(losses), "batches": len(losses)}
 
 
-def weights(first: str, second: str) -> dict[str, Any]:
+def weights(first: Path, second: Path) -> dict[str, Any]:
     from megatron_ext.huggingface.weights import is_model_tensor
     from megatron_ext.inference.checkpoint import one_process, open_checkpoint, read_tensor
     from megatron_ext.training.checkpointing import verify_checkpoint
@@ -78,15 +81,18 @@ def weights(first: str, second: str) -> dict[str, Any]:
     return {"keys": keys, "other_keys": other, "different": different}
 
 
+def job(checkpoint: Path, hf: Path, imported: Path, work: Path) -> dict[str, Any]:
+    from megatron_ext.huggingface.convert import export_to_hf, import_from_hf
+
+    if not hf.exists():
+        export_to_hf(checkpoint, hf)
+    if not imported.exists():
+        import_from_hf(hf, imported)
+    export_to_hf(imported, work / "hf-again")
+    return logits(checkpoint, hf) | weights(checkpoint, imported)
+
+
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
-    checkpoint, hf_dir, imported, *work = sys.argv[1:]
-    if work:
-        from pathlib import Path
-
-        from megatron_ext.huggingface.convert import export_to_hf, import_from_hf
-
-        if not Path(imported).exists():  # else imported by the command line
-            import_from_hf(hf_dir, imported)
-        export_to_hf(imported, Path(work[0]) / "hf-again")
-    print(json.dumps(logits(checkpoint, hf_dir) | weights(checkpoint, imported)))
+    jobs = json.loads(Path(sys.argv[1]).read_text())
+    print(json.dumps([job(*(Path(j[k]) for k in ("checkpoint", "hf", "imported", "work"))) for j in jobs]))

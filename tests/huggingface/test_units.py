@@ -16,7 +16,7 @@ from megatron_ext.huggingface.convert import ShardWriter, _SafetensorsReader, _s
 from megatron_ext.huggingface.tokenizer_files import write_tokenizer
 from megatron_ext.huggingface.weights import LAYERS, rules
 from megatron_ext.inference.generate import Sampling, generate, next_token
-from tests.data.helpers import shared_data, tool
+from tests.data.helpers import shared_data
 
 pytestmark = pytest.mark.unit
 
@@ -261,12 +261,15 @@ def test_sampling_is_greedy_restricted_and_seeded() -> None:
             Sampling(**bad)
 
 
-def test_tools_refuse_bad_input_clearly(tmp_path: Path) -> None:
+def test_tools_refuse_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Their main functions, as tools/*.py call them (the error paths start no process group)."""
+    from megatron_ext.cli import convert_checkpoint, generate
+
     (tmp_path / "hf").mkdir()
-    no_config = tool(
-        "convert_checkpoint", "from-hf", "--input", str(tmp_path / "hf"), "--save", str(tmp_path / "c"), check=False
-    )
-    assert no_config.returncode == 2 and "has no config.json" in no_config.stderr
+    assert convert_checkpoint.main(["from-hf", "--input", str(tmp_path / "hf"), "--save", str(tmp_path / "c")]) == 2
+    assert "has no config.json" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
-    gen = tool("generate", "--load", str(tmp_path / "none"), "--prompt", "x", check=False)
-    assert gen.returncode == 3 and "holds no checkpoint" in gen.stderr
+    assert generate.main(["--load", str(tmp_path / "none"), "--prompt", "x"]) == 3
+    assert "holds no checkpoint" in capsys.readouterr().err
+    assert convert_checkpoint.main(["to-hf", "--load", str(tmp_path / "none"), "--output", str(tmp_path / "o")]) == 3
+    assert "holds no checkpoint" in capsys.readouterr().err and not (tmp_path / "o").exists()
