@@ -46,11 +46,13 @@ from megatron_ext.estimate.search import (
     DEFAULT_MEMORY_HEADROOM,
     Cluster,
     LayoutEstimate,
+    SaverSearch,
     SearchResult,
     better_split,
     evaluate,
     pretrain_flags,
     search,
+    search_with_savers,
     slurm_counts,
 )
 from megatron_ext.estimate.workload import Workload
@@ -474,9 +476,21 @@ def _evaluate_mode(
         print(f"note: {note}", file=err)
     estimate = evaluate(workload, layout, cluster)
     better = better_split(workload, cluster, estimate)
+    # The search over the same GPUs, model, batch and savers: is this the calculator's own choice?
+    alternatives = search(
+        workload,
+        cluster,
+        global_batch_size=layout.global_batch_size,
+        sequence_parallel=layout.sequence_parallel,
+        use_distributed_optimizer=layout.use_distributed_optimizer,
+    )
+    best = alternatives.fitting[0] if alternatives.fitting else None
+    slower = estimate.time.step_s / best.time.step_s - 1 if best is not None and estimate.fits else None
     if args.json:
         doc = _json_header(workload, cluster, "evaluate") | {"layouts": [_record(estimate, workload)], "errors": []}
         doc["better_split"] = _record(better, workload) if better else None
+        doc["best_layout"] = _record(best, workload) if best else None
+        doc["slower_than_best"] = slower
         print(json.dumps(doc, indent=2), file=out)
     else:
         lines = _describe_inputs(workload, cluster, layout.global_batch_size)
@@ -494,18 +508,30 @@ def _evaluate_mode(
                 *(_stage_lines(better) if args.explain else []),
                 *_emit(better, workload)[:2],
             ]
+        if slower is not None and best is not None:
+            lines += ["", *_against_best(slower, best)]
         print("\n".join(lines), file=out)
     if not estimate.fits:
-        alternatives = search(
-            workload,
-            cluster,
-            global_batch_size=layout.global_batch_size,
-            sequence_parallel=layout.sequence_parallel,
-            use_distributed_optimizer=layout.use_distributed_optimizer,
-        )
         print(_does_not_fit_message(estimate, workload, alternatives), file=err)
         return ExitCode.DOES_NOT_FIT
     return ExitCode.OK
+
+
+AS_GOOD_AS_BEST = 0.005
+"""Within this much of the search's best step time, a layout counts as the calculator's choice (0.5%)."""
+
+
+def _against_best(slower: float, best: LayoutEstimate) -> list[str]:
+    """How the evaluated layout compares with the search's best for the same GPUs, model, batch and savers."""
+    if slower <= AS_GOOD_AS_BEST:
+        return [f"calculator's best: this layout (or within {AS_GOOD_AS_BEST:.1%} of it) for these GPUs and flags"]
+    lay = best.layout
+    return [
+        f"calculator's best for these GPUs and flags: TP {lay.tp} PP {lay.pp} VP {lay.vp} DP {lay.dp} "
+        f"micro-batch {lay.micro_batch_size}: {best.time.step_s:.3f} s/step, MFU {best.mfu:.1%}, "
+        f"{_gib(best.memory.total_bytes)} GiB; this layout is {slower:.1%} slower by this model "
+        "(run without --tp/--pp/--vp for the ranking)"
+    ]
 
 
 def _search_mode(
@@ -519,7 +545,7 @@ def _search_mode(
     if batch is None:
         print("error: searching needs --global-batch-size (or --model NAME, whose paper's batch is used)", file=err)
         return ExitCode.INVALID
-    result = search(
+    found = search_with_savers(
         workload,
         cluster,
         global_batch_size=batch,
@@ -528,6 +554,8 @@ def _search_mode(
         micro_batch_size=args.micro_batch_size,
         uneven=not args.even_stages_only,
     )
+    # The layouts and flags below are those of the search that found fitting layouts (savers included).
+    result, workload = found.result, found.workload
     if not result.estimates:
         print(
             f"error: no valid layout of {cluster.gpus} GPUs for this model and batch; the simplest candidate's "
@@ -547,6 +575,8 @@ def _search_mode(
             "candidates": result.candidates,
             "valid_layouts": len(result.estimates),
             "fitting_layouts": len(fitting),
+            "memory_savers_added": list(found.added),
+            "memory_savers_tried": [list(t) for t in found.tried],
             "layouts": [_record(e, workload) for e in shown],
             "errors": [],
         }
@@ -554,8 +584,10 @@ def _search_mode(
     else:
         lines = _describe_inputs(workload, cluster, batch)
         restricted = " (micro-batch fixed)" if args.micro_batch_size is not None else ""
-        if args.sequence_parallel:
+        if found.sequence_parallel:
             restricted += " (sequence parallel where TP > 1)"
+        if found.tried:
+            lines += ["", *_saver_lines(found)]
         lines += [
             "",
             f"searched {result.candidates} candidates{restricted}: {len(result.estimates)} valid layouts, "
@@ -571,13 +603,26 @@ def _search_mode(
         print("\n".join(line for line in lines), file=out)
     if not fitting:
         best = result.estimates[0]
+        searched = (
+            f", even with {' '.join(found.added)} (searched)" if found.added else ", with every memory saver given"
+        )
         print(
             f"error: none of the {len(result.estimates)} valid layouts fits in {_gib(cluster.usable_memory_bytes)} GiB "
-            f"per GPU; the smallest needs {_gib(best.memory.total_bytes)} GiB "
-            f"({_gib(best.memory.total_bytes - cluster.usable_memory_bytes)} GiB too much). Try "
-            "--use-distributed-optimizer, --sequence-parallel, --recompute-granularity selective or full, "
-            "more GPUs, or a GPU with more memory",
+            f"per GPU{searched}; the smallest needs {_gib(best.memory.total_bytes)} GiB "
+            f"({_gib(best.memory.total_bytes - cluster.usable_memory_bytes)} GiB too much): use more GPUs "
+            "(--gpus/--nodes) or a GPU with more memory",
             file=err,
         )
         return ExitCode.DOES_NOT_FIT
     return ExitCode.OK
+
+
+def _saver_lines(found: SaverSearch) -> list[str]:
+    """What the search had to turn on, and what it tried first."""
+    lines = ["nothing fits with the flags as given; searched again with memory savers, cheapest first:"]
+    for flags in found.tried:
+        mark = "<- kept" if flags == found.added and found.result.fitting else ""
+        lines.append(f"  + {' '.join(flags)} {mark}".rstrip())
+    if found.result.fitting:
+        lines.append(f"the layouts below need {' '.join(found.added)} (in the emitted flags)")
+    return lines

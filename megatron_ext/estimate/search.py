@@ -16,6 +16,7 @@ size, so the first micro-batch size that does not fit ends that branch.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -277,6 +278,102 @@ def search(
                         break  # larger micro-batches only need more memory
     estimates.sort(key=lambda e: (not e.fits, e.time.step_s if e.fits else e.memory.total_bytes, e.memory.total_bytes))
     return SearchResult(estimates=estimates, candidates=candidates, problems=[] if estimates else first_problems)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SaverSearch:
+    """A search that turned memory savers on because nothing fitted without them."""
+
+    result: SearchResult
+    """The search that found fitting layouts (or, when none did, the one with every saver)."""
+    workload: Workload
+    """Its workload (recomputation is a workload option)."""
+    sequence_parallel: bool
+    use_distributed_optimizer: bool
+    added: tuple[str, ...] = ()
+    """The ``pretrain_gpt.py`` flags the search added to the ones given (empty: none was needed)."""
+    tried: tuple[tuple[str, ...], ...] = ()
+    """Every set of added flags that was searched, in order."""
+
+
+def saver_steps(
+    workload: Workload, *, sequence_parallel: bool, use_distributed_optimizer: bool
+) -> list[tuple[tuple[str, ...], Workload, bool, bool]]:
+    """The memory savers not already on, cheapest first and cumulative: the distributed optimizer with
+    sequence parallelism (both cost no compute: the optimizer's all-reduce becomes a reduce-scatter and an
+    all-gather of the same volume, and SP's collectives replace TP's all-reduces), then selective
+    recomputation (the attention core again in the backward pass), then full recomputation (every layer's
+    forward again, uniform, one layer per group: Megatron-LM's settings for the largest models)."""
+    steps = []
+    flags: tuple[str, ...] = ()
+    if not use_distributed_optimizer:
+        flags += ("--use-distributed-optimizer",)
+    if not sequence_parallel:
+        flags += ("--sequence-parallel",)
+    if flags:
+        steps.append((flags, workload, True, True))
+    if workload.recompute_granularity == "none":
+        selective = dataclasses.replace(workload, recompute_granularity="selective")
+        steps.append(((*flags, "--recompute-granularity selective"), selective, True, True))
+    if workload.recompute_granularity != "full":
+        full = dataclasses.replace(
+            workload, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
+        )
+        recompute = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+        steps.append(((*flags, recompute), full, True, True))
+    return steps
+
+
+def search_with_savers(
+    workload: Workload,
+    cluster: Cluster,
+    *,
+    global_batch_size: int,
+    sequence_parallel: bool = False,
+    use_distributed_optimizer: bool = False,
+    micro_batch_size: int | None = None,
+    uneven: bool = True,
+) -> SaverSearch:
+    """``search`` as given; when no valid layout fits, again with the memory savers (``saver_steps``) until
+    one does. The first step where something fits is kept: a later one only adds recomputation."""
+
+    def run(w: Workload, sp: bool, distopt: bool) -> SearchResult:
+        return search(
+            w,
+            cluster,
+            global_batch_size=global_batch_size,
+            sequence_parallel=sp,
+            use_distributed_optimizer=distopt,
+            micro_batch_size=micro_batch_size,
+            uneven=uneven,
+        )
+
+    given = run(workload, sequence_parallel, use_distributed_optimizer)
+    found = SaverSearch(
+        result=given,
+        workload=workload,
+        sequence_parallel=sequence_parallel,
+        use_distributed_optimizer=use_distributed_optimizer,
+    )
+    if given.fitting or not given.estimates:
+        return found
+    tried: list[tuple[str, ...]] = []
+    for flags, w, sp, distopt in saver_steps(
+        workload, sequence_parallel=sequence_parallel, use_distributed_optimizer=use_distributed_optimizer
+    ):
+        tried.append(flags)
+        result = run(w, sp, distopt)
+        found = SaverSearch(
+            result=result,
+            workload=w,
+            sequence_parallel=sp,
+            use_distributed_optimizer=distopt,
+            added=flags,
+            tried=tuple(tried),
+        )
+        if result.fitting:
+            break
+    return found
 
 
 UNEVEN_VPS = (1, 2, 4)

@@ -7,6 +7,7 @@ import itertools
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -322,7 +323,43 @@ def test_search_where_nothing_fits_exits_3() -> None:
     code, out, err = calc("--gpus 8 --gpu a100-40g --model gpt3-175b --bf16 --top 3")
     assert code == ExitCode.DOES_NOT_FIT
     assert "none fits; least memory first" in out
-    assert "none of the" in err and "fits in 36.0 GiB per GPU" in err
+    # The savers were searched, each step listed; the error says so, once, and what is left to change.
+    assert out.count("\n  + --use-distributed-optimizer --sequence-parallel") == 3
+    assert err.count("error:") == 1 and err.count("\n") == 1
+    assert "none of the" in err and "fits in 36.0 GiB per GPU, even with --use-distributed-optimizer" in err
+    assert "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 (searched)" in err
+    assert err.rstrip().endswith("use more GPUs (--gpus/--nodes) or a GPU with more memory")
+
+
+def test_search_turns_memory_savers_on_when_nothing_fits_as_given() -> None:
+    """GPT-1T on 3,072 A100-80GB as given (no savers) fits nowhere; the search goes on with the distributed
+    optimizer and sequence parallelism, which cost no compute, and emits them. Within 2 s (two searches)."""
+    started = time.perf_counter()
+    code, out, err = calc("--gpus 3072 --gpu a100-80g --model megatron-1t --bf16 --json --top 3")
+    assert time.perf_counter() - started < 2.0
+    assert code == ExitCode.OK and err == ""
+    doc = json.loads(out)
+    assert doc["memory_savers_added"] == ["--use-distributed-optimizer", "--sequence-parallel"]
+    assert doc["memory_savers_tried"] == [doc["memory_savers_added"]]
+    for record in doc["layouts"]:
+        assert record["fits"] and record["use_distributed_optimizer"] and record["sequence_parallel"]
+        assert (
+            "--use-distributed-optimizer" in record["pretrain_flags"]
+            and "--sequence-parallel" in record["pretrain_flags"]
+        )
+    # A long sequence needs recomputation: selective saves nothing here (the attention scores are never
+    # stored), so the search goes on to full recomputation and keeps it.
+    code, out, _ = calc(
+        "--gpus 8 --gpu a100-40g --model gpt3-13b --seq-length 16384 --global-batch-size 8 --bf16 --top 1"
+    )
+    assert code == ExitCode.OK
+    assert "  + --use-distributed-optimizer --sequence-parallel --recompute-granularity selective\n" in out
+    full = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+    assert f"{full} <- kept" in out and "training: bf16, recompute full" in out
+    assert "  --recompute-granularity full \\\n" in out  # in the emitted flags
+    # Given savers are not searched again; a search that fits as given adds none.
+    code, out, _ = calc("--gpus 64 --gpu a100-80g --model gpt3-13b --bf16 --use-distributed-optimizer --json --top 1")
+    assert code == ExitCode.OK and json.loads(out)["memory_savers_added"] == []
 
 
 def test_nodes_presets_and_overrides() -> None:
@@ -373,3 +410,27 @@ def test_emitted_flags_rebuild_the_same_layout_in_pretrain_gpt(args: str) -> Non
         )  # fmt: skip
         assert lay.sequence_parallel == record["sequence_parallel"]
         assert lay.use_distributed_optimizer == record["use_distributed_optimizer"]
+
+
+def test_evaluate_compares_with_the_searchs_best_for_the_same_gpus() -> None:
+    """A recipe's layout (evaluate mode, as recipes/common.sh runs it) is set against the search over the same
+    GPUs, model, batch and savers: GPT-3 175B on 128 H100s as TP 8 PP 8 VP 4 is slower by this model than the
+    search's TP 4 PP 8 VP 12 (NVIDIA's own tuned choice for it); that layout itself is the best."""
+    common = (
+        "--gpus 128 --gpu h100-sxm --model gpt3-175b --bf16 --sequence-parallel --use-distributed-optimizer "
+        "--recompute-granularity selective --overlap-grad-reduce --overlap-param-gather --global-batch-size 1536"
+    )
+    code, out, _ = calc(f"{common} --tp 8 --pp 8 --num-layers-per-virtual-pipeline-stage 3 --json")
+    assert code == ExitCode.OK
+    doc = json.loads(out)
+    best = doc["best_layout"]
+    assert (best["tp"], best["pp"], best["vp"], best["dp"]) == (4, 8, 12, 4)
+    assert (
+        doc["slower_than_best"] == pytest.approx(doc["layouts"][0]["step_time_s"] / best["step_time_s"] - 1)
+        and 0.05 < doc["slower_than_best"] < 0.15
+    )
+    code, out, _ = calc(f"{common} --tp 8 --pp 8 --num-layers-per-virtual-pipeline-stage 3")
+    assert f"this layout is {doc['slower_than_best']:.1%} slower by this model" in out
+    assert "calculator's best for these GPUs and flags: TP 4 PP 8 VP 12 DP 4 micro-batch 1" in out
+    code, out, _ = calc(f"{common} --tp 4 --pp 8 --num-layers-per-virtual-pipeline-stage 1")
+    assert code == ExitCode.OK and "calculator's best: this layout" in out
