@@ -267,10 +267,11 @@ def import_from_hf(source: str | Path, save: str | Path) -> Imported:
     padded_vocab = int(config["vocab_size"])
     weights = _SafetensorsReader(source)
     with _staging(save) as staging:
-        tokenizer = read_tokenizer_flags(source, staging / "tokenizer")
-        # The flags name the tokenizer files where they will be once the directory is renamed.
-        if tokenizer is not None:
-            tokenizer = {k: v.replace(str(staging), str(save.resolve())) for k, v in tokenizer.items()}
+        staged = read_tokenizer_flags(source, staging / "tokenizer")
+        tokenizer = None
+        if staged is not None:
+            # Recorded where the files will be once the directory is renamed; read where they are now.
+            tokenizer = {k: v.replace(str(staging), str(save.resolve())) for k, v in staged.items()}
             data: dict[str, Any] = {"mock_data": True, **tokenizer}
             vocab_size = None
         else:
@@ -281,9 +282,9 @@ def import_from_hf(source: str | Path, save: str | Path) -> Imported:
             cfg = make_config(world_size=1, model=model, data=data, optim=_precision(config), run={"device": "cpu"})
         except ConfigError as exc:
             raise ConversionError(f"{config_file}: {exc}") from exc
-        if tokenizer is not None:
-            staged: dict[str, Any] = _staged(tokenizer, staging, save)
-            vocab_size = tokenizer_of(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **staged))).vocab_size
+        if staged is not None:
+            here: dict[str, Any] = staged
+            vocab_size = tokenizer_of(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **here))).vocab_size
         cfg = dataclasses.replace(cfg, tokenizer_vocab_size=vocab_size, checkpoint_padded_vocab_size=padded_vocab)
         if vocab_size is not None and vocab_size > padded_vocab:
             raise ConversionError(
@@ -304,11 +305,6 @@ def _precision(config: dict[str, Any]) -> dict[str, bool]:
 
 IGNORED = re.compile(r"(\.attn\.(bias|masked_bias)|\.rotary_emb\.inv_freq)$")
 """Buffers older transformers versions saved with the weights (causal masks, rotary frequencies)."""
-
-
-def _staged(tokenizer: dict[str, str], staging: Path, save: Path) -> dict[str, str]:
-    """The tokenizer flags pointing into the staging directory (where the files are until the rename)."""
-    return {k: v.replace(str(save.resolve()), str(staging)) for k, v in tokenizer.items()}
 
 
 def _fill_and_save(cfg: Any, weights: _SafetensorsReader, staging: Path) -> int:
