@@ -42,6 +42,7 @@ from megatron_ext.config.layout import LayoutError, ParallelLayout
 from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.config.stages import rank_rows
 from megatron_ext.estimate.hardware import GIB, PROFILES, get_profile
+from megatron_ext.estimate.schedule_comparison import compare_schedules
 from megatron_ext.estimate.search import (
     DEFAULT_MEMORY_HEADROOM,
     Cluster,
@@ -126,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     out.add_argument("--json", action="store_true", help="Print JSON instead of text.")
     out.add_argument("--explain", action="store_true", help="Break memory and time down (the chosen layout).")
+    out.add_argument(
+        "--compare-schedules",
+        action="store_true",
+        help="Simulate the chosen layout's pipeline under GPipe (for comparison), 1F1B, interleaved 1F1B and "
+        "interleaved 1F1B with the best microbatch group: bubble, exposed p2p, activations in flight, p2p "
+        "volume and step time side by side.",
+    )
     return parser
 
 
@@ -491,12 +499,16 @@ def _evaluate_mode(
         doc["better_split"] = _record(better, workload) if better else None
         doc["best_layout"] = _record(best, workload) if best else None
         doc["slower_than_best"] = slower
+        if args.compare_schedules:
+            doc["schedules"] = [o.to_json() for o in compare_schedules(workload, estimate)]
         print(json.dumps(doc, indent=2), file=out)
     else:
         lines = _describe_inputs(workload, cluster, layout.global_batch_size)
         lines += ["", *layout.describe(), "", *_table([estimate])]
         if args.explain:
             lines += ["", *_explain(estimate, workload)]
+        if args.compare_schedules:
+            lines += ["", *_schedule_lines(estimate, workload)]
         lines += ["", *_emit(estimate, workload)]
         if better is not None:
             gain = 1 - better.time.step_s / estimate.time.step_s
@@ -580,6 +592,8 @@ def _search_mode(
             "layouts": [_record(e, workload) for e in shown],
             "errors": [],
         }
+        if args.compare_schedules and fitting:
+            doc["schedules"] = [o.to_json() for o in compare_schedules(workload, fitting[0])]
         print(json.dumps(doc, indent=2), file=out)
     else:
         lines = _describe_inputs(workload, cluster, batch)
@@ -598,6 +612,8 @@ def _search_mode(
         best = shown[0]
         if args.explain:
             lines += ["", "best layout:", *_explain(best, workload)]
+        if args.compare_schedules and best.fits:
+            lines += ["", *_schedule_lines(best, workload)]
         if best.fits:
             lines += [""] + ([] if args.explain else ["best layout:"]) + _emit(best, workload)
         print("\n".join(line for line in lines), file=out)
@@ -615,6 +631,37 @@ def _search_mode(
         )
         return ExitCode.DOES_NOT_FIT
     return ExitCode.OK
+
+
+def _schedule_lines(e: LayoutEstimate, workload: Workload) -> list[str]:
+    """The layout's pipeline under every schedule, as a table (``schedule_comparison.py``)."""
+    lay = e.layout
+    options = compare_schedules(workload, e)
+    if not options:
+        return ["schedules: PP = 1, no pipeline: every schedule runs the same"]
+    lines = [
+        f"pipeline schedules for TP {lay.tp} PP {lay.pp} DP {lay.dp}, {lay.num_microbatches} microbatches, "
+        "simulated pass by pass (GPipe is not a Megatron-Core schedule: shown for comparison only):",
+        f" {'schedule':<46} {'bubble':>7} {'p2p s':>7} {'in flight':>9} {'act GiB':>8} {'peak GiB':>9} {'fits':>4} "
+        f"{'p2p GB':>8} {'step s':>9} {'vs this':>8}",
+    ]
+    for o in options:
+        if o.run is None:
+            lines.append(f" {o.label:<46} not possible: {o.reason}")
+            continue
+        lines.append(
+            f" {o.label:<46} {o.run.bubble_share:>7.2%} {o.run.p2p_exposed:>7.3f} "
+            f"{max(o.run.in_flight_microbatches):>9.1f} {_gib(max(o.activation_bytes)):>8} {_gib(o.peak_bytes):>9} "
+            f"{'yes' if o.fits else 'no':>4} {o.p2p_bytes / 1e9:>8.2f} {o.step_s:>9.3f} "
+            f"{o.step_s / e.time.step_s - 1:>+8.1%}"
+        )
+    lines += [
+        "bubble: idle share of the step with free transfers; p2p s: what the transfers add; in flight: most "
+        "microbatches' activations a stage holds (GPipe all m, 1F1B at most PP); act GiB: those activations on "
+        "the most loaded stage; p2p GB: what the busiest rank sends per step; vs this: against the closed-form "
+        f"estimate above ({e.time.step_s:.3f} s)",
+    ]
+    return lines
 
 
 def _saver_lines(found: SaverSearch) -> list[str]:

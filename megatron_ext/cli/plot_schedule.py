@@ -12,7 +12,8 @@ from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.layout import LayoutError
 from megatron_ext.estimate.pipeline import stage_imbalance
 from megatron_ext.estimate.schedule import PipelinePass, TimedPass, Timeline, schedule_order, simulate, validate
-from megatron_ext.estimate.schedule_plot import write
+from megatron_ext.estimate.schedule_comparison import in_flight_curve, runs_for_picture, schedule_label
+from megatron_ext.estimate.schedule_plot import MemoryStrip, write, write_comparison
 from megatron_ext.training.chrome_trace import load_timeline
 
 
@@ -49,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
         "per-stage times; p, v and m come from the trace.",
     )
     parser.add_argument("--print-order", action="store_true", help="Also print every rank's order.")
+    parser.add_argument(
+        "--compare-schedules",
+        action="store_true",
+        help="Draw GPipe (for comparison: not a Megatron-Core schedule), 1F1B and, with --vp > 1, interleaved "
+        "1F1B at the default and the best microbatch group, one above the other on one time axis, each with "
+        "rank 0's activations in flight; print their bubble, p2p and memory side by side.",
+    )
     return parser
 
 
@@ -68,6 +76,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     if args.width < 400:
         print(f"error: --width must be at least 400 pixels, got {args.width}", file=err)
         return ExitCode.INVALID
+    if args.compare_schedules:
+        return _compare(args, out)
     orders: list[list[PipelinePass]] | None = None
     if args.trace is not None:
         from megatron_ext.training.schedule_trace import load_trace
@@ -108,6 +118,44 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         for rank in range(p):
             order = orders[rank] if orders else schedule_order(pp=p, vp=v, num_microbatches=m, pipeline_rank=rank)
             print(f"rank {rank}: " + " ".join(f"{s.kind}{s.microbatch}.{s.chunk}" for s in order), file=out)
+    print(f"wrote {png} and {svg}", file=out)
+    return ExitCode.OK
+
+
+def _compare(args: argparse.Namespace, out: TextIO) -> int:
+    p, v, m = args.pp, args.vp, args.num_microbatches
+    runs = runs_for_picture(
+        pp=p,
+        vp=v,
+        num_microbatches=m,
+        forward_time=args.forward_time,
+        backward_time=args.backward_time,
+        p2p_time=args.p2p_time,
+    )
+    scale = max(max(r.in_flight_microbatches) for r in runs)
+    panels = []
+    print(
+        f"p={p} m={m}, stage forward {args.forward_time:g} + backward {args.backward_time:g}, p2p {args.p2p_time:g}; "
+        "GPipe is not a Megatron-Core schedule: shown for comparison only",
+        file=out,
+    )
+    print(f"{'schedule':<46} {'bubble':>7} {'p2p':>7} {'step':>9} {'rank 0 in flight':>16} {'messages':>8}", file=out)
+    for run in runs:
+        label = schedule_label(run)
+        peak = run.in_flight_microbatches[0]
+        print(
+            f"{label:<46} {run.bubble_share:>7.2%} {run.p2p_exposed:>7.3g} {run.timeline.makespan:>9.4g} "
+            f"{peak:>16.3g} {max(run.messages):>8}",
+            file=out,
+        )
+        heading = (
+            f"{label}: step {run.timeline.makespan:g}, bubble {run.bubble_share:.1%} of the step, rank 0 holds up "
+            f"to {peak:g} microbatches of activations"
+        )
+        curve = [(a, b, live / run.vp) for a, b, live in in_flight_curve(run, 0)]
+        panels.append((run.timeline, heading, MemoryStrip(f"peak {peak:g} microbatches", curve, scale)))
+    stem = args.output or Path(f"schedules_p{p}_v{v}_m{m}")
+    png, svg = write_comparison(panels, stem, width=args.width)
     print(f"wrote {png} and {svg}", file=out)
     return ExitCode.OK
 

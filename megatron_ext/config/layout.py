@@ -21,7 +21,7 @@ from typing import Any
 from megatron_ext.config.factors import divisors, nearest_multiples
 from megatron_ext.config.stages import SPLIT_FIELDS, Stage, StageSplit, expand_layout, rank_rows, split_problems
 from megatron_ext.config.stages import stages as stages_of
-from megatron_ext.estimate.pipeline import bubble_fraction
+from megatron_ext.estimate.pipeline import bubble_fraction, valid_group_sizes
 
 
 class LayoutError(ValueError):
@@ -401,7 +401,7 @@ class ParallelLayout:
                 f"{nearest_multiples(self.global_batch_size, need)} or VP=1"
             ]
         if 0 < m % group < pp:
-            groups = [g for g in range(pp, m + 1) if not 0 < m % g < pp]
+            groups = valid_group_sizes(pp=pp, num_microbatches=m)
             return [
                 f"interleaved schedule: {counted} leave a last group of {m % group} after groups of {group} "
                 f"({source}), fewer than pipeline({pp}): Megatron-Core refuses it (it would stall the "

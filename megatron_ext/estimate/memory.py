@@ -47,6 +47,7 @@ microbatch on the stage with the output layer. With SP they are divided by t.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from megatron_ext.config.layout import ParallelLayout
@@ -172,8 +173,15 @@ def bytes_per_parameter(workload: Workload, layout: ParallelLayout) -> tuple[flo
     return weights, grads, optim
 
 
-def estimate_memory(workload: Workload, layout: ParallelLayout) -> MemoryEstimate:
-    """Memory of every kind on every pipeline stage; the largest total is what must fit."""
+def estimate_memory(
+    workload: Workload, layout: ParallelLayout, *, in_flight: Sequence[int] | None = None
+) -> MemoryEstimate:
+    """Memory of every kind on every pipeline stage; the largest total is what must fit.
+
+    ``in_flight``: model chunks whose activations every rank holds at its
+    peak, for another schedule than Megatron-Core's (default: its warm-up
+    plus one, ``pipeline.in_flight_passes``).
+    """
     m = workload.model
     tp, pp, vp = layout.tp, layout.pp, layout.vp
     s, b, h = m.seq_length / layout.cp, layout.micro_batch_size, m.hidden_size
@@ -200,12 +208,16 @@ def estimate_memory(workload: Workload, layout: ParallelLayout) -> MemoryEstimat
     output = 4 * s * b * h / (tp if sp else 1) + 4 * s * b * vocab / tp
 
     def stage(name: str, rank: int) -> StageMemory:
-        chunks = in_flight_passes(
-            pp=pp,
-            vp=vp,
-            num_microbatches=layout.num_microbatches,
-            pipeline_rank=rank,
-            group_size=layout.microbatch_group_size_per_vp_stage,
+        chunks = (
+            in_flight[rank]
+            if in_flight is not None
+            else in_flight_passes(
+                pp=pp,
+                vp=vp,
+                num_microbatches=layout.num_microbatches,
+                pipeline_rank=rank,
+                group_size=layout.microbatch_group_size_per_vp_stage,
+            )
         )
         microbatches = chunks / vp
         # Uneven chunks: the in-flight passes counted at the rank's largest chunk (an upper bound).

@@ -61,6 +61,15 @@ def in_flight_passes(
     return min(num_microbatches * vp, warmup + 1)
 
 
+def valid_group_sizes(*, pp: int, num_microbatches: int) -> list[int]:
+    """Interleaved 1F1B's microbatch group sizes Megatron-Core accepts: ``p ≤ N ≤ m``, the last group empty or ≥ ``p``.
+
+    (``forward_backward_pipelining_with_interleaving``: a smaller last group would stall the pipeline.)
+    """
+    m = num_microbatches
+    return [n for n in range(pp, m + 1) if not 0 < m % n < pp]
+
+
 def stage_imbalance(stages: Sequence[float]) -> float:
     """Slowest stage over the mean, minus 1: what an uneven split should bring under 5%."""
     mean = sum(stages) / len(stages)

@@ -28,6 +28,16 @@ input has arrived. With forward time ``t_f`` and backward time ``t_b`` per
 microbatch and stage (``t_f/v``, ``t_b/v`` per chunk) the step takes
 ``(m + (p − 1)/v)·(t_f + t_b)``: the bubble is ``(p − 1)/(v·m)`` of the ideal
 ``m·(t_f + t_b)`` (Narayanan et al. 2021, §2.2).
+
+**GPipe** (Huang et al. 2019), for comparison only (Megatron-Core does not
+offer it): every rank runs all ``m`` forward passes, then all ``m`` backward
+passes. Its bubble is 1F1B's, ``(p − 1)/m``, but a rank holds the activations
+of all ``m`` microbatches at once instead of at most ``p − r``.
+
+Point-to-point transfers: Megatron-Core's 1F1B sends and receives
+synchronously, so a rank that sends is busy for the transfer
+(``blocking_p2p``); the interleaved schedule overlaps them with compute
+(``overlap_p2p_comm``), so a transfer only delays the pass that needs it.
 """
 
 from __future__ import annotations
@@ -74,6 +84,38 @@ def schedule_table(num_microbatches: int, num_chunks: int, group_size: int) -> l
             group = range(first, num_microbatches)  # the last group takes the rest
         table += [(mb, chunk) for chunk in range(num_chunks) for mb in group]
     return table
+
+
+def gpipe_order(*, pp: int, num_microbatches: int, pipeline_rank: int) -> list[PipelinePass]:
+    """GPipe's order on one rank: all forward passes, then all backward passes (one chunk per rank)."""
+    if not 0 <= pipeline_rank < pp:
+        raise ValueError(f"pipeline_rank={pipeline_rank} is outside 0..{pp - 1}")
+    if num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be at least 1, got {num_microbatches}")
+    return [PipelinePass(kind, mb, 0) for kind in "FB" for mb in range(num_microbatches)]
+
+
+def peak_in_flight(order: Sequence[PipelinePass]) -> int:
+    """Most passes whose activations the rank holds at once: forward done, backward not yet."""
+    live = peak = 0
+    for step in order:
+        live += 1 if step.kind == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def sends(step: PipelinePass, *, pp: int, vp: int, pipeline_rank: int) -> bool:
+    """Whether the pass's output goes to another rank: all but the last virtual stage's forward and the first's backward."""
+    if pp == 1:
+        return False
+    if step.kind == "F":
+        return (pipeline_rank, step.chunk) != (pp - 1, vp - 1)
+    return (pipeline_rank, step.chunk) != (0, 0)
+
+
+def messages_sent(order: Sequence[PipelinePass], *, pp: int, vp: int, pipeline_rank: int) -> int:
+    """Activations and gradients one rank sends to another rank per step."""
+    return sum(sends(step, pp=pp, vp=vp, pipeline_rank=pipeline_rank) for step in order)
 
 
 def schedule_order(
@@ -174,8 +216,13 @@ def simulate(
     orders: list[list[PipelinePass]] | None = None,
     group_size: int | None = None,
     chunk_times: Sequence[Sequence[tuple[float, float]]] | None = None,
+    blocking_p2p: bool = False,
 ) -> Timeline:
     """Place every pass at the earliest time its rank and input allow.
+
+    ``blocking_p2p``: a rank that sends to another rank is busy for ``p2p_time``
+    after the pass (1F1B's synchronous send); otherwise the transfer only
+    delays the receiver (the interleaved schedule's overlapped send).
 
     ``orders`` (one list per rank) defaults to Megatron-Core's order
     (``schedule_order``); a recorded order can be given instead.
@@ -199,38 +246,65 @@ def simulate(
         # The timeline's ideal is the slowest stage's busy time: it sets the pace.
         slowest = max(times, key=lambda row: sum(f + b for f, b in row))
         forward_time, backward_time = sum(f for f, _ in slowest), sum(b for _, b in slowest)
-    done: dict[tuple[int, str, int, int], float] = {}
-    placed: list[list[TimedPass]] = [[] for _ in range(pp)]
-    free = [0.0] * pp
-    position = [0] * pp
+    m = num_microbatches
 
-    def dependency(rank: int, step: PipelinePass) -> tuple[int, str, int, int] | None:
+    def key(rank: int, kind: str, mb: int, chunk: int) -> int:
+        """Index of a pass in ``done`` (every pass once per step)."""
+        return ((rank * 2 + (kind == "B")) * m + mb) * vp + chunk
+
+    def dependency(rank: int, step: PipelinePass) -> tuple[int, bool]:
+        """(key of the pass whose output this one needs, or -1; whether it comes from another rank)."""
         mb, c = step.microbatch, step.chunk
         if step.kind == "F":
             if rank > 0:
-                return (rank - 1, "F", mb, c)
-            return (pp - 1, "F", mb, c - 1) if c > 0 else None
+                return key(rank - 1, "F", mb, c), True
+            return (key(pp - 1, "F", mb, c - 1), pp > 1) if c > 0 else (-1, False)
         if rank < pp - 1:
-            return (rank + 1, "B", mb, c)
-        return (0, "B", mb, c + 1) if c < vp - 1 else (rank, "F", mb, c)
+            return key(rank + 1, "B", mb, c), True
+        return (key(0, "B", mb, c + 1), pp > 1) if c < vp - 1 else (key(rank, "F", mb, c), False)
 
+    # Per rank, every pass with what it needs precomputed: (pass, own key, dependency, remote, duration, hold).
+    plans = [
+        [
+            (
+                step,
+                key(rank, step.kind, step.microbatch, step.chunk),
+                *dependency(rank, step),
+                times[rank][step.chunk][step.kind == "B"],
+                p2p_time if blocking_p2p and sends(step, pp=pp, vp=vp, pipeline_rank=rank) else 0.0,
+            )
+            for step in order
+        ]
+        for rank, order in enumerate(orders)
+    ]
+    if any(step.microbatch >= m or step.chunk >= vp for order in orders for step in order):
+        raise ValueError(f"an order names a microbatch or chunk outside m={m}, v={vp}")
+    done = [-1.0] * (2 * pp * m * vp)
+    placed: list[list[TimedPass]] = [[] for _ in range(pp)]
+    free = [0.0] * pp
+    position = [0] * pp
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
         for rank in range(pp):
-            while position[rank] < len(orders[rank]):
-                step = orders[rank][position[rank]]
-                dep = dependency(rank, step)
-                if dep is not None and dep not in done:
-                    break
-                ready = 0.0 if dep is None else done[dep] + (p2p_time if dep[0] != rank else 0.0)
-                start = max(free[rank], ready)
-                end = start + times[rank][step.chunk][0 if step.kind == "F" else 1]
-                done[(rank, step.kind, step.microbatch, step.chunk)] = end
-                placed[rank].append(TimedPass(rank, step, start, end))
-                free[rank] = end
-                position[rank] += 1
-                remaining -= 1
+            plan, at, clock = plans[rank], position[rank], free[rank]
+            while at < len(plan):
+                step, own, dep, remote, duration, hold = plan[at]
+                if dep >= 0:
+                    ready = done[dep]
+                    if ready < 0:
+                        break
+                    if remote:
+                        ready += p2p_time
+                    clock = max(clock, ready)
+                end = clock + duration
+                done[own] = end
+                placed[rank].append(TimedPass(rank, step, clock, end))
+                clock = end + hold
+                at += 1
+            if at > position[rank]:
+                remaining -= at - position[rank]
+                position[rank], free[rank] = at, clock
                 progressed = True
         if not progressed:  # cannot happen for Megatron-Core's order; guards against a broken order
             raise RuntimeError("the pipeline order deadlocks: a pass waits for one that never runs")

@@ -91,7 +91,7 @@ _SUBSTITUTES = {"·": "*", "×": "X", "−": "-", "_": "-"}
 class Canvas(Protocol):
     """What the drawing code needs of an output format."""
 
-    def rect(self, x: float, y: float, w: float, h: float, color: Color) -> None: ...
+    def rect(self, x: float, y: float, w: float, h: float, color: Color, *, outline: bool = True) -> None: ...
 
     def text(self, x: float, y: float, s: str, color: Color = TEXT) -> None: ...
 
@@ -108,9 +108,10 @@ class SvgCanvas:
         self.width, self.height = width, height
         self.elements: list[str] = []
 
-    def rect(self, x: float, y: float, w: float, h: float, color: Color) -> None:
+    def rect(self, x: float, y: float, w: float, h: float, color: Color, *, outline: bool = True) -> None:
+        stroke = ' stroke="white" stroke-width="0.5"' if outline else ""
         self.elements.append(
-            f'<rect x="{x:.2f}" y="{y:.2f}" width="{w:.2f}" height="{h:.2f}" fill="rgb{color}" stroke="white" stroke-width="0.5"/>'
+            f'<rect x="{x:.2f}" y="{y:.2f}" width="{w:.2f}" height="{h:.2f}" fill="rgb{color}"{stroke}/>'
         )
 
     def text(self, x: float, y: float, s: str, color: Color = TEXT) -> None:
@@ -134,7 +135,7 @@ class PngCanvas:
         self.width, self.height = width, height
         self.pixels = bytearray(bytes(BACKGROUND) * (width * height))
 
-    def rect(self, x: float, y: float, w: float, h: float, color: Color) -> None:
+    def rect(self, x: float, y: float, w: float, h: float, color: Color, *, outline: bool = True) -> None:
         x0, y0 = max(0, round(x)), max(0, round(y))
         x1, y1 = min(self.width, round(x + w)), min(self.height, round(y + h))
         if x1 <= x0 or y1 <= y0:
@@ -143,7 +144,7 @@ class PngCanvas:
         for yy in range(y0, y1):
             start = (yy * self.width + x0) * 3
             self.pixels[start : start + len(row)] = row
-        if x1 - x0 > 2:  # a white separator line so adjacent boxes stay apart, as in the SVG
+        if outline and x1 - x0 > 2:  # a white separator line so adjacent boxes stay apart, as in the SVG
             for yy in range(y0, y1):
                 start = (yy * self.width + x1 - 1) * 3
                 self.pixels[start : start + 3] = bytes(BACKGROUND)
@@ -313,4 +314,60 @@ def write(
     png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
     png.write_bytes(render_png(timeline, width=width, panels=panels))
     svg.write_text(render_svg(timeline, width=width, panels=panels))
+    return png, svg
+
+
+MEMORY_HEIGHT = 36
+"""The in-flight memory strip under a compared schedule's rows."""
+MEMORY_COLOR: Color = (116, 176, 98)
+
+
+@dataclass(frozen=True)
+class MemoryStrip:
+    """A quantity over time drawn as a filled step curve under a timeline."""
+
+    label: str
+    """Written in the strip."""
+    curve: Sequence[tuple[float, float, float]]
+    """(start, end, value) intervals."""
+    scale: float
+    """The value drawn at the strip's full height (shared by the strips of one picture)."""
+
+
+def draw_strip(strip: MemoryStrip, canvas: Canvas, geo: Geometry, *, top: float, makespan: float, name: str) -> None:
+    canvas.text(8, top + MEMORY_HEIGHT / 2 - 6, name)
+    canvas.rect(geo.x(0), top, makespan * geo.pixels_per_time, MEMORY_HEIGHT, (245, 245, 245), outline=False)
+    bottom = top + MEMORY_HEIGHT
+    for start, end, value in strip.curve:
+        height = MEMORY_HEIGHT * value / strip.scale if strip.scale > 0 else 0.0
+        canvas.rect(geo.x(start), bottom - height, (end - start) * geo.pixels_per_time, height, MEMORY_COLOR,
+                    outline=False)  # fmt: skip
+    canvas.text(geo.x(0) + 4, top + 2, strip.label)
+
+
+ComparedPanel = tuple[Timeline, str, MemoryStrip]
+"""A schedule's timeline, its heading, and its first stage's activations in flight."""
+
+
+def _comparison(panels: Sequence[ComparedPanel], width: int, canvas_type: Any) -> Any:
+    """Every schedule's rows on one time axis, each with its memory strip, and one legend."""
+    height = 4 + sum(_panel_height(t) + MEMORY_HEIGHT + 8 for t, _, _ in panels) + LEGEND_HEIGHT
+    makespan = max(t.makespan for t, _, _ in panels)
+    geo = Geometry(width=width, height=int(height), pixels_per_time=(width - LEFT - RIGHT) / makespan)
+    canvas = canvas_type(geo.width, geo.height)
+    top = 8.0
+    for timeline, heading, strip in panels:
+        bottom = draw(timeline, canvas, geo, top=top, heading=heading, legend=False)
+        draw_strip(strip, canvas, geo, top=bottom, makespan=timeline.makespan, name="rank 0 mem")
+        top = bottom + MEMORY_HEIGHT + 8
+    _legend(max((t for t, _, _ in panels), key=lambda t: t.vp), canvas, top)
+    return canvas
+
+
+def write_comparison(panels: Sequence[ComparedPanel], stem: Path, *, width: int = 1200) -> tuple[Path, Path]:
+    """Write ``stem.png`` and ``stem.svg`` with the compared schedules stacked; returns their paths."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
+    png.write_bytes(bytes(_comparison(panels, width, PngCanvas).render()))
+    svg.write_text(str(_comparison(panels, width, SvgCanvas).render()))
     return png, svg

@@ -10,7 +10,10 @@ MLP width and fit in a node, PP among the divisors of the rest that divide
 the layers, VP among the divisors of the layers per stage, micro-batch sizes
 among the divisors of the sequences per data-parallel rank. Each is then
 validated by ``ParallelLayout.check`` (the interleaved schedule's microbatch
-rule, sequence-parallel divisibility, …). Memory grows with the micro-batch
+rule, sequence-parallel divisibility, …); where the microbatches are not a
+multiple of PP, the interleaved schedule is retried with the smallest
+microbatch group size Megatron-Core accepts
+(``--microbatch-group-size-per-virtual-pipeline-stage``). Memory grows with the micro-batch
 size, so the first micro-batch size that does not fit ends that branch.
 """
 
@@ -29,6 +32,7 @@ from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.stages import SPLIT_FIELDS, balanced_splits
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.memory import MemoryEstimate, estimate_memory
+from megatron_ext.estimate.pipeline import valid_group_sizes
 from megatron_ext.estimate.step_time import StepTimeEstimate, estimate_step_time, unit_times
 from megatron_ext.estimate.workload import Workload
 
@@ -125,6 +129,7 @@ class LayoutEstimate:
             "dp": lay.dp,
             "micro_batch_size": lay.micro_batch_size,
             "num_microbatches": lay.num_microbatches,
+            "microbatch_group_size": lay.microbatch_group_size_per_vp_stage,
             "global_batch_size": lay.global_batch_size,
             "sequence_parallel": lay.sequence_parallel,
             "use_distributed_optimizer": lay.use_distributed_optimizer,
@@ -264,6 +269,15 @@ def search(
                     )
                     candidates += 1
                     layout, problems = ParallelLayout.check(**values)
+                    if problems and v > 1 and per_dp and per_dp % b == 0:
+                        # Microbatches that are not a multiple of PP: the smallest group size Megatron-Core
+                        # accepts instead of its default PP (the least memory; the time is the same).
+                        groups = valid_group_sizes(pp=p, num_microbatches=per_dp // b)
+                        if groups and groups[0] != p:
+                            grouped = values | {"microbatch_group_size_per_vp_stage": groups[0]}
+                            retried, retried_problems = ParallelLayout.check(**grouped)
+                            if not retried_problems:
+                                values, layout, problems = grouped, retried, []
                     found = []
                     if problems:
                         first_problems = first_problems or problems

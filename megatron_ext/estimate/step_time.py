@@ -190,6 +190,19 @@ def pipeline_p2p_exposed(
     return max(latency, link_bound)
 
 
+def p2p_message_bytes(workload: Workload, layout: ParallelLayout) -> float:
+    """One activation (or gradient) message between pipeline stages: ``b·s·h`` elements, /TP when scattered."""
+    m = workload.model
+    split = layout.tp if layout.sequence_parallel or workload.p2p_scatter_gather else 1
+    return layout.micro_batch_size * m.seq_length * m.hidden_size * workload.activation_bytes / split / layout.cp
+
+
+def p2p_bandwidth(layout: ParallelLayout, gpu: GpuProfile, *, gpus_per_node: int) -> float:
+    """The pipeline's link: NVLink while the whole job sits in one node, else the network."""
+    inside = layout.tp * layout.cp * layout.dp * layout.pp <= gpus_per_node
+    return gpu.intra_node_bandwidth if inside else gpu.inter_node_bandwidth
+
+
 @dataclass(frozen=True)
 class UnitTimes:
     """One microbatch's forward and backward through one transformer layer and through the output layer."""
@@ -297,10 +310,9 @@ def estimate_step_time(
     t, p, v = layout.tp, layout.pp, layout.vp
     # Gradients are reduced, and the distributed optimizer shards, over the DP × CP ranks.
     dp = layout.dp * layout.cp
-    s, b, h, mbs = m.seq_length, layout.micro_batch_size, m.hidden_size, layout.num_microbatches
+    b, mbs = layout.micro_batch_size, layout.num_microbatches
     vocab = workload.padded_vocab_size(t)
     e = workload.activation_bytes
-    sp = layout.sequence_parallel
 
     units = unit_times(workload, layout, gpu, gpus_per_node=gpus_per_node)
     layer_compute, output_compute, layer_tp, recompute = (
@@ -322,14 +334,12 @@ def estimate_step_time(
     # Pipeline: bubble and exposed point-to-point.
     bubble = pipeline_bubble(stages, vp=v)
     if p > 1:
-        link = gpu.intra_node_bandwidth if t * dp * p <= gpus_per_node else gpu.inter_node_bandwidth
-        p2p_bytes = b * s * h * e / (t if sp or workload.p2p_scatter_gather else 1) / layout.cp
         pp_comm = pipeline_p2p_exposed(
             pp=p,
             vp=v,
             num_microbatches=mbs,
             stage_time=mb_time,
-            transfer_time=p2p_bytes / link,
+            transfer_time=p2p_message_bytes(workload, layout) / p2p_bandwidth(layout, gpu, gpus_per_node=gpus_per_node),
             schedule_time=mbs * mb_time + bubble,
         )
     else:

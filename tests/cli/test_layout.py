@@ -16,7 +16,8 @@ from megatron_ext.config.arguments import ModelArgs, parse_args
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.layout import LayoutError, ParallelLayout
 from megatron_ext.estimate.hardware import get_profile
-from megatron_ext.estimate.search import Cluster, search
+from megatron_ext.estimate.pipeline import valid_group_sizes
+from megatron_ext.estimate.search import Cluster, pretrain_flags, search
 from megatron_ext.estimate.workload import Workload
 from tests.conftest import PRETRAIN, REPO, _env
 
@@ -211,14 +212,22 @@ def test_search_enumerates_every_valid_layout_and_nothing_else(sequence_parallel
     assert any(e.layout.uneven and 12 % e.layout.pp for e in with_uneven)
 
     def valid(tp: int, pp: int, vp: int, mbs: int) -> bool:
-        _, problems = ParallelLayout.check(
-            world_size=world, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-            virtual_pipeline_model_parallel_size=vp if vp > 1 else None, micro_batch_size=mbs,
-            global_batch_size=gbs, num_layers=12, num_attention_heads=12, num_query_groups=12, seq_length=96,
-            ffn_hidden_size=model.effective_ffn_hidden_size,
-            sequence_parallel=sequence_parallel and tp > 1, gpus_per_node=8,
-        )  # fmt: skip
-        return not problems
+        """Valid with Megatron-Core's default microbatch group, or with any group size it accepts."""
+        per_step = mbs * (world // (tp * pp))
+        m = gbs // per_step if per_step and gbs % per_step == 0 else 0
+        # A group size other than PP can only help the interleaved schedule when PP does not divide m.
+        groups = range(pp, m + 1) if vp > 1 and m > pp and m % pp else ()
+        for group in (None, *groups):
+            _, problems = ParallelLayout.check(
+                world_size=world, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                virtual_pipeline_model_parallel_size=vp if vp > 1 else None, micro_batch_size=mbs,
+                global_batch_size=gbs, num_layers=12, num_attention_heads=12, num_query_groups=12, seq_length=96,
+                ffn_hidden_size=model.effective_ffn_hidden_size, microbatch_group_size_per_vp_stage=group,
+                sequence_parallel=sequence_parallel and tp > 1, gpus_per_node=8,
+            )  # fmt: skip
+            if not problems:
+                return True
+        return False
 
     # Beyond every bound a valid layout can reach: TP up to 12 (> 8 per node), PP and VP up to 13, any micro-batch
     # that divides the global batch, wherever TP·PP divides the world (else DP would not be whole: checked apart).
@@ -228,8 +237,17 @@ def test_search_enumerates_every_valid_layout_and_nothing_else(sequence_parallel
     assert not any(valid(tp, pp, 1, 1) for tp in range(1, 13) for pp in range(1, 14) if world % (tp * pp))
     assert not any(valid(1, 1, 1, mbs) for mbs in range(1, gbs + 1) if gbs % mbs)
     assert len(found) > 30
-    # Interleaving only where the microbatches are a multiple of PP (Megatron-Core's rule).
-    assert all(m % pp == 0 for tp, pp, vp, mbs in found if vp > 1 for m in [gbs // (mbs * (world // (tp * pp)))])
+    # Interleaving where the microbatches are a multiple of PP (Megatron-Core's default group), and elsewhere
+    # with the smallest group size Megatron-Core accepts, which the emitted flags then carry.
+    for e in result.estimates:
+        lay = e.layout
+        if lay.vp > 1 and lay.num_microbatches % lay.pp:
+            group = lay.microbatch_group_size_per_vp_stage
+            assert group == min(valid_group_sizes(pp=lay.pp, num_microbatches=lay.num_microbatches))
+            assert f"--microbatch-group-size-per-virtual-pipeline-stage {group}" in pretrain_flags(workload, lay)
+        else:
+            assert lay.microbatch_group_size_per_vp_stage is None
+    assert any(e.layout.microbatch_group_size_per_vp_stage for e in result.estimates)
 
 
 def test_search_ranks_fitting_layouts_by_step_time_then_the_rest_by_memory() -> None:

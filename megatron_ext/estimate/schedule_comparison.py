@@ -1,0 +1,414 @@
+"""One pipeline under GPipe, 1F1B, interleaved 1F1B and interleaved 1F1B with the best microbatch group.
+
+Each schedule's order (``schedule.py``) is simulated pass by pass with the
+same per-chunk times, so uneven stages, the output layer on the last stage
+and the point-to-point transfers count as they do on the timeline rather than
+through a closed form:
+
+* **bubble**: idle share of the step when transfers are free. GPipe and 1F1B
+  both idle ``(p − 1)`` stage times, ``(p − 1)/(m + p − 1)`` of the step;
+  interleaving with ``v`` chunks cuts it to ``(p − 1)/(v·m + p − 1)``
+  (Narayanan et al. 2021, §2.2).
+* **exposed p2p**: what the transfers add to the simulated step. 1F1B (and
+  GPipe here) send synchronously, interleaved 1F1B overlaps them
+  (``schedule.simulate``'s ``blocking_p2p``).
+* **activations in flight**: the most (microbatch, chunk) passes a rank holds
+  at once, read off its order: ``m`` for GPipe, ``p − r`` microbatches on rank
+  ``r`` for 1F1B, the warm-up plus one interleaved (``pipeline.in_flight_passes``);
+  turned into bytes by the memory model (``memory.estimate_memory``).
+* **p2p volume**: the messages the busiest rank sends per step, ``b·s·h``
+  elements each (``/t`` when scattered): ``2·m`` without interleaving, ``2·v·m``
+  with it (``m`` and ``(2v − 1)·m`` on two-stage pipelines).
+* **microbatch group** ``N`` (``--microbatch-group-size-per-virtual-pipeline-stage``,
+  Megatron-Core's default ``p``): every valid ``N`` in ``[p, m]`` (the last group
+  empty or at least ``p``) is a candidate; more warm-up passes give the
+  transfers more compute to hide behind, at ``(v − 1)·(N − p)`` more chunks in
+  flight on every rank. The best is the fastest step, the smaller ``N`` (less
+  memory) when within ``GROUP_TIE`` of it.
+
+GPipe is not a Megatron-Core schedule: it is shown for comparison only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from megatron_ext.config.factors import divisors
+from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.estimate.flops import layer_forward_flops
+from megatron_ext.estimate.memory import estimate_memory
+from megatron_ext.estimate.pipeline import valid_group_sizes
+from megatron_ext.estimate.schedule import (
+    PipelinePass,
+    Timeline,
+    gpipe_order,
+    messages_sent,
+    peak_in_flight,
+    schedule_order,
+    simulate,
+)
+from megatron_ext.estimate.search import LayoutEstimate, evaluate
+from megatron_ext.estimate.step_time import p2p_bandwidth, p2p_message_bytes, unit_times
+from megatron_ext.estimate.workload import Workload
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-group")
+"""The schedules compared, in the order they are shown."""
+GROUP_CANDIDATES = 6
+"""Most microbatch group sizes simulated per comparison (spread geometrically over the valid ones)."""
+GROUP_TIE = 0.001
+"""A larger microbatch group must be this much faster (0.1%) to be preferred: it costs memory."""
+
+ChunkTimes = list[list[tuple[float, float]]]
+
+
+@dataclass(frozen=True)
+class ScheduleRun:
+    """One schedule simulated on one pipeline: its timelines and what its order implies."""
+
+    schedule: str
+    """One of ``SCHEDULES``."""
+    vp: int
+    """Model chunks per rank (1 for GPipe and 1F1B)."""
+    group_size: int | None
+    """Interleaved 1F1B's microbatch group (None: Megatron-Core's default, ``p``)."""
+    timeline: Timeline
+    """The step with the point-to-point transfers."""
+    compute_makespan: float
+    """The same step with free transfers."""
+    in_flight_chunks: tuple[int, ...]
+    """Peak (microbatch, chunk) passes in flight on every rank."""
+    messages: tuple[int, ...]
+    """Messages every rank sends to another rank per step."""
+
+    @property
+    def bubble_share(self) -> float:
+        """Idle share of the step with free transfers (the schedule's own bubble)."""
+        t = self.timeline
+        busy = t.ideal
+        return (self.compute_makespan - busy) / self.compute_makespan if self.compute_makespan > 0 else 0.0
+
+    @property
+    def p2p_exposed(self) -> float:
+        """What the transfers add to the step."""
+        return self.timeline.makespan - self.compute_makespan
+
+    @property
+    def in_flight_microbatches(self) -> tuple[float, ...]:
+        return tuple(c / self.vp for c in self.in_flight_chunks)
+
+
+def orders_of(
+    schedule: str, *, pp: int, vp: int, num_microbatches: int, group_size: int | None = None
+) -> list[list[PipelinePass]]:
+    """Every rank's order of passes under ``schedule``."""
+    if schedule == "gpipe":
+        return [gpipe_order(pp=pp, num_microbatches=num_microbatches, pipeline_rank=r) for r in range(pp)]
+    return [
+        schedule_order(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=r, group_size=group_size)
+        for r in range(pp)
+    ]
+
+
+def run_schedule(
+    schedule: str,
+    *,
+    pp: int,
+    num_microbatches: int,
+    chunk_times: ChunkTimes,
+    p2p_time: float,
+    group_size: int | None = None,
+) -> ScheduleRun:
+    """Simulate ``schedule`` with ``chunk_times[rank][chunk]`` = (forward, backward) of one microbatch."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; one of {', '.join(SCHEDULES)}")
+    vp = len(chunk_times[0])
+    if schedule in ("gpipe", "1f1b") and vp != 1:
+        raise ValueError(f"{schedule} runs one model chunk per rank, got {vp}")
+    orders = orders_of(schedule, pp=pp, vp=vp, num_microbatches=num_microbatches, group_size=group_size)
+    common: dict[str, Any] = dict(
+        pp=pp, vp=vp, num_microbatches=num_microbatches, orders=orders, chunk_times=chunk_times
+    )
+    timeline = simulate(**common, p2p_time=p2p_time, blocking_p2p=vp == 1)
+    free = simulate(**common) if p2p_time > 0 else timeline
+    return ScheduleRun(
+        schedule=schedule,
+        vp=vp,
+        group_size=group_size,
+        timeline=timeline,
+        compute_makespan=free.makespan,
+        in_flight_chunks=tuple(peak_in_flight(o) for o in orders),
+        messages=tuple(messages_sent(o, pp=pp, vp=vp, pipeline_rank=r) for r, o in enumerate(orders)),
+    )
+
+
+def group_candidates(*, pp: int, num_microbatches: int, limit: int = GROUP_CANDIDATES) -> list[int]:
+    """Up to ``limit`` valid group sizes, the smallest first, each at least 1.5× the one before."""
+    valid = valid_group_sizes(pp=pp, num_microbatches=num_microbatches)
+    picked: list[int] = []
+    for n in valid:
+        if not picked or n >= 1.5 * picked[-1]:
+            picked.append(n)
+    if valid and valid[-1] not in picked:
+        picked.append(valid[-1])
+    return picked[: limit - 1] + picked[-1:] if len(picked) > limit else picked
+
+
+def best_group(
+    *,
+    pp: int,
+    num_microbatches: int,
+    chunk_times: ChunkTimes,
+    p2p_time: float,
+    default: ScheduleRun | None = None,
+) -> tuple[ScheduleRun, dict[int, float]] | None:
+    """(the interleaved run with the best group size, every candidate's simulated step), or None when none is valid.
+
+    ``default``: the run at Megatron-Core's default group (``p``), already simulated.
+    """
+    vp = len(chunk_times[0])
+    known = {pp: default} if default is not None else {}
+    steps = {
+        n: known[n].timeline.makespan
+        if n in known
+        else simulate(
+            pp=pp,
+            vp=vp,
+            num_microbatches=num_microbatches,
+            chunk_times=chunk_times,
+            p2p_time=p2p_time,
+            group_size=n,
+        ).makespan
+        for n in group_candidates(pp=pp, num_microbatches=num_microbatches)
+    }
+    if not steps:
+        return None
+    fastest = min(steps.values())
+    best = next(n for n, step in steps.items() if step <= fastest * (1 + GROUP_TIE))
+    if best in known:
+        return dataclasses.replace(known[best], schedule="interleaved-group", group_size=best), steps
+    run = run_schedule(
+        "interleaved-group",
+        pp=pp,
+        num_microbatches=num_microbatches,
+        chunk_times=chunk_times,
+        p2p_time=p2p_time,
+        group_size=best,
+    )
+    return run, steps
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleOption:
+    """One schedule for a layout: the calculator's comparison row."""
+
+    schedule: str
+    """One of ``SCHEDULES``."""
+    label: str
+    """How the row is named."""
+    trainable: bool
+    """Whether pretrain_gpt.py can run it (GPipe: shown for comparison only)."""
+    layout: ParallelLayout | None
+    """The layout it runs (VP and group size set), None when it is not possible."""
+    reason: str = ""
+    """Why it is not possible."""
+    run: ScheduleRun | None = None
+    """The simulation."""
+    step_s: float = 0.0
+    """Simulated pipeline step plus the exposed data-parallel communication and the optimizer."""
+    activation_bytes: tuple[float, ...] = ()
+    """Peak activation memory of every stage under this schedule."""
+    peak_bytes: float = 0.0
+    """Total memory of the most loaded stage."""
+    fits: bool = False
+    """Whether that fits the usable memory."""
+    p2p_bytes: float = 0.0
+    """Bytes the busiest rank sends to other pipeline ranks per step."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schedule": self.schedule,
+            "label": self.label,
+            "trainable": self.trainable,
+            "possible": self.run is not None,
+        }
+        if self.run is None or self.layout is None:
+            return out | {"reason": self.reason}
+        return out | {
+            "vp": self.layout.vp,
+            "microbatch_group_size": self.run.group_size,
+            "bubble_share_of_step": self.run.bubble_share,
+            "p2p_exposed_s": self.run.p2p_exposed,
+            "step_time_s": self.step_s,
+            "in_flight_microbatches": list(self.run.in_flight_microbatches),
+            "activation_bytes": [int(b) for b in self.activation_bytes],
+            "peak_memory_bytes": int(self.peak_bytes),
+            "fits": self.fits,
+            "p2p_bytes_per_step": int(self.p2p_bytes),
+        }
+
+
+def _relayout(layout: ParallelLayout, **changes: Any) -> tuple[ParallelLayout | None, list[str]]:
+    values = {f.name: getattr(layout, f.name) for f in dataclasses.fields(ParallelLayout)} | changes
+    return ParallelLayout.check(**values)
+
+
+def _model_chunk_times(workload: Workload, estimate: LayoutEstimate) -> Callable[[ParallelLayout], ChunkTimes]:
+    """(forward, backward) of one microbatch through every chunk of a layout with ``estimate``'s TP, MB, SP, CP."""
+    layout, cluster = estimate.layout, estimate.cluster
+    units = unit_times(workload, layout, cluster.gpu, gpus_per_node=cluster.gpus_per_node)
+    layer = units.layer_compute_s + units.layer_tp_s + units.layer_cp_s
+    # Backward is twice the forward's FLOPs; recomputation runs in the backward pass.
+    forward_flops = layer_forward_flops(workload.model, sequences=layout.micro_batch_size) / layout.cp
+    forward_share = 1 / (3 + units.recompute_flops / forward_flops)
+
+    def times(candidate: ParallelLayout) -> ChunkTimes:
+        p, v = candidate.pp, candidate.vp
+        out = []
+        for r in range(p):
+            row = []
+            for c in range(v):
+                layers = candidate.stages[r][c].num_layers * layer
+                output = units.output_compute_s if (r, c) == (p - 1, v - 1) else 0.0
+                row.append((layers * forward_share + output / 3, layers * (1 - forward_share) + output * 2 / 3))
+            out.append(row)
+        return out
+
+    return times
+
+
+def _interleaved_layout(workload: Workload, estimate: LayoutEstimate) -> tuple[ParallelLayout | None, str]:
+    """The layout's own VP, or when it has none, the VP the closed-form model finds fastest."""
+    layout = estimate.layout
+    if layout.vp > 1:
+        return _relayout(layout, microbatch_group_size_per_vp_stage=None)[0] or layout, ""
+    best: LayoutEstimate | None = None
+    reasons = []
+    for v in divisors(min(layout.layers_per_rank))[1:]:
+        candidate, problems = _relayout(layout, virtual_pipeline_model_parallel_size=v)
+        if candidate is None:
+            reasons.append(problems[0])
+            continue
+        e = evaluate(workload, candidate, estimate.cluster)
+        if best is None or e.time.step_s < best.time.step_s:
+            best = e
+    if best is None:
+        return None, reasons[0] if reasons else "one layer per pipeline rank: nothing to interleave"
+    return best.layout, ""
+
+
+def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[ScheduleOption]:
+    """The layout under every schedule of ``SCHEDULES`` (empty when PP = 1: no pipeline)."""
+    layout, cluster = estimate.layout, estimate.cluster
+    if layout.pp == 1:
+        return []
+    chunk_times = _model_chunk_times(workload, estimate)
+    p2p_bytes = p2p_message_bytes(workload, layout)
+    p2p_time = p2p_bytes / p2p_bandwidth(layout, cluster.gpu, gpus_per_node=cluster.gpus_per_node)
+    m = layout.num_microbatches
+
+    def option(schedule: str, candidate: ParallelLayout, run: ScheduleRun) -> ScheduleOption:
+        memory = estimate_memory(workload, candidate, in_flight=run.in_flight_chunks)
+        own = evaluate(workload, candidate, cluster)
+        return ScheduleOption(
+            schedule=schedule,
+            label=schedule_label(run),
+            trainable=schedule != "gpipe",
+            layout=candidate,
+            run=run,
+            step_s=run.timeline.makespan + own.time.dp_comm_s + own.time.optimizer_s,
+            activation_bytes=tuple(st.activations_bytes for st in memory.stages),
+            peak_bytes=memory.total_bytes,
+            fits=memory.total_bytes <= cluster.usable_memory_bytes,
+            p2p_bytes=max(run.messages) * p2p_bytes,
+        )
+
+    options = []
+    flat, problems = _relayout(
+        layout, virtual_pipeline_model_parallel_size=None, microbatch_group_size_per_vp_stage=None
+    )
+    for schedule, label in (("gpipe", "GPipe (comparison only)"), ("1f1b", "1F1B")):
+        if flat is None:
+            options.append(ScheduleOption(schedule=schedule, label=label, trainable=schedule != "gpipe", layout=None,
+                                          reason=problems[0]))  # fmt: skip
+            continue
+        run = run_schedule(schedule, pp=layout.pp, num_microbatches=m, chunk_times=chunk_times(flat), p2p_time=p2p_time)
+        options.append(option(schedule, flat, run))
+
+    interleaved, reason = _interleaved_layout(workload, estimate)
+    if interleaved is None:
+        for schedule in SCHEDULES[2:]:
+            options.append(ScheduleOption(schedule=schedule, label="interleaved 1F1B", trainable=True, layout=None,
+                                          reason=reason))  # fmt: skip
+        return options
+    v = interleaved.vp
+    times = chunk_times(interleaved)
+    default, problems = _relayout(interleaved, microbatch_group_size_per_vp_stage=None)
+    if default is None:
+        options.append(ScheduleOption(schedule="interleaved", label=f"interleaved 1F1B (VP {v})", trainable=True,
+                                      layout=None, reason=problems[0]))  # fmt: skip
+    else:
+        run = run_schedule("interleaved", pp=layout.pp, num_microbatches=m, chunk_times=times, p2p_time=p2p_time)
+        options.append(option("interleaved", default, run))
+    found = best_group(
+        pp=layout.pp,
+        num_microbatches=m,
+        chunk_times=times,
+        p2p_time=p2p_time,
+        default=options[-1].run if options[-1].schedule == "interleaved" else None,
+    )
+    if found is None:
+        options.append(ScheduleOption(schedule="interleaved-group", label=f"interleaved 1F1B (VP {v}, best N)",
+                                      trainable=True, layout=None,
+                                      reason=f"no microbatch group size suits {m} microbatches on PP {layout.pp}"))  # fmt: skip
+        return options
+    best, _ = found
+    grouped, _ = _relayout(interleaved, microbatch_group_size_per_vp_stage=best.group_size)
+    assert grouped is not None  # group_candidates only yields sizes Megatron-Core accepts
+    options.append(option("interleaved-group", grouped, best))
+    return options
+
+
+def chunk_times_uniform(*, pp: int, vp: int, forward_time: float, backward_time: float) -> ChunkTimes:
+    """Equal stages: every chunk takes ``1/v`` of a stage's forward and backward time."""
+    return [[(forward_time / vp, backward_time / vp)] * vp for _ in range(pp)]
+
+
+def runs_for_picture(
+    *, pp: int, vp: int, num_microbatches: int, forward_time: float, backward_time: float, p2p_time: float
+) -> list[ScheduleRun]:
+    """GPipe, 1F1B, and with ``vp > 1`` interleaved 1F1B at the default and the best group size: equal stages."""
+    flat = chunk_times_uniform(pp=pp, vp=1, forward_time=forward_time, backward_time=backward_time)
+    common: dict[str, Any] = dict(pp=pp, num_microbatches=num_microbatches, p2p_time=p2p_time)
+    runs = [run_schedule(s, chunk_times=flat, **common) for s in ("gpipe", "1f1b")]
+    if vp > 1:
+        times = chunk_times_uniform(pp=pp, vp=vp, forward_time=forward_time, backward_time=backward_time)
+        runs.append(run_schedule("interleaved", chunk_times=times, **common))
+        found = best_group(chunk_times=times, default=runs[-1], **common)
+        if found is not None:
+            runs.append(found[0])
+    return runs
+
+
+def schedule_label(run: ScheduleRun) -> str:
+    """How a run is named in tables and pictures."""
+    if run.schedule == "gpipe":
+        return "GPipe (comparison only)"
+    if run.schedule == "1f1b":
+        return "1F1B"
+    if run.schedule == "interleaved":
+        return f"interleaved 1F1B (VP {run.vp}, N = PP, the default)"
+    return f"interleaved 1F1B (VP {run.vp}, best N = {run.group_size})"
+
+
+def in_flight_curve(run: ScheduleRun, rank: int) -> list[tuple[float, float, int]]:
+    """(start, end, chunks held) over one rank's simulated step: held from a forward pass's end to its backward's."""
+    events = sorted((p.end, 1 if p.step.kind == "F" else -1) for p in run.timeline.passes if p.rank == rank)
+    out, live = [], 0
+    for (time, delta), following in zip(events, [*events[1:], None], strict=True):
+        live += delta
+        if following is not None and following[0] > time:
+            out.append((time, following[0], live))
+    return out
