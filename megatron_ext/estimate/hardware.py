@@ -83,7 +83,13 @@ class GpuProfile:
     inter_node_bandwidth: float
     """Effective bandwidth of one GPU's network interface between nodes, bytes/s."""
     compute_efficiency: float
-    """Calibrated fraction of ``peak_flops`` that Megatron's GEMM-dominated compute reaches."""
+    """Calibrated fraction of ``peak_flops`` that Megatron's matrix multiplications reach."""
+    memory_efficiency: float = 1.0
+    """Calibrated fraction of ``memory_bandwidth`` that the element-wise kernels (norms, activations, dropout,
+    residuals, unfused softmax) reach."""
+    attention_efficiency: float | None = None
+    """Calibrated fraction of ``peak_flops`` that fused (flash) attention reaches, in Megatron's count of its
+    FLOPs (the full ``s²`` square); None: the matrix multiplications' ``compute_efficiency``."""
 
     def with_overrides(
         self,
@@ -127,14 +133,28 @@ class GpuProfile:
                 p.append(f"{field} must be positive, got {value}")
         if not 0 < self.compute_efficiency <= 1:
             p.append(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
+        for name, fraction in (("memory", self.memory_efficiency), ("attention", self.attention_efficiency)):
+            if fraction is not None and not 0 < fraction <= 1:
+                p.append(f"the profile's {name} efficiency must be in (0, 1], got {fraction}")
         return p
 
 
-A100_COMPUTE_EFFICIENCY = 0.64
-"""Fitted to Narayanan et al. 2021, Table 1 (all ten rows; residuals in docs/layout-model.md)."""
+A100_COMPUTE_EFFICIENCY = 0.70
+"""The GEMMs' share of the A100's peak: fitted with ``MEMORY_EFFICIENCY`` to Narayanan et al. 2021, Table 1."""
 
-H100_COMPUTE_EFFICIENCY = round(A100_COMPUTE_EFFICIENCY * 47 / 52, 3)
-"""A100 value × (47 % best H100 MFU, Megatron-LM README) / (52 % best A100 MFU, Table 1): not measured here."""
+MEMORY_EFFICIENCY = 0.72
+"""The element-wise kernels' share of HBM bandwidth: fitted on A100 (Table 1), taken for every GPU."""
+
+H100_COMPUTE_EFFICIENCY = 0.68
+"""The GEMMs' share of the H100's peak: fitted with ``H100_ATTENTION_EFFICIENCY`` to the calibration rows of
+the Megatron-LM README's H100 weak-scaling table."""
+
+H100_ATTENTION_EFFICIENCY = 0.22
+"""Flash attention's share of the H100's peak in Megatron's count of its FLOPs (the full ``s²`` square: a
+causal kernel computes half of it), fitted with ``H100_COMPUTE_EFFICIENCY``."""
+
+A100_ATTENTION_EFFICIENCY = round(A100_COMPUTE_EFFICIENCY * H100_ATTENTION_EFFICIENCY / H100_COMPUTE_EFFICIENCY, 3)
+"""Not measured: no published A100 run used flash attention. The H100 fit's ratio of attention to GEMM rate."""
 
 PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
     {
@@ -150,6 +170,8 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 intra_node_bandwidth=230e9,
                 inter_node_bandwidth=23e9,
                 compute_efficiency=A100_COMPUTE_EFFICIENCY,
+                memory_efficiency=MEMORY_EFFICIENCY,
+                attention_efficiency=A100_ATTENTION_EFFICIENCY,
             ),
             GpuProfile(
                 name="a100-80g",
@@ -161,6 +183,8 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 intra_node_bandwidth=230e9,
                 inter_node_bandwidth=23e9,
                 compute_efficiency=A100_COMPUTE_EFFICIENCY,
+                memory_efficiency=MEMORY_EFFICIENCY,
+                attention_efficiency=A100_ATTENTION_EFFICIENCY,
             ),
             GpuProfile(
                 name="h100-sxm",
@@ -172,6 +196,8 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 intra_node_bandwidth=370e9,
                 inter_node_bandwidth=46e9,
                 compute_efficiency=H100_COMPUTE_EFFICIENCY,
+                memory_efficiency=MEMORY_EFFICIENCY,
+                attention_efficiency=H100_ATTENTION_EFFICIENCY,
             ),
             GpuProfile(
                 name="h200",
@@ -183,6 +209,8 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 intra_node_bandwidth=370e9,
                 inter_node_bandwidth=46e9,
                 compute_efficiency=H100_COMPUTE_EFFICIENCY,
+                memory_efficiency=MEMORY_EFFICIENCY,
+                attention_efficiency=H100_ATTENTION_EFFICIENCY,
             ),
         )
     }

@@ -254,6 +254,11 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         recompute = 0.0
     peak = gpu.peak_flops if workload.mixed_precision else gpu.peak_flops_fp32
     rate = peak * gpu.compute_efficiency
+    # Fused (flash) attention runs the attention core at its own rate; unfused, its two batched GEMMs run at
+    # the GEMMs' rate and its softmax is an element-wise kernel (below).
+    fused = not unfused_attention(workload)
+    attention_rate = peak * (gpu.attention_efficiency or gpu.compute_efficiency) if fused else rate
+    bandwidth = gpu.memory_bandwidth * gpu.memory_efficiency
 
     # Memory-bound element-wise kernels: bytes read and written per layer forward, backward twice that.
     sp = layout.sequence_parallel
@@ -272,9 +277,13 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
     else:
         recompute_bytes = 0.0
     # One layer and the output layer (logits GEMM, forward and backward) for one microbatch.
-    layer_compute = (3 * layer_fwd + recompute) / t / rate + (
-        3 * layer_fwd_bytes + recompute_bytes
-    ) / gpu.memory_bandwidth
+    attention_recompute = attention_fwd if workload.recompute_granularity != "none" else 0.0
+    gemm_flops = 3 * (layer_fwd - attention_fwd) + recompute - attention_recompute
+    attention_flops = 3 * attention_fwd + attention_recompute
+    gemm_time = gemm_flops / t / rate
+    layer_compute = (
+        gemm_time + attention_flops / t / attention_rate + (3 * layer_fwd_bytes + recompute_bytes) / bandwidth
+    )
     output_compute = 3 * logits_fwd / t / rate
 
     # Tensor parallelism: 4 collectives of b·s·h per layer (6 with full recompute), each 2(t-1)/t of it per GPU.
@@ -289,7 +298,7 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         ring_bytes = 3 * (cp - 1) * 2 * g * d / t * s * b * e
         # Megatron-Core's order tp-cp-dp-pp: the CP ring sits inside a node while TP × CP fits in one.
         link = gpu.intra_node_bandwidth if t * cp <= gpus_per_node else gpu.inter_node_bandwidth
-        layer_cp = max(0.0, ring_bytes / link - 3 * attention_fwd / t / rate)
+        layer_cp = max(0.0, ring_bytes / link - 3 * attention_fwd / t / attention_rate)
     else:
         layer_cp = 0.0
 

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Fit the GPU profiles' efficiency constants to the calibration rows, and print every row's residual.
+
+The calibration and validation tables are ``tests/estimate/published.py`` (with their sources). Each fit is
+the minimax over a grid: the constants whose largest calibration residual is smallest. Validation rows are
+only evaluated. The residual table this prints is the one in ``docs/layout-model.md``::
+
+    python bench/calibrate_time_model.py            # fit, compare with the shipped constants, print residuals
+    python bench/calibrate_time_model.py --markdown # the residual table only, as markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from megatron_ext.estimate.hardware import GpuProfile, get_profile
+from tests.estimate.published import ALL, CALIBRATION, PublishedRun, with_constants, worst
+
+A100_GRID = {
+    "compute_efficiency": [round(0.60 + 0.005 * i, 3) for i in range(41)],
+    "memory_efficiency": [round(0.50 + 0.01 * i, 2) for i in range(41)],
+}
+"""A100: the GEMMs' share of peak, and the element-wise kernels' share of HBM bandwidth (unfused attention)."""
+H100_GRID = {
+    "compute_efficiency": [round(0.55 + 0.005 * i, 3) for i in range(41)],
+    "attention_efficiency": [round(0.15 + 0.01 * i, 2) for i in range(31)],
+}
+"""H100: the GEMMs' and flash attention's shares of peak (the memory efficiency is the A100 fit's)."""
+
+
+def minimax(rows: list[PublishedRun], gpu: GpuProfile, grid: dict[str, list[float]]) -> tuple[dict[str, float], float]:
+    """The grid point whose largest residual over ``rows`` is smallest, and that residual."""
+    best: tuple[float, dict[str, float]] | None = None
+    for values in itertools.product(*grid.values()):
+        constants = dict(zip(grid, values, strict=True))
+        error = worst(rows, with_constants(gpu, **constants))
+        if best is None or error < best[0]:
+            best = (error, constants)
+    assert best is not None
+    return best[1], best[0]
+
+
+def residual_table(rows: Sequence[PublishedRun]) -> list[str]:
+    lines = [
+        "| table | run | GPU | TP | PP | VP | DP | measured | predicted | residual | set |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        e = r.estimate()
+        if r.step_s is not None:
+            measured, predicted = f"{r.step_s:g} s", f"{e.time.step_s:.2f} s"
+        else:
+            value = e.hardware_tflops_per_gpu if r.hardware_flops else e.tflops_per_gpu
+            measured, predicted = f"{r.tflops:g} TFLOP/s", f"{value:.1f} TFLOP/s"
+        lines.append(
+            f"| {r.table} | {r.name} | {r.gpu} | {r.tp} | {r.pp} | {r.vp} | {e.layout.dp} | {measured} | "
+            f"{predicted} | {r.residual():+.1%} | {'calibration' if r.calibration else 'validation'} |"
+        )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--markdown", action="store_true", help="Print only the residual table.")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        print("\n".join(residual_table(ALL)))
+        return 0
+    a100 = get_profile("a100-80g")
+    a100_rows = [r for r in CALIBRATION if r.gpu.startswith("a100")]
+    fitted, error = minimax(a100_rows, a100, A100_GRID)
+    shipped = {name: getattr(a100, name) for name in A100_GRID}
+    print(f"A100 fit on {len(a100_rows)} rows: {fitted} (largest residual {error:.2%}); shipped {shipped}")
+    h100 = get_profile("h100-sxm")
+    h100_rows = [r for r in CALIBRATION if r.gpu.startswith("h100")]
+    fitted, error = minimax(h100_rows, h100, H100_GRID)
+    shipped = {name: getattr(h100, name) for name in H100_GRID}
+    print(f"H100 fit on {len(h100_rows)} rows: {fitted} (largest residual {error:.2%}); shipped {shipped}")
+    print("\n".join(residual_table(ALL)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,322 @@
+"""Published Megatron training measurements: what the time model is calibrated on, and what validates it.
+
+Calibration (the constants of ``megatron_ext/estimate/hardware.py`` are the minimax fit to these rows):
+
+* A100: Narayanan et al. 2021, Table 1 (``NARAYANAN_TABLE_1``): GEMM efficiency and element-wise
+  memory efficiency.
+* H100: the Megatron-LM README's weak-scaling table, every other row (``MEGATRON_LM_H100``, ``calibration``
+  set): GEMM efficiency and fused-attention efficiency; the memory efficiency is the A100 value.
+
+Validation (never used to fit anything):
+
+* A100: Korthikanti et al. 2022, Tables 3 and 5 and §6.3 (``KORTHIKANTI_2022``); the Megatron-LM README's
+  GPT-3 175B on 1024 A100s (``MEGATRON_LM_A100_175B``).
+* H100: the other rows of the Megatron-LM README's weak-scaling table.
+
+Every row's residual is the predicted throughput over the measured one, minus 1 (for iteration times: the
+measured time over the predicted one, minus 1); ``docs/layout-model.md`` lists them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from megatron_ext.config.arguments import ModelArgs, model_layout_facts
+from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.estimate.hardware import GpuProfile, get_profile
+from megatron_ext.estimate.search import Cluster, LayoutEstimate, evaluate
+from megatron_ext.estimate.workload import Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishedRun:
+    """One published training run: its configuration and what was measured."""
+
+    table: str
+    """Where it is published."""
+    name: str
+    """The row's name there."""
+    gpu: str
+    """The calculator's profile of the GPU it ran on."""
+    layers: int
+    hidden: int
+    heads: int
+    seq_length: int
+    vocab_size: int
+    tp: int
+    pp: int
+    vp: int = 1
+    """Model chunks per pipeline rank (1: not interleaved)."""
+    gpus: int
+    global_batch: int
+    micro_batch: int
+    precision: str = "bf16"
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = False
+    overlap: bool = False
+    """Data-parallel gradient reduction (and, with the distributed optimizer, parameter gather) overlapped."""
+    scatter_gather: bool = False
+    """Megatron-LM 2021's pipeline scatter/gather optimisation."""
+    attention: str = "unfused"
+    """``unfused`` (Megatron's fused softmax, scores in memory; before 2023) or ``flash``."""
+    step_s: float | None = None
+    """Measured iteration time, seconds."""
+    tflops: float | None = None
+    """Measured teraFLOP/s per GPU (with ``hardware_flops``: counting recomputation, as Narayanan et al. 2021)."""
+    hardware_flops: bool = False
+    calibration: bool = False
+    """Used to fit the profile's constants (else validation only)."""
+    assumed: str = ""
+    """What the source does not state and the row assumes."""
+
+    def workload(self) -> Workload:
+        model = ModelArgs(
+            num_layers=self.layers,
+            hidden_size=self.hidden,
+            num_attention_heads=self.heads,
+            seq_length=self.seq_length,
+            max_position_embeddings=self.seq_length,
+            vocab_size=self.vocab_size,
+            attention_backend=self.attention,
+        )
+        return Workload(
+            model=model,
+            precision=self.precision,
+            recompute_granularity=self.recompute,
+            overlap_grad_reduce=self.overlap,
+            overlap_param_gather=self.overlap and self.distributed_optimizer,
+            p2p_scatter_gather=self.scatter_gather,
+        )
+
+    def layout(self) -> ParallelLayout:
+        facts: dict[str, Any] = model_layout_facts(self.workload().model)
+        return ParallelLayout(
+            world_size=self.gpus,
+            tensor_model_parallel_size=self.tp,
+            pipeline_model_parallel_size=self.pp,
+            virtual_pipeline_model_parallel_size=self.vp if self.vp > 1 else None,
+            sequence_parallel=self.sequence_parallel,
+            use_distributed_optimizer=self.distributed_optimizer,
+            micro_batch_size=self.micro_batch,
+            global_batch_size=self.global_batch,
+            gpus_per_node=8,
+            **facts,
+        )
+
+    def cluster(self, gpu: GpuProfile | None = None) -> Cluster:
+        return Cluster(gpus=self.gpus, gpus_per_node=8, gpu=gpu or get_profile(self.gpu))
+
+    def estimate(self, gpu: GpuProfile | None = None) -> LayoutEstimate:
+        """The calculator's estimate of this run (on ``gpu``, default the row's profile)."""
+        return evaluate(self.workload(), self.layout(), self.cluster(gpu))
+
+    def residual(self, gpu: GpuProfile | None = None) -> float:
+        """Predicted throughput over measured, minus 1."""
+        e = self.estimate(gpu)
+        if self.step_s is not None:
+            return self.step_s / e.time.step_s - 1
+        assert self.tflops is not None
+        predicted = e.hardware_tflops_per_gpu if self.hardware_flops else e.tflops_per_gpu
+        return predicted / self.tflops - 1
+
+
+def _row(**values: Any) -> PublishedRun:
+    return PublishedRun(**values)
+
+
+# Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
+# (arXiv 2104.04473), Table 1: Selene (DGX A100 80GB), sequence 2048, vocabulary 51,200, fp16, full
+# recomputation; teraFLOP/s count the recomputation (96·B·s·l·h²·(1 + s/6h + V/16lh)). Micro-batch, virtual
+# stages and DDP of each row: Megatron-LM's examples/sc21/run_table_1.sh (commit 6985e589): DDP=torch
+# (overlapped all-reduce) for PP = 1, Megatron's own (not overlapped) otherwise; p2p scatter/gather on.
+_T1 = "Narayanan et al. 2021, Table 1"
+NARAYANAN_TABLE_1 = [
+    _row(
+        table=_T1,
+        name=f"{billions}B",
+        gpu="a100-80g",
+        heads=heads,
+        hidden=hidden,
+        layers=layers,
+        tp=tp,
+        pp=pp,
+        gpus=gpus,
+        global_batch=batch,
+        tflops=tflops,
+        micro_batch=mb,
+        vp=vp,
+        overlap=pp == 1,
+        seq_length=2048,
+        vocab_size=51200,
+        precision="fp16",
+        recompute="full",
+        scatter_gather=True,
+        hardware_flops=True,
+        calibration=True,
+    )
+    for billions, heads, hidden, layers, tp, pp, gpus, batch, tflops, mb, vp in [
+        (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 16, 1),
+        (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 16, 1),
+        (7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 16, 1),
+        (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 8, 1),
+        (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 4, 1),
+        (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 3),
+        (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 2),
+        (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 2),
+        (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 3),
+        (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, 1),
+    ]
+]
+
+# Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models" (arXiv 2205.05198):
+# Table 3 (configurations: TP 8, sequence 2048, vocabulary 51,200, mixed precision, Selene A100 80GB, no data
+# parallelism), Table 5 (iteration times: full recomputation without sequence parallelism, and sequence
+# parallelism + selective recomputation), §5: "the interleaving schedule with three interleaving stages
+# (m = 3) for the 175B and 530B models"; §6.3: the 530B model on 2240 GPUs (DP 8, batch 2240, no overlap of
+# the gradient all-reduce) takes 39.15 s.
+_K = "Korthikanti et al. 2022, Tables 3 and 5"
+_K_ASSUMED = "1T: no interleaving (the paper names it for 175B and 530B only); p2p scatter/gather on (Megatron-LM 2022)"
+KORTHIKANTI_2022 = [
+    _row(
+        table=_K,
+        name=f"{name} {'SP + selective' if selective else 'full recompute'}",
+        gpu="a100-80g",
+        heads=heads,
+        hidden=hidden,
+        layers=layers,
+        tp=8,
+        pp=pp,
+        vp=vp,
+        gpus=gpus,
+        global_batch=batch,
+        micro_batch=mb,
+        seq_length=2048,
+        vocab_size=51200,
+        recompute="selective" if selective else "full",
+        sequence_parallel=selective,
+        scatter_gather=True,
+        step_s=sel if selective else full,
+        assumed=_K_ASSUMED,
+    )
+    for name, heads, hidden, layers, pp, vp, gpus, batch, mb, full, sel in [
+        ("22B", 64, 6144, 48, 1, 1, 8, 4, 4, 1.42, 1.10),
+        ("175B", 96, 12288, 96, 8, 3, 64, 64, 1, 18.13, 13.75),
+        ("530B", 128, 20480, 105, 35, 3, 280, 280, 1, 49.05, 37.83),
+        ("1T", 160, 25600, 128, 64, 1, 512, 512, 1, 94.42, 71.49),
+    ]
+    for selective in (False, True)
+] + [
+    _row(
+        table="Korthikanti et al. 2022, §6.3",
+        name="530B DP 8, SP + selective",
+        gpu="a100-80g",
+        heads=128,
+        hidden=20480,
+        layers=105,
+        tp=8,
+        pp=35,
+        vp=3,
+        gpus=2240,
+        global_batch=2240,
+        micro_batch=1,
+        seq_length=2048,
+        vocab_size=51200,
+        recompute="selective",
+        sequence_parallel=True,
+        scatter_gather=True,
+        step_s=39.15,
+        assumed="p2p scatter/gather on (Megatron-LM 2022)",
+    )
+]
+
+# Megatron-LM README (commit 152aab30, January 2021): "With full global batch size of 1536 on 1024 A100 GPUs,
+# each iteration takes around 32 seconds resulting in 138 teraFLOPs per GPU"; examples/pretrain_gpt3_175B.sh:
+# TP 8, PP 16, micro-batch 1, fp16, --checkpoint-activations, no interleaving (which came later that year).
+MEGATRON_LM_A100_175B = [
+    _row(
+        table="Megatron-LM README (152aab30), GPT-3 175B",
+        name="175B on 1024 A100",
+        gpu="a100-80g",
+        heads=96,
+        hidden=12288,
+        layers=96,
+        tp=8,
+        pp=16,
+        gpus=1024,
+        global_batch=1536,
+        micro_batch=1,
+        seq_length=2048,
+        vocab_size=51200,
+        precision="fp16",
+        recompute="full",
+        step_s=32.0,
+        assumed="vocabulary 51,200 (GPT-2's, padded); p2p not scattered (before Narayanan et al. 2021)",
+    )
+]
+
+# Megatron-LM README, weak scaling on H100 (images/model_table.png, commit f2e5db40, July 2024, Megatron-Core
+# r0.8.0): vocabulary 131,072, sequence 4096, --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap,
+# "measured for end-to-end training"; per-GPU model teraFLOP/s. Not published: precision, micro-batch, virtual
+# stages, recomputation. Assumed: bf16 (the MFUs are against the bf16 peak), the distributed optimizer,
+# sequence parallelism, flash attention, and the micro-batch, virtual stages and recomputation (none or
+# selective) the calculator finds fastest for the published TP, PP and DP (test_h100_rows_take_the_best_...
+# keeps them current). The TP communication is charged in full (the runs overlapped it with
+# --tp-comm-overlap, which this project does not set up). Every other row calibrates.
+_R = "Megatron-LM README (f2e5db40), H100 weak scaling"
+_R_ASSUMED = "bf16, distributed optimizer, SP, flash attention; micro-batch, VP, recompute: the calculator's best"
+MEGATRON_LM_H100 = [
+    _row(
+        table=_R,
+        name=name,
+        gpu="h100-sxm",
+        heads=heads,
+        hidden=hidden,
+        layers=layers,
+        tp=tp,
+        pp=pp,
+        vp=vp,
+        gpus=gpus,
+        global_batch=batch,
+        micro_batch=mb,
+        recompute=recompute,
+        tflops=tflops,
+        seq_length=4096,
+        vocab_size=131072,
+        sequence_parallel=tp > 1,
+        distributed_optimizer=True,
+        overlap=True,
+        attention="flash",
+        calibration=index % 2 == 0,
+        assumed=_R_ASSUMED,
+    )
+    for index, (name, heads, hidden, layers, tp, pp, gpus, batch, tflops, vp, mb, recompute) in enumerate(
+        [
+            ("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8, 1, 1, "none"),
+            ("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9, 1, 1, "none"),
+            ("16B", 48, 6144, 32, 4, 1, 192, 192, 489.1, 1, 2, "none"),
+            ("32B", 56, 7168, 48, 8, 1, 384, 192, 459.6, 1, 4, "none"),
+            ("70B", 64, 8192, 84, 8, 2, 768, 384, 419.7, 21, 4, "none"),
+            ("119B", 80, 10240, 92, 8, 4, 1536, 768, 420.5, 23, 2, "none"),
+            ("177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8, 16, 2, "none"),
+            ("314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4, 12, 1, "none"),
+            ("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9, 7, 1, "none"),
+        ]
+    )
+]
+
+ALL = NARAYANAN_TABLE_1 + KORTHIKANTI_2022 + MEGATRON_LM_A100_175B + MEGATRON_LM_H100
+CALIBRATION = [r for r in ALL if r.calibration]
+VALIDATION = [r for r in ALL if not r.calibration]
+
+
+def worst(rows: list[PublishedRun], gpu: GpuProfile) -> float:
+    """The largest residual (in size) of ``rows`` on ``gpu``."""
+    return max(abs(r.residual(gpu)) for r in rows)
+
+
+def with_constants(gpu: GpuProfile, **constants: Any) -> GpuProfile:
+    """``gpu`` with some efficiency constants replaced."""
+    return dataclasses.replace(gpu, **constants)
