@@ -99,6 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--compute-efficiency", type=float, help="Override the calibrated fraction of peak the GEMMs reach."
     )
     cluster.add_argument(
+        "--attention-efficiency",
+        type=float,
+        help="Override the calibrated fraction of peak flash attention reaches (in Megatron's FLOP count).",
+    )
+    cluster.add_argument(
+        "--memory-efficiency",
+        type=float,
+        help="Override the calibrated fraction of HBM bandwidth the element-wise kernels reach.",
+    )
+    cluster.add_argument(
         "--memory-headroom",
         type=float,
         default=DEFAULT_MEMORY_HEADROOM,
@@ -150,6 +160,8 @@ def _cluster(args: argparse.Namespace) -> Cluster:
         intra_node_gbps=args.intra_node_gbps,
         inter_node_gbps=args.inter_node_gbps,
         compute_efficiency=args.compute_efficiency,
+        attention_efficiency=args.attention_efficiency,
+        memory_efficiency=args.memory_efficiency,
     )
     if args.gpus is None and args.nodes is None:
         raise CalculatorError("give the GPU count: --gpus N (or --world-size N), or --nodes N")
@@ -241,7 +253,9 @@ def _describe_inputs(workload: Workload, cluster: Cluster, batch: int | None) ->
         f"model: {shape}, sequence {m.seq_length}, vocabulary {m.vocab_size}: {total / 1e9:.2f}B parameters",
         f"cluster: {cluster.gpus} × {gpu.name} ({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} × "
         f"{min(cluster.gpus, cluster.gpus_per_node)}): {peak / 1e12:.0f} TFLOP/s {workload.precision} peak × "
-        f"{gpu.compute_efficiency:.3f} achievable, {_gib(gpu.memory_bytes)} GiB ({_gib(cluster.usable_memory_bytes)} "
+        f"{gpu.compute_efficiency:.3f} for GEMMs"
+        + (f" and {gpu.attention_efficiency:.3f} for flash attention" if gpu.attention_efficiency else "")
+        + f", {_gib(gpu.memory_bytes)} GiB ({_gib(cluster.usable_memory_bytes)} "
         f"usable), NVLink {gpu.intra_node_bandwidth / 1e9:.0f} GB/s, network {gpu.inter_node_bandwidth / 1e9:.0f} GB/s per GPU",
     ]
     options = [workload.precision if workload.mixed_precision else "fp32 (no --bf16/--fp16)"]
@@ -372,6 +386,8 @@ def _json_header(workload: Workload, cluster: Cluster, mode: str) -> dict[str, A
             "peak_tflops": (gpu.peak_flops if workload.mixed_precision else gpu.peak_flops_fp32) / 1e12,
             "memory_bytes": gpu.memory_bytes,
             "compute_efficiency": gpu.compute_efficiency,
+            "attention_efficiency": gpu.attention_efficiency,
+            "memory_efficiency": gpu.memory_efficiency,
         },
         "cluster": slurm_counts(cluster),
         "precision": workload.precision,

@@ -100,6 +100,8 @@ class GpuProfile:
         intra_node_gbps: float | None = None,
         inter_node_gbps: float | None = None,
         compute_efficiency: float | None = None,
+        attention_efficiency: float | None = None,
+        memory_efficiency: float | None = None,
     ) -> GpuProfile:
         """A copy with the given values replaced (units as on the command line: TFLOP/s, GiB, GB/s)."""
         changes: dict[str, Any] = {}
@@ -113,8 +115,13 @@ class GpuProfile:
             changes["intra_node_bandwidth"] = intra_node_gbps * 1e9
         if inter_node_gbps is not None:
             changes["inter_node_bandwidth"] = inter_node_gbps * 1e9
-        if compute_efficiency is not None:
-            changes["compute_efficiency"] = compute_efficiency
+        for name, value in (
+            ("compute_efficiency", compute_efficiency),
+            ("attention_efficiency", attention_efficiency),
+            ("memory_efficiency", memory_efficiency),
+        ):
+            if value is not None:
+                changes[name] = value
         if not changes:
             return self
         return dataclasses.replace(self, name=f"{self.name} (overridden)", **changes)
@@ -131,11 +138,13 @@ class GpuProfile:
         ):
             if value <= 0:
                 p.append(f"{field} must be positive, got {value}")
-        if not 0 < self.compute_efficiency <= 1:
-            p.append(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
-        for name, fraction in (("memory", self.memory_efficiency), ("attention", self.attention_efficiency)):
+        for flag, fraction in (
+            ("--compute-efficiency", self.compute_efficiency),
+            ("--attention-efficiency", self.attention_efficiency),
+            ("--memory-efficiency", self.memory_efficiency),
+        ):
             if fraction is not None and not 0 < fraction <= 1:
-                p.append(f"the profile's {name} efficiency must be in (0, 1], got {fraction}")
+                p.append(f"{flag} must be in (0, 1], got {fraction}")
         return p
 
 

@@ -8,6 +8,7 @@ the full grid); the validation rows are never fitted. ``docs/layout-model.md`` l
 from __future__ import annotations
 
 import itertools
+import resource
 import subprocess
 import sys
 import time
@@ -134,9 +135,9 @@ def _search_1t(granularity: str, sequence_parallel: bool) -> float:
         model=ModelArgs(**get_preset("megatron-1t").model_flags()), precision="bf16", recompute_granularity=granularity
     )
     cluster = Cluster(gpus=3072, gpus_per_node=8, gpu=get_profile("a100-80g"))
-    start = time.perf_counter()
+    start = time.process_time()  # CPU seconds: neighbours on the two cores do not count
     result = search(workload, cluster, global_batch_size=3072, sequence_parallel=sequence_parallel)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert result.estimates and result.candidates >= len(result.estimates)
     return elapsed
 
@@ -148,7 +149,9 @@ def test_full_1t_search_on_3072_gpus_is_fast(granularity: str) -> None:
 
 
 def test_full_1t_search_from_the_command_line_under_two_seconds() -> None:
-    start = time.perf_counter()
+    """The whole process, start-up included, in CPU seconds: the test runs beside others on two cores, where
+    wall-clock time measures the neighbours too."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
         [
             sys.executable,
@@ -173,7 +176,8 @@ def test_full_1t_search_from_the_command_line_under_two_seconds() -> None:
         timeout=60,
         cwd=REPO,
     )
-    elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     assert proc.returncode == 0, proc.stderr
-    assert elapsed < 2.0, f"{elapsed:.2f} s"
+    assert cpu < 2.0, f"{cpu:.2f} CPU s"
     assert '"layouts"' in proc.stdout
