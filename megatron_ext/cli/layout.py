@@ -649,6 +649,12 @@ def _search_mode(
     return ExitCode.OK
 
 
+def _relative(value: float, reference: float) -> float:
+    """``value`` over ``reference``, minus 1; 0 below a twentieth of a percent (no "-0.0%")."""
+    change = value / reference - 1
+    return 0.0 if abs(change) < 5e-4 else change
+
+
 def _schedule_lines(e: LayoutEstimate, workload: Workload) -> list[str]:
     """The layout's pipeline under every schedule, as a table (``schedule_comparison.py``)."""
     lay = e.layout
@@ -669,7 +675,7 @@ def _schedule_lines(e: LayoutEstimate, workload: Workload) -> list[str]:
             f" {o.label:<46} {o.run.bubble_share:>7.2%} {o.run.p2p_exposed:>7.3f} "
             f"{max(o.run.in_flight_microbatches):>9.1f} {_gib(max(o.activation_bytes)):>8} {_gib(o.peak_bytes):>9} "
             f"{'yes' if o.fits else 'no':>4} {o.p2p_bytes / 1e9:>8.2f} {o.step_s:>9.3f} "
-            f"{o.step_s / e.time.step_s - 1:>+8.1%}"
+            f"{_relative(o.step_s, e.time.step_s):>+8.1%}"
         )
     lines += [
         "bubble: idle share of the step with free transfers; p2p s: what the transfers add; in flight: most "
