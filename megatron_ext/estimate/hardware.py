@@ -3,9 +3,11 @@
 A profile holds what the memory and step-time models need of a GPU and its
 cluster: dense tensor-core peak, memory capacity and bandwidth, the bandwidth of collectives
 inside a node (NVLink/NVSwitch) and between nodes (one InfiniBand NIC per GPU,
-as on DGX/HGX systems), and one calibrated constant, ``compute_efficiency``:
-the fraction of peak that the transformer's matrix multiplications achieve in
-Megatron training, before pipeline bubbles and exposed communication.
+as on DGX/HGX systems), and three calibrated constants: the fractions of peak
+that the transformer's matrix multiplications (``compute_efficiency``) and
+fused attention (``attention_efficiency``) reach in Megatron training, and the
+fraction of HBM bandwidth its element-wise kernels reach (``memory_efficiency``),
+before pipeline bubbles and exposed communication.
 
 Sources (see ``docs/layout-model.md`` for the derivations):
 
@@ -19,11 +21,12 @@ Sources (see ``docs/layout-model.md`` for the derivations):
   (H100/H200) 450 GB/s; nccl-tests reach roughly 230 and 370 GB/s. HDR
   InfiniBand is 200 Gb/s = 25 GB/s per GPU, NDR 400 Gb/s = 50 GB/s; about 92 %
   of line rate is reached.
-* ``compute_efficiency`` of the A100 profiles is fitted to Table 1 of
-  Narayanan et al. 2021 (see ``tests/estimate/test_published.py``);
-  the H100/H200 value is scaled from it by the ratio of the best published
-  Megatron MFUs on the two GPUs (47 % on H100, Megatron-LM README, vs 52 % on
-  A100, Narayanan et al. 2021) and is not validated against a measurement here.
+* The constants are the minimax fit to published runs, each GPU on its own
+  calibration rows, and are checked against validation rows never fitted
+  (``tests/estimate/published.py`` holds both with their sources,
+  ``bench/calibrate_time_model.py`` refits): A100 on Narayanan et al. 2021,
+  Table 1; H100 on half of the Megatron-LM README's H100 weak-scaling table.
+  What no table measures is carried over and says so below.
 """
 
 from __future__ import annotations

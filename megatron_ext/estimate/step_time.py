@@ -10,9 +10,12 @@ last stage, the logits, each with Megatron-LM's
 counts (``flops.py``: a layer's forward is ``4·b·s·h²·(attention + MLP)``
 terms, the logits' ``2·b·s·h·V``; backward is twice the forward) plus what
 recomputation adds (full: another forward of every layer; selective: the
-attention core's forward, ``4·b·s²·n·d``), divided by ``t``. Time is FLOPs over
-``peak × compute_efficiency`` of the GPU profile, plus the memory-bound
-element-wise kernels at HBM bandwidth: per layer forward the two norms read
+attention core's forward, ``4·b·s²·n·d``), divided by ``t``. Time is the GEMMs'
+FLOPs over ``peak × compute_efficiency`` of the GPU profile, fused (flash)
+attention's over ``peak × attention_efficiency`` (unfused, its batched GEMMs run
+at ``compute_efficiency``), plus the memory-bound element-wise kernels at
+``memory_efficiency`` of the HBM bandwidth (the three constants are fitted to
+published runs: ``docs/layout-model.md``): per layer forward the two norms read
 and write ``s·b·h`` (``4·e·sbh`` bytes, ``e`` bytes per element), the two fused
 bias-dropout-adds read two and write one tensor plus a mask (``2·(3e + 1)·sbh``),
 the activation function reads and writes the MLP width (``2e·sbf``, SwiGLU
@@ -280,9 +283,10 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
     attention_recompute = attention_fwd if workload.recompute_granularity != "none" else 0.0
     gemm_flops = 3 * (layer_fwd - attention_fwd) + recompute - attention_recompute
     attention_flops = 3 * attention_fwd + attention_recompute
-    gemm_time = gemm_flops / t / rate
     layer_compute = (
-        gemm_time + attention_flops / t / attention_rate + (3 * layer_fwd_bytes + recompute_bytes) / bandwidth
+        gemm_flops / t / rate
+        + attention_flops / t / attention_rate
+        + (3 * layer_fwd_bytes + recompute_bytes) / bandwidth
     )
     output_compute = 3 * logits_fwd / t / rate
 
