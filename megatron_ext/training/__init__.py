@@ -1,1 +1,5 @@
 """The training runtime behind ``pretrain_gpt.py`` (torch and Megatron-Core)."""
+
+from megatron_ext.mcore_import import prepare
+
+prepare()  # before any module of this package imports Megatron-Core
