@@ -42,6 +42,7 @@ from megatron_ext.config.layout import LayoutError, ParallelLayout
 from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.config.stages import rank_rows
 from megatron_ext.estimate.hardware import GIB, PROFILES, get_profile
+from megatron_ext.estimate.relayout import POLICIES, RelayoutError, describe, relayout
 from megatron_ext.estimate.schedule_comparison import compare_schedules
 from megatron_ext.estimate.search import (
     DEFAULT_MEMORY_HEADROOM,
@@ -137,6 +138,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     out.add_argument("--json", action="store_true", help="Print JSON instead of text.")
     out.add_argument("--explain", action="store_true", help="Break memory and time down (the chosen layout).")
+    replan = parser.add_argument_group(
+        "re-planning (a job that comes back on another GPU count: same model and global batch)"
+    )
+    replan.add_argument(
+        "--relayout-from-gpus",
+        type=int,
+        metavar="N",
+        help="The given layout ran on N GPUs: re-plan it for --gpus/--nodes and print what changes.",
+    )
+    replan.add_argument(
+        "--relayout-policy",
+        choices=POLICIES,
+        default="any",
+        help="any: the best layout for the new GPU count (default); dp: keep TP, CP, PP and VP, change DP only.",
+    )
     out.add_argument(
         "--compare-schedules",
         action="store_true",
@@ -473,6 +489,8 @@ def main(
     # A layout factor given (any non-switch parallel flag: TP, PP, VP, layers per virtual stage) evaluates it.
     factors = [f.name for f in options(ParallelArgs, estimate=True) if value_type(ParallelArgs, f.name)[0] is not bool]
     evaluate_mode = any(getattr(args, name) is not None for name in factors)
+    if args.relayout_from_gpus is not None:
+        return _relayout_mode(args, workload, cluster, batch, out, err)
     if evaluate_mode:
         return _evaluate_mode(args, workload, cluster, batch, out, err)
     return _search_mode(args, workload, cluster, batch, out, err)
@@ -542,6 +560,55 @@ def _evaluate_mode(
     if not estimate.fits:
         print(_does_not_fit_message(estimate, workload, alternatives), file=err)
         return ExitCode.DOES_NOT_FIT
+    return ExitCode.OK
+
+
+def _relayout_mode(
+    args: argparse.Namespace,
+    workload: Workload,
+    cluster: Cluster,
+    batch: int | None,
+    out: typing.TextIO,
+    err: typing.TextIO,
+) -> int:
+    """The given layout, valid on ``--relayout-from-gpus`` GPUs, re-planned for the cluster's GPU count."""
+    before = dataclasses.replace(cluster, gpus=args.relayout_from_gpus)
+    try:
+        if before.problems():
+            raise CalculatorError("--relayout-from-gpus: " + "; ".join(before.problems()))
+        old, _ = evaluate_layout_from_flags(args, workload, before, batch)
+        plan = relayout(workload, old, cluster, policy=args.relayout_policy)
+    except LayoutError as exc:
+        print(f"error: the layout as given does not run on --relayout-from-gpus {args.relayout_from_gpus}: {exc}",
+              file=err)  # fmt: skip
+        return ExitCode.INVALID
+    except (CalculatorError, RelayoutError) as exc:
+        print(f"error: {exc}", file=err)
+        return ExitCode.DOES_NOT_FIT if isinstance(exc, RelayoutError) else ExitCode.INVALID
+    new = plan.new
+    if args.json:
+        doc = _json_header(workload, cluster, "relayout") | {
+            "relayout": plan.record(),
+            "layouts": [_record(new, workload)],
+            "errors": [],
+        }
+        print(json.dumps(doc, indent=2), file=out)
+        return ExitCode.OK
+    lines = _describe_inputs(workload, cluster, old.global_batch_size)
+    lines += [
+        "",
+        f"relayout (policy {plan.policy}): {describe(old)} -> {describe(new.layout)}",
+        "changed: " + ", ".join(plan.changes()),
+        "kept: the model, the global batch of "
+        f"{old.global_batch_size} sequences (the data order), sequence parallelism "
+        f"{'on' if old.sequence_parallel else 'off'}, distributed optimizer "
+        f"{'on' if old.use_distributed_optimizer else 'off'}",
+        "",
+        *_table([new]),
+        "",
+        *_emit(new, workload),
+    ]
+    print("\n".join(lines), file=out)
     return ExitCode.OK
 
 

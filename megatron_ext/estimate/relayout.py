@@ -1,0 +1,145 @@
+"""Re-plan a job's layout for another GPU count: the model and the global batch stay, the layout follows.
+
+When a job comes back on fewer (or more) nodes than its checkpoint was written
+with, the run continues with the same model, global batch and data order on a
+layout chosen for the GPUs it has, and Megatron-Core's resharding load carries
+the checkpoint over. Two policies:
+
+* ``any``: the calculator's best fitting layout for the new GPU count (TP
+  inside a node, every rule of ``ParallelLayout``, the fastest estimated step);
+* ``dp``: keep TP, CP, PP, the virtual stages and the stage split, and change
+  only DP (and the micro-batch size, where the global batch needs it).
+
+The sequence parallelism and distributed optimizer settings carry over as given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from megatron_ext.config.factors import divisors
+from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.estimate.pipeline import valid_group_sizes
+from megatron_ext.estimate.search import Cluster, LayoutEstimate, evaluate, search
+from megatron_ext.estimate.workload import Workload
+
+POLICIES = ("any", "dp")
+"""``any``: the best layout for the new GPUs; ``dp``: the same model-parallel layout, another DP."""
+
+
+class RelayoutError(ValueError):
+    """No layout of the new GPU count suits the policy: says why and what to change."""
+
+
+def _summary(layout: ParallelLayout) -> dict[str, Any]:
+    return {
+        "world_size": layout.world_size,
+        "tp": layout.tp,
+        "cp": layout.cp,
+        "pp": layout.pp,
+        "vp": layout.vp,
+        "dp": layout.dp,
+        "micro_batch_size": layout.micro_batch_size,
+        "num_microbatches": layout.num_microbatches,
+    }
+
+
+def describe(layout: ParallelLayout) -> str:
+    cp = f" CP {layout.cp}" if layout.cp > 1 else ""
+    return (
+        f"TP {layout.tp}{cp} PP {layout.pp} VP {layout.vp} DP {layout.dp}, micro-batch {layout.micro_batch_size} "
+        f"({layout.world_size} GPUs)"
+    )
+
+
+@dataclass(frozen=True)
+class Relayout:
+    """The layout a job had and the one it continues with."""
+
+    old: ParallelLayout
+    """The layout the checkpoint was written with."""
+    new: LayoutEstimate
+    """The layout for the new GPU count, with its estimates."""
+    policy: str
+    """One of ``POLICIES``."""
+
+    def changes(self) -> list[str]:
+        """Every factor that changed, ``name old -> new``."""
+        before, after = _summary(self.old), _summary(self.new.layout)
+        names = {"world_size": "GPUs", "micro_batch_size": "micro-batch", "num_microbatches": "microbatches"}
+        return [
+            f"{names.get(key, key.upper())} {before[key]} -> {after[key]}"
+            for key in before
+            if before[key] != after[key]
+        ]
+
+    def record(self, *, iteration: int | None = None) -> dict[str, Any]:
+        """The metrics file's ``relayout`` event (``iteration``: the checkpoint the run resumes from)."""
+        out: dict[str, Any] = {"event": "relayout", "policy": self.policy}
+        if iteration is not None:
+            out["iteration"] = iteration
+        return out | {"old": _summary(self.old), "new": _summary(self.new.layout)}
+
+
+def _same_model_parallelism(
+    workload: Workload, old: ParallelLayout, cluster: Cluster
+) -> tuple[list[LayoutEstimate], list[str]]:
+    """Every micro-batch size of ``old``'s TP, CP, PP, VP and split on the new GPUs, and the first refusal."""
+    values = {f.name: getattr(old, f.name) for f in dataclasses.fields(ParallelLayout)}
+    values |= {"world_size": cluster.gpus, "microbatch_group_size_per_vp_stage": None}
+    estimates: list[LayoutEstimate] = []
+    refusal: list[str] = []
+    for micro_batch in divisors(old.global_batch_size):
+        candidate = values | {"micro_batch_size": micro_batch}
+        layout, problems = ParallelLayout.check(**candidate)
+        if problems and old.vp > 1 and layout.dp and old.global_batch_size % (micro_batch * layout.dp) == 0:
+            # A microbatch count PP does not divide: the smallest group Megatron-Core accepts, as the search does.
+            groups = valid_group_sizes(pp=old.pp, num_microbatches=old.global_batch_size // (micro_batch * layout.dp))
+            if groups:
+                layout, problems = ParallelLayout.check(
+                    **(candidate | {"microbatch_group_size_per_vp_stage": groups[0]})
+                )
+        if problems:
+            refusal = refusal or problems
+            continue
+        estimates.append(evaluate(workload, layout, cluster))
+    return estimates, refusal
+
+
+def relayout(workload: Workload, old: ParallelLayout, cluster: Cluster, *, policy: str) -> Relayout:
+    """The layout ``old``'s job continues with on ``cluster`` (RelayoutError when none suits ``policy``)."""
+    if policy not in POLICIES:
+        raise RelayoutError(f"unknown relayout policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if policy == "dp":
+        estimates, refusal = _same_model_parallelism(workload, old, cluster)
+        if not estimates:
+            raise RelayoutError(
+                f"keeping TP {old.tp} × CP {old.cp} × PP {old.pp} (policy dp) on {cluster.gpus} GPUs is not "
+                f"possible: {refusal[0] if refusal else 'no micro-batch size divides the global batch'}; use a GPU "
+                f"count that is a multiple of {old.tp * old.cp * old.pp}, or let the layout change (policy any)"
+            )
+        # The old micro-batch size where it still works: the same memory per microbatch, the same numerics.
+        fitting = sorted((e for e in estimates if e.fits), key=lambda e: e.time.step_s)
+        same = [e for e in fitting if e.layout.micro_batch_size == old.micro_batch_size]
+        best: LayoutEstimate | None = (same or fitting)[0] if fitting else None
+    else:
+        result = search(
+            workload,
+            cluster,
+            global_batch_size=old.global_batch_size,
+            sequence_parallel=old.sequence_parallel,
+            use_distributed_optimizer=old.use_distributed_optimizer,
+        )
+        estimates = result.estimates
+        best = result.fitting[0] if result.fitting else None
+    if best is None:
+        least = min((e.memory.total_bytes for e in estimates), default=0.0)
+        raise RelayoutError(
+            f"no layout of {cluster.gpus} GPUs (policy {policy}) fits the model and the global batch of "
+            f"{old.global_batch_size} in {cluster.usable_memory_bytes / 2**30:.1f} GiB per GPU"
+            + (f" (the smallest needs {least / 2**30:.1f} GiB)" if least else "")
+            + ": wait for more nodes (raise MIN_NODES), or allow more memory savers"
+        )
+    return Relayout(old=old, new=best, policy=policy)

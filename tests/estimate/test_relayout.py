@@ -1,0 +1,120 @@
+"""Re-planning a layout for another GPU count: the model and global batch stay, the layout follows the GPUs."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+
+from megatron_ext.cli.layout import main as calculator
+from megatron_ext.config.arguments import ModelArgs, model_layout_facts
+from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.config.presets import get_preset
+from megatron_ext.estimate.hardware import get_profile
+from megatron_ext.estimate.relayout import RelayoutError, relayout
+from megatron_ext.estimate.search import Cluster, search
+from megatron_ext.estimate.workload import Workload
+
+pytestmark = pytest.mark.unit
+
+
+def _job(preset: str, gpus: int, **layout: Any) -> tuple[Workload, ParallelLayout]:
+    workload = Workload(
+        model=ModelArgs(**get_preset(preset).model_flags()), precision="bf16", recompute_granularity="selective"
+    )
+    facts: dict[str, Any] = model_layout_facts(workload.model)
+    old = ParallelLayout(world_size=gpus, gpus_per_node=8, use_distributed_optimizer=True, **layout, **facts)
+    return workload, old
+
+
+def _cluster(gpus: int) -> Cluster:
+    return Cluster(gpus=gpus, gpus_per_node=8, gpu=get_profile("h100-sxm"))
+
+
+def test_any_policy_takes_the_searchs_best_for_the_new_gpus_with_the_same_batch() -> None:
+    """GPT-3 175B's recipe layout (TP 4 PP 8 VP 12 on 16 nodes) after losing 4 nodes, and back on 16."""
+    workload, old = _job(
+        "gpt3-175b", 128, tensor_model_parallel_size=4, pipeline_model_parallel_size=8,
+        virtual_pipeline_model_parallel_size=12, sequence_parallel=True, micro_batch_size=1, global_batch_size=1536,
+    )  # fmt: skip
+    shrunk = relayout(workload, old, _cluster(96), policy="any")
+    new = shrunk.new.layout
+    assert new.world_size == 96 and new.global_batch_size == 1536 and shrunk.new.fits
+    assert new.tp <= 8 and new.sequence_parallel and new.use_distributed_optimizer
+    best = search(workload, _cluster(96), global_batch_size=1536, sequence_parallel=True,
+                  use_distributed_optimizer=True).fitting[0]  # fmt: skip
+    assert (new.tp, new.pp, new.vp, new.dp, new.micro_batch_size) == (
+        best.layout.tp, best.layout.pp, best.layout.vp, best.layout.dp, best.layout.micro_batch_size
+    )  # fmt: skip
+    record = shrunk.record(iteration=120)
+    assert record["event"] == "relayout" and record["iteration"] == 120 and record["policy"] == "any"
+    assert record["old"]["dp"] == 4 and record["new"]["world_size"] == 96
+    assert "GPUs 128 -> 96" in shrunk.changes()
+    # Growing back: the recipe's own layout is the best again.
+    grown = relayout(workload, new, _cluster(128), policy="any").new.layout
+    assert (grown.tp, grown.pp, grown.vp, grown.dp) == (4, 8, 12, 4)
+
+
+def test_dp_policy_keeps_the_model_parallel_layout_and_changes_dp_only() -> None:
+    workload, old = _job(
+        "gpt3-13b", 32, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=10,
+        micro_batch_size=1, global_batch_size=1024,
+    )  # fmt: skip
+    plan = relayout(workload, old, _cluster(16), policy="dp")
+    new = plan.new.layout
+    assert (new.tp, new.pp, new.vp, new.micro_batch_size) == (1, 2, 10, 1)
+    assert (new.dp, new.num_microbatches, new.global_batch_size) == (8, 128, 1024)
+    assert plan.changes() == ["GPUs 32 -> 16", "DP 16 -> 8", "microbatches 64 -> 128"]
+
+
+def test_dp_policy_refuses_what_it_cannot_keep_and_says_what_would_work() -> None:
+    workload, old = _job(
+        "gpt3-175b", 128, tensor_model_parallel_size=4, pipeline_model_parallel_size=8,
+        virtual_pipeline_model_parallel_size=12, sequence_parallel=True, micro_batch_size=1, global_batch_size=1536,
+    )  # fmt: skip
+    with pytest.raises(RelayoutError, match=r"a multiple of 32, or let the layout change \(policy any\)"):
+        relayout(workload, old, _cluster(100), policy="dp")
+    # 12 nodes keep TP 4 × PP 8 with DP 3, but the optimizer shards over 3 instead of 4: it no longer fits.
+    with pytest.raises(RelayoutError, match=r"no layout of 96 GPUs \(policy dp\) fits .* \(the smallest needs"):
+        relayout(workload, old, _cluster(96), policy="dp")
+    with pytest.raises(RelayoutError, match="unknown relayout policy"):
+        relayout(workload, old, _cluster(96), policy="pp")
+
+
+def _run(args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = calculator(args.split(), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_calculator_replans_from_the_flags_the_job_ran_with() -> None:
+    common = (
+        "--gpu h100-sxm --model gpt3-175b --bf16 --sequence-parallel --use-distributed-optimizer "
+        "--recompute-granularity selective --global-batch-size 1536 --tp 4 --pp 8 "
+        "--num-layers-per-virtual-pipeline-stage 1 --relayout-from-gpus 128"
+    )
+    code, out, _ = _run(f"--nodes 12 {common} --json")
+    assert code == ExitCode.OK
+    doc = json.loads(out)
+    assert doc["mode"] == "relayout" and doc["relayout"]["event"] == "relayout"
+    assert doc["relayout"]["old"] == {
+        "world_size": 128, "tp": 4, "cp": 1, "pp": 8, "vp": 12, "dp": 4, "micro_batch_size": 1,
+        "num_microbatches": 384,
+    }  # fmt: skip
+    new = doc["layouts"][0]
+    assert new["global_batch_size"] == 1536 and doc["cluster"]["world_size"] == 96
+    assert f"--pipeline-model-parallel-size {new['pp']}" in new["pretrain_flags"]
+    code, out, _ = _run(f"--nodes 12 {common}")
+    assert (
+        code == ExitCode.OK
+        and "relayout (policy any): TP 4 PP 8 VP 12 DP 4" in out
+        and "changed: GPUs 128 -> 96" in out
+    )
+    code, _, err = _run(f"--nodes 12 {common} --relayout-policy dp")
+    assert code == ExitCode.DOES_NOT_FIT and "no layout of 96 GPUs (policy dp) fits" in err
+    # The flags must describe a layout that ran: TP 4 × PP 8 does not divide 120 GPUs.
+    code, _, err = _run(f"--nodes 12 {common.replace('--relayout-from-gpus 128', '--relayout-from-gpus 120')}")
+    assert code == ExitCode.INVALID and "does not run on --relayout-from-gpus 120" in err
