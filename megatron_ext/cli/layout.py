@@ -578,12 +578,14 @@ def _relayout_mode(
             raise CalculatorError("--relayout-from-gpus: " + "; ".join(before.problems()))
         old, _ = evaluate_layout_from_flags(args, workload, before, batch)
         plan = relayout(workload, old, cluster, policy=args.relayout_policy)
-    except LayoutError as exc:
-        print(f"error: the layout as given does not run on --relayout-from-gpus {args.relayout_from_gpus}: {exc}",
-              file=err)  # fmt: skip
-        return ExitCode.INVALID
-    except (CalculatorError, RelayoutError) as exc:
-        print(f"error: {exc}", file=err)
+    except (LayoutError, CalculatorError, RelayoutError) as exc:
+        message = str(exc)
+        if isinstance(exc, LayoutError):
+            message = f"the layout as given does not run on --relayout-from-gpus {args.relayout_from_gpus}: {exc}"
+        print(f"error: {message}", file=err)
+        if args.json:
+            print(json.dumps(_json_header(workload, cluster, "relayout") | {"layouts": [], "errors": [message]}),
+                  file=out)  # fmt: skip
         return ExitCode.DOES_NOT_FIT if isinstance(exc, RelayoutError) else ExitCode.INVALID
     new = plan.new
     if args.json:

@@ -113,8 +113,9 @@ def test_the_calculator_replans_from_the_flags_the_job_ran_with() -> None:
         and "relayout (policy any): TP 4 PP 8 VP 12 DP 4" in out
         and "changed: GPUs 128 -> 96" in out
     )
-    code, _, err = _run(f"--nodes 12 {common} --relayout-policy dp")
+    code, out, err = _run(f"--nodes 12 {common} --relayout-policy dp --json")
     assert code == ExitCode.DOES_NOT_FIT and "no layout of 96 GPUs (policy dp) fits" in err
+    assert json.loads(out)["errors"] == [err.removeprefix("error: ").strip()]
     # The flags must describe a layout that ran: TP 4 × PP 8 does not divide 120 GPUs.
     code, _, err = _run(f"--nodes 12 {common.replace('--relayout-from-gpus 128', '--relayout-from-gpus 120')}")
     assert code == ExitCode.INVALID and "does not run on --relayout-from-gpus 120" in err
