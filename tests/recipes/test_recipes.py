@@ -56,6 +56,15 @@ REASON = re.compile(r"^# Not the calculator's best: \S.{20,}", re.M)
 """The header line that gives the reason (for example memory headroom)."""
 
 
+DOCUMENTED_GIB = {
+    "gpt3_126m_tp1_pp1": 8.8,
+    "gpt3_1.3b_tp1_pp1": 23.6,
+    "gpt3_13b_tp1_pp2_vp10": 55.2,
+    "gpt3_175b_tp4_pp8_vp12": 67.7,
+}
+"""Memory per GPU of each GPU recipe at its node count, as docs/slurm.md states it."""
+
+
 def disagreement(recipe: Path, dry_run_output: str) -> str | None:
     """Why a recipe's layout, as its dry run printed the calculator's verdict, breaks the agreement rule."""
     if "memory estimate: tools/layout.py for" not in dry_run_output:
@@ -103,6 +112,16 @@ def gpus_per_node(recipe: Path) -> int:
 
 
 @pytest.mark.unit
+def test_the_slurm_guide_gives_each_recipes_memory() -> None:
+    figures = ", ".join(f"{gib}" for gib in DOCUMENTED_GIB.values())
+    assert (
+        f"`h100-sxm`: {figures.rsplit(', ', 1)[0]} and {list(DOCUMENTED_GIB.values())[-1]} GiB per GPU"
+        in (REPO / "docs" / "slurm.md").read_text()
+    )
+    assert set(DOCUMENTED_GIB) == {p.stem for p in RECIPES if p != CPU_RECIPE}
+
+
+@pytest.mark.unit
 def test_the_shipped_recipes_are_all_discovered() -> None:
     names = {p.stem for p in RECIPES}
     assert {"gpt3_126m_tp1_pp1", "gpt3_1.3b_tp1_pp1", "gpt3_13b_tp1_pp2_vp10", "gpt3_175b_tp4_pp8_vp12"} <= names
@@ -135,6 +154,9 @@ def test_dry_run_at_the_intended_node_count(recipe: Path, tmp_path: Path) -> Non
     assert re.search(r"memory estimate: (tools/layout.py for|skipped \(GPU_PROFILE=none)", out)
     # The recipe agrees with the calculator (issue 12): its best, within 3%, or a reason in the header.
     assert disagreement(recipe, out) is None, disagreement(recipe, out)
+    if recipe.stem in DOCUMENTED_GIB:  # the memory docs/slurm.md gives, from the calculator's table
+        row = re.search(r"GiB/GPU.*\n\s*(?:\S+\s+){6}([\d.]+)\s+yes", out)
+        assert row is not None and float(row.group(1)) == DOCUMENTED_GIB[recipe.stem], out
     assert "DRY_RUN=1: nothing launched" in out
     assert not (tmp_path / "run").exists(), "a dry run must not write anything"
 
