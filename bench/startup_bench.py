@@ -3,7 +3,7 @@
 
 Each round starts two fresh interpreters, alternating which goes first: one imports Megatron-Core as it
 ships (its jit_fuser is torch.compile, whose first use imports TorchDynamo and Inductor), the other the
-way ``megatron_ext.training`` imports it on a machine without CUDA (``megatron_ext.mcore_import``). The
+way ``megatron_ext.training`` imports it on a machine without CUDA (``megatron_ext.mcore_import.install``). The
 medians go into docs/performance.md::
 
     python bench/startup_bench.py --rounds 5
@@ -20,7 +20,7 @@ import time
 MODULES = "megatron.core.models.gpt.gpt_model, megatron.core.pipeline_parallel.schedules, megatron.core.optimizer"
 VARIANTS = {
     "as shipped (torch.compile)": f"import {MODULES}",
-    "megatron_ext.mcore_import": f"import megatron_ext.mcore_import as m; m.prepare(); import {MODULES}",
+    "megatron_ext.mcore_import": f"import megatron_ext.mcore_import as m; m.install(); import {MODULES}",
 }
 
 

@@ -1,43 +1,63 @@
 """Importing Megatron-Core on a machine without a GPU: its element-wise fusions stay plain functions.
 
 When ``megatron.core.jit`` is imported, Megatron-Core sets its ``jit_fuser``
-to ``torch.compile``, and its package import then decorates about two dozen
-element-wise functions (bias-GeLU, SwiGLU, rope, …) with it. The first
-``torch.compile`` call imports TorchDynamo and Inductor, about 1.7 s of every
-process's start-up, for fusions that pay off on GPUs only. On a machine with
-no CUDA device, ``prepare()`` imports Megatron-Core with its own
-``disable_jit_fuser`` in effect: the package import runs while
-``torch.compile`` returns the function unchanged (what ``jit_fuser`` captures),
-then ``disable_jit_fuser`` keeps later imports plain too. The functions compute
-the same thing eagerly. With a GPU, nothing changes.
+to ``torch.compile``, and the modules imported after it decorate about two
+dozen element-wise functions (bias-GeLU, SwiGLU, rope, …) with it. The first
+``torch.compile`` call imports TorchDynamo and Inductor, about 2 s of every
+process's start-up, for fusions that pay off on GPUs only. ``install()``
+arranges that, on a machine with no CUDA device, Megatron-Core's own
+``disable_jit_fuser`` runs right after ``megatron.core.jit`` is executed, before
+any module takes ``jit_fuser``: the functions compute the same thing eagerly.
+With a GPU, nothing changes. Installing costs nothing: it acts only when (and
+if) Megatron-Core is imported.
 
-``megatron_ext.training`` and ``megatron_ext.inference`` call it when they are
-imported, before any of their modules imports Megatron-Core.
+``megatron_ext.training`` and ``megatron_ext.inference`` install it when they
+are imported, before any of their modules imports Megatron-Core.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Sequence
+from types import ModuleType
 
-import torch
-
-
-def _uncompiled(model: Callable[..., Any] | None = None, **_: Any) -> Any:
-    """``torch.compile``'s signature, returning the function itself (or, as a decorator factory, the identity)."""
-    return model if model is not None else (lambda fn: fn)
+JIT_MODULE = "megatron.core.jit"
 
 
-def prepare() -> None:
-    """Import Megatron-Core with plain element-wise functions when no CUDA device exists (see the module doc)."""
-    if "megatron.core" in sys.modules or torch.cuda.is_available():
+def _disable_without_cuda(module: ModuleType) -> None:
+    import torch  # megatron.core.jit has imported it already
+
+    if not torch.cuda.is_available():
+        module.disable_jit_fuser()
+
+
+class _PlainFusionsWithoutCuda(importlib.abc.MetaPathFinder):
+    """Finds ``megatron.core.jit`` as usual, and disables its fuser right after it runs when there is no CUDA."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != JIT_MODULE:
+            return None
+        sys.meta_path.remove(self)  # once
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            _disable_without_cuda(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Disable Megatron-Core's torch.compile fuser when it is first imported on a machine without CUDA."""
+    if JIT_MODULE in sys.modules or any(isinstance(f, _PlainFusionsWithoutCuda) for f in sys.meta_path):
         return
-    compile_ = torch.compile
-    torch.compile = _uncompiled
-    try:
-        import megatron.core.jit as jit
-
-        jit.disable_jit_fuser()
-    finally:
-        torch.compile = compile_
+    sys.meta_path.insert(0, _PlainFusionsWithoutCuda())

@@ -1,5 +1,5 @@
 """One process reads a checkpoint saved under any layout: its arguments, tensors and model; and generates text."""
 
-from megatron_ext.mcore_import import prepare
+from megatron_ext.mcore_import import install
 
-prepare()  # before any module of this package imports Megatron-Core
+install()  # before any module of this package imports Megatron-Core

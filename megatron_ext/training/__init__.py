@@ -1,5 +1,5 @@
 """The training runtime behind ``pretrain_gpt.py`` (torch and Megatron-Core)."""
 
-from megatron_ext.mcore_import import prepare
+from megatron_ext.mcore_import import install
 
-prepare()  # before any module of this package imports Megatron-Core
+install()  # before any module of this package imports Megatron-Core

@@ -38,3 +38,12 @@ def test_without_a_gpu_megatron_core_imports_without_torchdynamo() -> None:
 def test_with_a_gpu_megatron_core_keeps_torch_compile() -> None:
     """Where CUDA is available the import is Megatron-Core's own: its fusions are torch.compile'd."""
     assert probe("torch.cuda.is_available = lambda: True") == ["True", "False", "True", "True"]
+
+
+def test_installing_imports_nothing() -> None:
+    """The hook costs nothing until Megatron-Core is imported: light modules of the package stay torch-free."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys, megatron_ext.training.chrome_trace; print('torch' in sys.modules)"],
+        capture_output=True, text=True, cwd=REPO, timeout=60, check=True,
+    )  # fmt: skip
+    assert proc.stdout.split() == ["False"]
