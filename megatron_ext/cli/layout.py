@@ -53,7 +53,7 @@ from megatron_ext.estimate.search import (
     better_split,
     evaluate,
     pretrain_flags,
-    search,
+    search_like,
     search_with_savers,
     slurm_counts,
 )
@@ -411,6 +411,11 @@ def _json_header(workload: Workload, cluster: Cluster, mode: str) -> dict[str, A
     }
 
 
+def _print_json_errors(workload: Workload, cluster: Cluster, mode: str, errors: list[str], out: typing.TextIO) -> None:
+    """The JSON document of a run that produced no layout: the header and why."""
+    print(json.dumps(_json_header(workload, cluster, mode) | {"layouts": [], "errors": errors}), file=out)
+
+
 def _does_not_fit_message(e: LayoutEstimate, workload: Workload, alternatives: SearchResult | None) -> str:
     cluster = e.cluster
     over = e.memory.total_bytes - cluster.usable_memory_bytes
@@ -509,23 +514,14 @@ def _evaluate_mode(
     except LayoutError as exc:
         print(f"error: {exc}", file=err)
         if args.json:
-            print(
-                json.dumps(_json_header(workload, cluster, "evaluate") | {"layouts": [], "errors": exc.problems}),
-                file=out,
-            )
+            _print_json_errors(workload, cluster, "evaluate", exc.problems, out)
         return ExitCode.INVALID
     for note in notes:
         print(f"note: {note}", file=err)
     estimate = evaluate(workload, layout, cluster)
     better = better_split(workload, cluster, estimate)
     # The search over the same GPUs, model, batch and savers: is this the calculator's own choice?
-    alternatives = search(
-        workload,
-        cluster,
-        global_batch_size=layout.global_batch_size,
-        sequence_parallel=layout.sequence_parallel,
-        use_distributed_optimizer=layout.use_distributed_optimizer,
-    )
+    alternatives = search_like(workload, cluster, layout)
     best = alternatives.fitting[0] if alternatives.fitting else None
     slower = estimate.time.step_s / best.time.step_s - 1 if best is not None and estimate.fits else None
     if args.json:
@@ -584,8 +580,7 @@ def _relayout_mode(
             message = f"the layout as given does not run on --relayout-from-gpus {args.relayout_from_gpus}: {exc}"
         print(f"error: {message}", file=err)
         if args.json:
-            print(json.dumps(_json_header(workload, cluster, "relayout") | {"layouts": [], "errors": [message]}),
-                  file=out)  # fmt: skip
+            _print_json_errors(workload, cluster, "relayout", [message], out)
         return ExitCode.DOES_NOT_FIT if isinstance(exc, RelayoutError) else ExitCode.INVALID
     new = plan.new
     if args.json:
@@ -660,10 +655,7 @@ def _search_mode(
             file=err,
         )
         if args.json:
-            print(
-                json.dumps(_json_header(workload, cluster, "search") | {"layouts": [], "errors": result.problems}),
-                file=out,
-            )
+            _print_json_errors(workload, cluster, "search", result.problems, out)
         return ExitCode.INVALID
     shown = result.estimates[: args.top]
     fitting = result.fitting

@@ -176,6 +176,26 @@ class ParallelLayout:
             raise TypeError(f"ParallelLayout has no field(s) {sorted(values)}")
         return layout, layout.problems()
 
+    @classmethod
+    def check_grouped(cls, **values: Any) -> tuple[ParallelLayout, list[str]]:
+        """``check``, and where the interleaved schedule's default microbatch group (PP) is refused because PP
+        does not divide the microbatches, the smallest group size Megatron-Core accepts instead."""
+        layout, problems = cls.check(**values)
+        if not problems or layout.vp == 1 or values.get("microbatch_group_size_per_vp_stage") is not None:
+            return layout, problems
+        per_step = layout.micro_batch_size * layout.dp
+        if not per_step or layout.global_batch_size % per_step:
+            return layout, problems
+        groups = valid_group_sizes(pp=layout.pp, num_microbatches=layout.global_batch_size // per_step)
+        if not groups or groups[0] == layout.pp:
+            return layout, problems
+        grouped, grouped_problems = cls.check(**values | {"microbatch_group_size_per_vp_stage": groups[0]})
+        return (grouped, []) if not grouped_problems else (layout, problems)
+
+    def as_values(self) -> dict[str, Any]:
+        """The constructor's keyword arguments that rebuild this layout (change some, then ``check``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     # ----------------------------------------------------------------- derived
     @property
     def tp(self) -> int:

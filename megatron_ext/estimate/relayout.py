@@ -15,14 +15,12 @@ The sequence parallelism and distributed optimizer settings carry over as given.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from megatron_ext.config.factors import divisors
 from megatron_ext.config.layout import ParallelLayout
-from megatron_ext.estimate.pipeline import valid_group_sizes
-from megatron_ext.estimate.search import Cluster, LayoutEstimate, evaluate, search
+from megatron_ext.estimate.search import Cluster, LayoutEstimate, evaluate, search_like
 from megatron_ext.estimate.workload import Workload
 
 POLICIES = ("any", "dp")
@@ -87,20 +85,11 @@ def _same_model_parallelism(
     workload: Workload, old: ParallelLayout, cluster: Cluster
 ) -> tuple[list[LayoutEstimate], list[str]]:
     """Every micro-batch size of ``old``'s TP, CP, PP, VP and split on the new GPUs, and the first refusal."""
-    values = {f.name: getattr(old, f.name) for f in dataclasses.fields(ParallelLayout)}
-    values |= {"world_size": cluster.gpus, "microbatch_group_size_per_vp_stage": None}
+    values = old.as_values() | {"world_size": cluster.gpus, "microbatch_group_size_per_vp_stage": None}
     estimates: list[LayoutEstimate] = []
     refusal: list[str] = []
     for micro_batch in divisors(old.global_batch_size):
-        candidate = values | {"micro_batch_size": micro_batch}
-        layout, problems = ParallelLayout.check(**candidate)
-        if problems and old.vp > 1 and layout.dp and old.global_batch_size % (micro_batch * layout.dp) == 0:
-            # A microbatch count PP does not divide: the smallest group Megatron-Core accepts, as the search does.
-            groups = valid_group_sizes(pp=old.pp, num_microbatches=old.global_batch_size // (micro_batch * layout.dp))
-            if groups:
-                layout, problems = ParallelLayout.check(
-                    **(candidate | {"microbatch_group_size_per_vp_stage": groups[0]})
-                )
+        layout, problems = ParallelLayout.check_grouped(**values | {"micro_batch_size": micro_batch})
         if problems:
             refusal = refusal or problems
             continue
@@ -125,13 +114,7 @@ def relayout(workload: Workload, old: ParallelLayout, cluster: Cluster, *, polic
         same = [e for e in fitting if e.layout.micro_batch_size == old.micro_batch_size]
         best: LayoutEstimate | None = (same or fitting)[0] if fitting else None
     else:
-        result = search(
-            workload,
-            cluster,
-            global_batch_size=old.global_batch_size,
-            sequence_parallel=old.sequence_parallel,
-            use_distributed_optimizer=old.use_distributed_optimizer,
-        )
+        result = search_like(workload, cluster, old)
         estimates = result.estimates
         best = result.fitting[0] if result.fitting else None
     if best is None:

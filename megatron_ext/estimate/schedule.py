@@ -205,6 +205,13 @@ class Timeline:
         return bubble_fraction(pp=self.pp, vp=self.vp, num_microbatches=self.num_microbatches)
 
 
+def uniform_chunk_times(
+    *, pp: int, vp: int, forward_time: float, backward_time: float
+) -> list[list[tuple[float, float]]]:
+    """Equal stages: every chunk takes ``1/v`` of a stage's forward and backward time."""
+    return [[(forward_time / vp, backward_time / vp)] * vp for _ in range(pp)]
+
+
 def simulate(
     *,
     pp: int,
@@ -241,7 +248,7 @@ def simulate(
         ]
     elif len(orders) != pp:
         raise ValueError(f"{len(orders)} rank orders given for {pp} pipeline ranks")
-    times = chunk_times or [[(forward_time / vp, backward_time / vp)] * vp for _ in range(pp)]
+    times = chunk_times or uniform_chunk_times(pp=pp, vp=vp, forward_time=forward_time, backward_time=backward_time)
     if chunk_times is not None:
         # The timeline's ideal is the slowest stage's busy time: it sets the pace.
         slowest = max(times, key=lambda row: sum(f + b for f, b in row))

@@ -32,6 +32,7 @@ GPipe is not a Megatron-Core schedule: it is shown for comparison only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,7 @@ from megatron_ext.estimate.schedule import (
     peak_in_flight,
     schedule_order,
     simulate,
+    uniform_chunk_times,
 )
 from megatron_ext.estimate.search import LayoutEstimate, evaluate
 from megatron_ext.estimate.step_time import p2p_bandwidth, p2p_message_bytes, unit_times
@@ -251,8 +253,7 @@ class ScheduleOption:
 
 
 def _relayout(layout: ParallelLayout, **changes: Any) -> tuple[ParallelLayout | None, list[str]]:
-    values = {f.name: getattr(layout, f.name) for f in dataclasses.fields(ParallelLayout)} | changes
-    return ParallelLayout.check(**values)
+    return ParallelLayout.check(**layout.as_values() | changes)
 
 
 def _model_chunk_times(workload: Workload, estimate: LayoutEstimate) -> Callable[[ParallelLayout], ChunkTimes]:
@@ -309,9 +310,12 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
     p2p_time = p2p_bytes / p2p_bandwidth(layout, cluster.gpu, gpus_per_node=cluster.gpus_per_node)
     m = layout.num_microbatches
 
+    # The non-pipeline parts of a step (DP communication, optimizer); GPipe and 1F1B share their layout.
+    evaluated = functools.cache(lambda candidate: evaluate(workload, candidate, cluster))
+
     def option(schedule: str, candidate: ParallelLayout, run: ScheduleRun) -> ScheduleOption:
         memory = estimate_memory(workload, candidate, in_flight=run.in_flight_chunks)
-        own = evaluate(workload, candidate, cluster)
+        own = evaluated(candidate)
         return ScheduleOption(
             schedule=schedule,
             label=schedule_label(run),
@@ -371,20 +375,15 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
     return options
 
 
-def chunk_times_uniform(*, pp: int, vp: int, forward_time: float, backward_time: float) -> ChunkTimes:
-    """Equal stages: every chunk takes ``1/v`` of a stage's forward and backward time."""
-    return [[(forward_time / vp, backward_time / vp)] * vp for _ in range(pp)]
-
-
 def runs_for_picture(
     *, pp: int, vp: int, num_microbatches: int, forward_time: float, backward_time: float, p2p_time: float
 ) -> list[ScheduleRun]:
     """GPipe, 1F1B, and with ``vp > 1`` interleaved 1F1B at the default and the best group size: equal stages."""
-    flat = chunk_times_uniform(pp=pp, vp=1, forward_time=forward_time, backward_time=backward_time)
+    flat = uniform_chunk_times(pp=pp, vp=1, forward_time=forward_time, backward_time=backward_time)
     common: dict[str, Any] = dict(pp=pp, num_microbatches=num_microbatches, p2p_time=p2p_time)
     runs = [run_schedule(s, chunk_times=flat, **common) for s in ("gpipe", "1f1b")]
     if vp > 1:
-        times = chunk_times_uniform(pp=pp, vp=vp, forward_time=forward_time, backward_time=backward_time)
+        times = uniform_chunk_times(pp=pp, vp=vp, forward_time=forward_time, backward_time=backward_time)
         runs.append(run_schedule("interleaved", chunk_times=times, **common))
         found = best_group(chunk_times=times, default=runs[-1], **common)
         if found is not None:

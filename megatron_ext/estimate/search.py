@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_ext.config.arguments import LAYOUT_FLAGS, BatchArgs, OptimizerArgs, ParallelArgs, model_layout_facts
@@ -32,7 +32,6 @@ from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.stages import SPLIT_FIELDS, balanced_splits
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.memory import MemoryEstimate, estimate_memory
-from megatron_ext.estimate.pipeline import valid_group_sizes
 from megatron_ext.estimate.step_time import StepTimeEstimate, estimate_step_time, unit_times
 from megatron_ext.estimate.workload import Workload
 
@@ -268,16 +267,10 @@ def search(
                         gpus_per_node=cluster.gpus_per_node,
                     )
                     candidates += 1
-                    layout, problems = ParallelLayout.check(**values)
-                    if problems and v > 1 and per_dp and per_dp % b == 0:
-                        # Microbatches that are not a multiple of PP: the smallest group size Megatron-Core
-                        # accepts instead of its default PP (the least memory; the time is the same).
-                        groups = valid_group_sizes(pp=p, num_microbatches=per_dp // b)
-                        if groups and groups[0] != p:
-                            grouped = values | {"microbatch_group_size_per_vp_stage": groups[0]}
-                            retried, retried_problems = ParallelLayout.check(**grouped)
-                            if not retried_problems:
-                                values, layout, problems = grouped, retried, []
+                    # Microbatches that PP does not divide: the smallest group size Megatron-Core accepts
+                    # (the least memory; the time is the same), kept for the uneven splits too.
+                    layout, problems = ParallelLayout.check_grouped(**values)
+                    values["microbatch_group_size_per_vp_stage"] = layout.microbatch_group_size_per_vp_stage
                     found = []
                     if problems:
                         first_problems = first_problems or problems
@@ -292,6 +285,17 @@ def search(
                         break  # larger micro-batches only need more memory
     estimates.sort(key=lambda e: (not e.fits, e.time.step_s if e.fits else e.memory.total_bytes, e.memory.total_bytes))
     return SearchResult(estimates=estimates, candidates=candidates, problems=[] if estimates else first_problems)
+
+
+def search_like(workload: Workload, cluster: Cluster, layout: ParallelLayout) -> SearchResult:
+    """Every layout of ``cluster`` with ``layout``'s global batch, sequence parallelism and distributed optimizer."""
+    return search(
+        workload,
+        cluster,
+        global_batch_size=layout.global_batch_size,
+        sequence_parallel=layout.sequence_parallel,
+        use_distributed_optimizer=layout.use_distributed_optimizer,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -428,7 +432,7 @@ def better_split(workload: Workload, cluster: Cluster, estimate: LayoutEstimate)
     layout = estimate.layout
     if layout.pp == 1 or layout.uneven:
         return None
-    values = {f.name: getattr(layout, f.name) for f in fields(ParallelLayout) if f.name not in SPLIT_FIELDS}
+    values = {name: value for name, value in layout.as_values().items() if name not in SPLIT_FIELDS}
     kept, _ = _uneven_estimates(workload, cluster, values, layout, estimate)
     return min(kept, key=lambda e: e.time.step_s, default=None)
 

@@ -17,9 +17,15 @@ from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.presets import get_preset
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.pipeline import in_flight_passes, valid_group_sizes
-from megatron_ext.estimate.schedule import gpipe_order, messages_sent, peak_in_flight, schedule_order, simulate
+from megatron_ext.estimate.schedule import (
+    gpipe_order,
+    messages_sent,
+    peak_in_flight,
+    schedule_order,
+    simulate,
+    uniform_chunk_times,
+)
 from megatron_ext.estimate.schedule_comparison import (
-    chunk_times_uniform,
     compare_schedules,
     group_candidates,
     run_schedule,
@@ -51,13 +57,13 @@ def test_activations_in_flight_read_off_the_order_are_the_memory_models(pp: int,
 @pytest.mark.parametrize(("pp", "m"), [(2, 4), (4, 8), (4, 3), (8, 16), (3, 9)])
 def test_gpipe_and_1f1b_idle_the_same_and_interleaving_cuts_it_by_v(pp: int, m: int) -> None:
     """Bubble (K−1)/(M+K−1) of the step for GPipe and 1F1B; (K−1)/(V·M+K−1) interleaved (equal stages, free p2p)."""
-    flat = chunk_times_uniform(pp=pp, vp=1, forward_time=1.0, backward_time=2.0)
+    flat = uniform_chunk_times(pp=pp, vp=1, forward_time=1.0, backward_time=2.0)
     for schedule in ("gpipe", "1f1b"):
         run = run_schedule(schedule, pp=pp, num_microbatches=m, chunk_times=flat, p2p_time=0.0)
         assert run.bubble_share == pytest.approx((pp - 1) / (m + pp - 1))
     if m % pp == 0:
         for vp in (2, 3):
-            times = chunk_times_uniform(pp=pp, vp=vp, forward_time=1.0, backward_time=2.0)
+            times = uniform_chunk_times(pp=pp, vp=vp, forward_time=1.0, backward_time=2.0)
             run = run_schedule("interleaved", pp=pp, num_microbatches=m, chunk_times=times, p2p_time=0.0)
             assert run.bubble_share == pytest.approx((pp - 1) / (vp * m + pp - 1))
 
