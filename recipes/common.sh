@@ -55,7 +55,14 @@
 #   MASTER_PORT       rendezvous port (10000 + job id mod 50000; 29500 outside SLURM)
 #   MASTER_ADDR       rendezvous host (the first node of the job; 127.0.0.1 outside SLURM)
 #   REQUEUE           1: on exit code 75 run `scontrol requeue` for this job (1)
+#   FAILURE_WAIT      seconds srun lets the other tasks run once one has ended, then ends them (60)
 #   DRY_RUN           1: print the resolved commands and the validation, launch nothing (0)
+# Elastic jobs (submit with sbatch --nodes=MIN-MAX; docs/slurm.md)
+#   ELASTIC           1: choose the layout for the allocation (megatron_ext.cli.elastic), save the
+#                     distributed optimizer fully reshardable, and after a task failure requeue the
+#                     job without the node it failed on (0)
+#   MIN_NODES         the fewest nodes the job runs on (1)
+#   ELASTIC_LAYOUT    any: the calculator's best layout for the allocation; dp: keep TP, PP and VP (any)
 # Account and partition are sbatch's own: `sbatch -A ACCOUNT -p PARTITION`, or
 # SBATCH_ACCOUNT / SBATCH_PARTITION in the environment; the node count is `sbatch -N`.
 
@@ -117,7 +124,8 @@ declare -p MODEL TRAINING >/dev/null 2>&1 || die "${recipe_file} must define the
 : "${CHECKPOINT_DIR:=${RUN_DIR}/checkpoints}" "${LOG_DIR:=${RUN_DIR}/logs}"
 : "${METRICS_FILE:=${RUN_DIR}/metrics.jsonl}" "${TENSORBOARD_DIR:=}"
 : "${CONTAINER_IMAGE:=}" "${CONTAINER_MOUNTS:=${REPO_DIR}:${REPO_DIR}}"
-: "${REQUEUE:=1}" "${DRY_RUN:=0}"
+: "${REQUEUE:=1}" "${DRY_RUN:=0}" "${FAILURE_WAIT:=60}"
+: "${ELASTIC:=0}" "${MIN_NODES:=1}" "${ELASTIC_LAYOUT:=any}"
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -n "${CONTAINER_IMAGE}" ]]; then
     PYTHON=python
@@ -152,6 +160,7 @@ pretrain=("${REPO_DIR}/pretrain_gpt.py" "${pretrain_args[@]}")
 # --------------------------------------------------------------- job geometry
 in_job=0
 [[ -n "${SLURM_JOB_ID:-}" ]] && in_job=1
+recipe_nodes="${NNODES}" # what the recipe's layout was written for
 if ((in_job)); then
   allocated="${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}"
   if [[ "${allocated}" != "${NNODES}" ]]; then
@@ -178,8 +187,10 @@ else
 fi
 [[ "${NNODES}" =~ ^[1-9][0-9]*$ ]] || die "NNODES must be a positive integer, got '${NNODES}'"
 [[ "${GPUS_PER_NODE}" =~ ^[1-9][0-9]*$ ]] || die "GPUS_PER_NODE must be a positive integer, got '${GPUS_PER_NODE}'"
+[[ "${recipe_nodes}" =~ ^[1-9][0-9]*$ ]] || recipe_nodes="${NNODES}"
 WORLD_SIZE=$((NNODES * GPUS_PER_NODE))
 export MASTER_ADDR MASTER_PORT
+[[ "${FAILURE_WAIT}" =~ ^[0-9]+$ ]] || die "FAILURE_WAIT must be a number of seconds, got '${FAILURE_WAIT}'"
 
 # ---------------------------------------------------------------- environment
 export PYTHONPATH="${REPO_DIR}${PYTHONPATH:+:${PYTHONPATH}}"
@@ -192,6 +203,37 @@ if [[ "${DEVICE}" != cpu ]]; then
   export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
   export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
   export TORCH_NCCL_AVOID_RECORD_STREAMS="${TORCH_NCCL_AVOID_RECORD_STREAMS:-1}"
+fi
+
+# ---------------------------------------------------------- checking commands
+# The validating commands run where training would: in a job with a container, as
+# a one-task step in that container; outside a job a container's Python is not
+# here, so this machine's (the repository's .venv, else python3) stands in.
+validator=("${PYTHON}")
+if [[ -n "${CONTAINER_IMAGE}" ]]; then
+  if ((in_job)); then
+    validator=(srun --nodes 1 --ntasks 1 "${container[@]}" "${srun_extra[@]}" "${PYTHON}")
+  elif [[ -x "${REPO_DIR}/.venv/bin/python" ]]; then
+    validator=("${REPO_DIR}/.venv/bin/python")
+  else
+    validator=(python3)
+  fi
+fi
+# -------------------------------------------------------------------- elastic
+# The layout follows the allocation: the recipe's own where it runs, else re-planned from the
+# checkpoint's (megatron_ext/cli/elastic.py); pretrain_args and calculator_args are replaced.
+relayout_record=""
+if [[ "${ELASTIC}" == 1 ]]; then
+  [[ "${MIN_NODES}" =~ ^[1-9][0-9]*$ ]] || die "MIN_NODES must be a positive integer, got '${MIN_NODES}'"
+  if ((NNODES < MIN_NODES)); then
+    die "${NNODES} nodes is fewer than MIN_NODES=${MIN_NODES}: submit with" \
+      "sbatch --nodes=${MIN_NODES}-$((recipe_nodes > MIN_NODES ? recipe_nodes : MIN_NODES))"
+  fi
+  planned="$("${validator[@]}" -m megatron_ext.cli.elastic --world-size "${WORLD_SIZE}" \
+    --gpus-per-node "${GPUS_PER_NODE}" --gpu "${GPU_PROFILE}" --recipe-world-size "$((recipe_nodes * GPUS_PER_NODE))" \
+    --checkpoint-dir "${CHECKPOINT_DIR}" --policy "${ELASTIC_LAYOUT}" -- "${pretrain_args[@]}")" || exit "$?"
+  eval "${planned}"
+  pretrain=("${REPO_DIR}/pretrain_gpt.py" "${pretrain_args[@]}")
 fi
 
 # ------------------------------------------------------------- launch command
@@ -219,7 +261,10 @@ else
   job_log_dir="${LOG_DIR}/local-$(date +%Y%m%d-%H%M%S)-$$"
 fi
 
-srun_common=(srun --nodes "${NNODES}" --kill-on-bad-exit=0 --output "${job_log_dir}/node%n-%N.log"
+# --kill-on-bad-exit=0: every node finishes its save and reports its own code (75);
+# --wait: once one task has ended, the others get FAILURE_WAIT seconds, so a dead node's
+# peers do not wait in a collective until its timeout.
+srun_common=(srun --nodes "${NNODES}" --kill-on-bad-exit=0 --wait "${FAILURE_WAIT}" --output "${job_log_dir}/node%n-%N.log"
   "${container[@]}" "${srun_extra[@]}")
 case "${LAUNCHER}" in
   torchrun)
@@ -257,19 +302,6 @@ elif [[ "${DRY_RUN}" != 1 ]]; then
 fi
 
 # ------------------------------------------------------------------ validation
-# The validating commands run where training would: in a job with a container, as
-# a one-task step in that container; outside a job a container's Python is not
-# here, so this machine's (the repository's .venv, else python3) stands in.
-validator=("${PYTHON}")
-if [[ -n "${CONTAINER_IMAGE}" ]]; then
-  if ((in_job)); then
-    validator=(srun --nodes 1 --ntasks 1 "${container[@]}" "${srun_extra[@]}" "${PYTHON}")
-  elif [[ -x "${REPO_DIR}/.venv/bin/python" ]]; then
-    validator=("${REPO_DIR}/.venv/bin/python")
-  else
-    validator=(python3)
-  fi
-fi
 dry_run_cmd=("${validator[@]}" "${pretrain[@]}" --dry-run --world-size "${WORLD_SIZE}")
 calculator_cmd=("${validator[@]}" "${REPO_DIR}/tools/layout.py" --gpus "${WORLD_SIZE}"
   --gpus-per-node "${GPUS_PER_NODE}" --gpu "${GPU_PROFILE}" "${calculator_args[@]}")
@@ -351,6 +383,9 @@ rc="${PIPESTATUS[0]}"
 
 tracker="${CHECKPOINT_DIR}/${TRACKER_FILENAME}"
 resumed_from="$(cat "${tracker}" 2>/dev/null || echo 0)"
+if [[ -n "${relayout_record}" ]]; then
+  printf '%s\n' "${relayout_record}" >>"${METRICS_FILE}"
+fi
 if ((in_job)) && [[ "${SLURM_RESTART_COUNT:-0}" != 0 ]]; then
   log "restart ${SLURM_RESTART_COUNT} of job ${SLURM_JOB_ID}: resuming from iteration ${resumed_from} under ${CHECKPOINT_DIR}"
 fi
@@ -370,7 +405,8 @@ for sig in USR1 USR2 TERM INT; do
   trap "forward ${sig}" "${sig}"
 done
 start_seconds="${SECONDS}"
-"${launch[@]}" &
+# srun's own messages (which task failed, on which node) are kept for the failure handling below.
+"${launch[@]}" 2> >(tee -a "${job_log_dir}/launcher.log" >&2) &
 child=$!
 rc=0
 wait "${child}" || rc=$?
@@ -384,20 +420,75 @@ if ((in_job)); then
   [[ -n "${last_log}" ]] && tail -n 5 "${last_log}"
 fi
 
+# ------------------------------------------------------------ requeue
+# An elastic job leaves the node a task failed on out of its next allocation (the job's
+# ExcNodeList; the nodes the user excluded stay excluded) and gives it back at the next
+# requeue. The list is kept in LOG_DIR because a requeue starts the script afresh.
+ours_file="${LOG_DIR}/${SLURM_JOB_ID:-local}.excluded"
+
+hostnames() { # a SLURM host list, one name per line ('' and (null): none)
+  [[ -n "$1" && "$1" != "(null)" ]] && scontrol show hostnames "$1"
+  return 0
+}
+
+# Requeue this job; $1: the nodes to leave out of its next allocation ('': none).
+requeue() {
+  local record="" current="" ours wanted
+  record="$(scontrol -o show job "${SLURM_JOB_ID}")" || true
+  [[ "${record}" =~ ExcNodeList=([^[:space:]]*) ]] && current="${BASH_REMATCH[1]}"
+  ours="$(cat "${ours_file}" 2>/dev/null || true)"
+  wanted="$(
+    {
+      hostnames "${current}" | grep -vxF -f <(hostnames "${ours}") || true
+      hostnames "$1"
+    } | sort -u | paste -sd, -
+  )"
+  # The requeue sends this script SIGTERM: ignore it from here on, in the commands below too.
+  trap '' TERM
+  scontrol requeue "${SLURM_JOB_ID}" || return 1
+  if [[ -n "$1" ]]; then printf '%s\n' "$1" >"${ours_file}"; else rm -f "${ours_file}"; fi
+  # A pending job's ExcNodeList can change (a running one's cannot).
+  if [[ "${wanted}" != "$(hostnames "${current}" | sort -u | paste -sd, -)" ]]; then
+    scontrol update "JobId=${SLURM_JOB_ID}" "ExcNodeList=${wanted}" ||
+      log "could not set the job's excluded nodes to '${wanted}'"
+  fi
+}
+
+saved_at="$(cat "${tracker}" 2>/dev/null || echo 0)"
 if ((rc == EXIT_SAVED_AND_STOPPED)); then
-  saved_at="$(cat "${tracker}" 2>/dev/null || echo 0)"
   if ((saved_at <= resumed_from)); then
     # Requeueing would only wait in the queue to make no progress again.
     log "stopped early but the checkpoint did not advance (iteration ${saved_at}): not requeueing;" \
       "give the job more time than start-up + one iteration + a save (--time, --signal=USR1@N)"
   elif ((in_job)) && [[ "${REQUEUE}" == 1 ]]; then
-    if scontrol requeue "${SLURM_JOB_ID}"; then
+    if requeue ""; then
       log "stopped early with a checkpoint: job ${SLURM_JOB_ID} requeued, it resumes from ${CHECKPOINT_DIR}"
     else
       log "stopped early with a checkpoint; requeue refused (submit with --requeue): sbatch the recipe again to continue"
     fi
   else
     log "stopped early with a checkpoint: run the same command again to continue"
+  fi
+elif ((rc != 0 && in_job)) && [[ "${ELASTIC}" == 1 ]]; then
+  # srun names every task that ended badly, the first one first: "srun: error: NODE: task N: ...".
+  failed_node="$(sed -n 's/^srun: error: \([^:[:space:]]*\): tasks\{0,1\} [0-9,-]*: .*/\1/p' \
+    "${job_log_dir}/launcher.log" | head -n 1)"
+  failed_file="${LOG_DIR}/${SLURM_JOB_ID}.failed-at"
+  if [[ -z "${failed_node}" ]]; then
+    log "training failed (exit ${rc}) and srun named no failed task: not requeueing"
+  elif [[ "$(cat "${failed_file}" 2>/dev/null || true)" == "${saved_at}" ]]; then
+    log "training failed (exit ${rc}, first on ${failed_node}) again from the checkpoint of iteration" \
+      "${saved_at}: not requeueing (look at ${job_log_dir})"
+  elif [[ "${REQUEUE}" != 1 ]]; then
+    log "training failed (exit ${rc}), first on ${failed_node}: REQUEUE=0, not requeueing"
+  else
+    printf '%s\n' "${saved_at}" >"${failed_file}"
+    if requeue "${failed_node}"; then
+      log "training failed (exit ${rc}), first on ${failed_node}: job ${SLURM_JOB_ID} requeued without" \
+        "${failed_node}; it resumes from iteration ${saved_at} on the nodes it gets (at least MIN_NODES=${MIN_NODES})"
+    else
+      log "training failed (exit ${rc}), first on ${failed_node}; requeue refused (submit with --requeue)"
+    fi
   fi
 fi
 exit "${rc}"

@@ -8,7 +8,6 @@
 #
 #SBATCH --job-name=gpt3_126m_tp1_pp1
 #SBATCH --nodes=1
-#SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
 #SBATCH --exclusive
 #SBATCH --time=04:00:00

@@ -14,7 +14,6 @@
 #
 #SBATCH --job-name=gpt3_13b_tp1_pp2_vp10
 #SBATCH --nodes=4
-#SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
 #SBATCH --exclusive
 #SBATCH --time=04:00:00

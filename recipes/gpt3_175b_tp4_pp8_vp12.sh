@@ -14,7 +14,6 @@
 #
 #SBATCH --job-name=gpt3_175b_tp4_pp8_vp12
 #SBATCH --nodes=16
-#SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
 #SBATCH --exclusive
 #SBATCH --time=04:00:00

@@ -9,7 +9,6 @@
 #
 #SBATCH --job-name=gpt_tiny_cpu_pp2_vp2
 #SBATCH --nodes=2
-#SBATCH --ntasks-per-node=1
 #SBATCH --time=00:15:00
 #SBATCH --signal=USR1@60
 #SBATCH --requeue

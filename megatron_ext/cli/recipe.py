@@ -62,6 +62,13 @@ SETTINGS = (
     Setting("DATA_PATH", "", "Dataset prefixes, optionally weighted ('W1 P1 W2 P2'); empty: --mock-data."),
     Setting("CHECKPOINT_DIR", "", "--save and --load: a requeued job resumes from it."),
     Setting("EXTRA_ARGS", "", "More pretrain_gpt.py arguments, split on whitespace."),
+    Setting(
+        "ELASTIC",
+        "0",
+        "1: the layout follows the allocation (recipes/common.sh re-plans it with megatron_ext.cli.elastic), and "
+        "the distributed optimizer saves its state fully reshardable (--dist-ckpt-optim-fully-reshardable), "
+        "loadable under any layout.",
+    ),
 )
 """Recipe variables with more to them than one flag."""
 
@@ -141,6 +148,9 @@ def resolve(recipe_argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[st
         derived += ["--num-layers-per-virtual-pipeline-stage", vp_layers]
     overlap = _switch("OVERLAP", _get(env, "OVERLAP") or ("0" if device == "cpu" else "1"))
     distributed_optimizer = _switch("DISTRIBUTED_OPTIMIZER", _get(env, "DISTRIBUTED_OPTIMIZER") or "0")
+    if _switch("ELASTIC", _get(env, "ELASTIC")) and distributed_optimizer:
+        # The per-rank format loads under another DP only; an elastic job may change TP, PP and VP.
+        derived.append("--dist-ckpt-optim-fully-reshardable")
     if overlap:
         derived.append("--overlap-grad-reduce")
         if distributed_optimizer:

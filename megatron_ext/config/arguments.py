@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron_ext.config import schedule
-from megatron_ext.config.flags import Parser, add_options, bound_problems, opt, to_argv
+from megatron_ext.config.flags import Parser, add_options, bound_problems, flag_of, opt, to_argv
 from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.megatron_lm import split_unknown
 from megatron_ext.config.presets import PRESETS, get_preset
@@ -574,6 +574,19 @@ class RunArgs(_Options):
         "to this JSON file (a Chrome trace: chrome://tracing or Perfetto; tools/plot_schedule.py --timeline).",
         env="TIMELINE",
     )
+    straggler_margin: float = opt(
+        0.1,
+        "Name a rank as a straggler, in the log and the metrics file, when its compute time per microbatch "
+        "exceeds the median of the other ranks of its pipeline stage by more than this fraction in "
+        "--straggler-windows consecutive log windows.",
+        above=0,
+    )
+    straggler_windows: int = opt(
+        3,
+        "Consecutive log windows a rank must be slower than its peers by --straggler-margin before it is named "
+        "as a straggler.",
+        minimum=1,
+    )
     profile: bool = opt(
         False,
         "Profile iterations --profile-step-start+1 to --profile-step-end on --profile-ranks: CUDA profiler API and "
@@ -595,7 +608,13 @@ class RunArgs(_Options):
     device: str = opt(
         "auto", "Where to run: cuda, cpu, or auto (cuda when available).", choices=["auto", "cuda", "cpu"], env="DEVICE"
     )
-    distributed_timeout_minutes: int = opt(10, "Timeout of collective operations.", minimum=1)
+    distributed_timeout_minutes: int = opt(
+        10,
+        "Timeout of collective operations: how long ranks wait for a peer that died without closing its "
+        "connections (a lost node) before the run fails.",
+        env="COLLECTIVE_TIMEOUT_MINUTES",
+        minimum=1,
+    )
     timing_log_level: int = opt(
         0,
         "Megatron-Core timers: 0 none, 1 the step (forward-backward, optimizer), 2 also every microbatch's "
@@ -756,6 +775,44 @@ LAYOUT_FLAGS = frozenset(
     )
 )
 """The ParallelArgs the layout takes, by name: a new layout flag is a field of both and flows through."""
+
+
+def layout_args(
+    layout: ParallelLayout, *, overlap_grad_reduce: bool = False, overlap_param_gather: bool = False
+) -> ParallelArgs:
+    """The ParallelArgs that give ``layout`` (and the overlap switches, which are not layout).
+
+    VP is spelled as layers per virtual stage when the split is even (every Megatron-LM version knows that
+    flag), as virtual stages per rank when it is not, and not at all with a layout string (which sets it).
+    """
+    from_layout = {name: getattr(layout, name) for name in LAYOUT_FLAGS if hasattr(layout, name)}
+    per_chunk = layout.layers_per_virtual_stage if layout.interleaved and not layout.uneven else None
+    if per_chunk is not None or layout.pipeline_model_parallel_layout is not None:
+        from_layout["virtual_pipeline_model_parallel_size"] = None
+    return ParallelArgs(
+        **from_layout,
+        num_layers_per_virtual_pipeline_stage=per_chunk,
+        overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather,
+    )
+
+
+def replace_layout_flags(argv: Sequence[str], layout: ParallelLayout) -> list[str]:
+    """``argv`` (a pretrain_gpt.py command line) with its layout flags and micro-batch size replaced by those of
+    ``layout``, every other argument kept in order: how a launcher moves a run to another layout."""
+    fields = [f for f in dataclasses.fields(ParallelArgs) if f.name in LAYOUT_FLAGS]
+    micro = next(f for f in dataclasses.fields(BatchArgs) if f.name == "micro_batch_size")
+    strip = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    group = strip.add_argument_group("layout")
+    add_options(group, ParallelArgs, fields)
+    add_options(group, BatchArgs, [micro])
+    _, kept = strip.parse_known_args(list(argv))
+    new = to_argv(
+        layout_args(layout),
+        only=LAYOUT_FLAGS,
+        always=("tensor_model_parallel_size", "pipeline_model_parallel_size"),
+    )
+    return [*kept, *new, flag_of(micro), str(layout.micro_batch_size)]
 
 
 def model_layout_facts(model: ModelArgs) -> dict[str, int]:

@@ -56,6 +56,10 @@ ALREADY: dict[str, str] = {
     "sequence",
     "--accumulate-allreduce-grads-in-fp32": "gradients are accumulated and reduced in fp32 (with bf16 and fp16 in "
     "the DDP's fp32 buffer) unless --grad-reduce-in-bf16, which wins as in Megatron-LM",
+    "--log-straggler": "every rank's compute time per microbatch is always in the metrics file, and a rank slower "
+    "than the other ranks of its pipeline stage is named in the log and the metrics file (--straggler-margin, "
+    "--straggler-windows); not Megatron-Core's StragglerDetector (CUDA only, the fastest and slowest ranks of "
+    "each interval)",
 }
 """Switches whose Megatron-LM meaning is this project's fixed behaviour → why (accepted, no effect)."""
 
@@ -360,9 +364,15 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     # ---- resilience and telemetry products
     _r(
-        "NVIDIA Resiliency Extension (in-process restart, fault tolerance, straggler detection) is not integrated; a "
-        "failed job is requeued and resumes from its checkpoint (docs/slurm.md)",
-        groups=("In-process restart", "ft_package", "straggler"),
+        "NVIDIA Resiliency Extension (in-process restart, fault tolerance) is not integrated; a failed job is "
+        "requeued and resumes from its checkpoint (docs/slurm.md)",
+        groups=("In-process restart", "ft_package"),
+    ),
+    _r(
+        "an option of Megatron-Core's StragglerDetector (the fastest and slowest ranks of each interval, toggled "
+        "over a port), which is not used: ranks slower than the other ranks of their pipeline stage are always "
+        "named; see --straggler-margin and --straggler-windows",
+        groups=("straggler",),
     ),
     _r(
         "Megatron-LM's rerun state machine is not integrated; non-finite losses are handled by "

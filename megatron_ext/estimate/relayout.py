@@ -44,11 +44,15 @@ def _summary(layout: ParallelLayout) -> dict[str, Any]:
     }
 
 
+def gpus(count: int) -> str:
+    return f"{count} GPU" + ("s" if count != 1 else "")
+
+
 def describe(layout: ParallelLayout) -> str:
     cp = f" CP {layout.cp}" if layout.cp > 1 else ""
     return (
         f"TP {layout.tp}{cp} PP {layout.pp} VP {layout.vp} DP {layout.dp}, micro-batch {layout.micro_batch_size} "
-        f"({layout.world_size} GPUs)"
+        f"({gpus(layout.world_size)})"
     )
 
 
@@ -62,6 +66,8 @@ class Relayout:
     """The layout for the new GPU count, with its estimates."""
     policy: str
     """One of ``POLICIES``."""
+    why: str = ""
+    """Why the job runs the new layout (a launcher's note; empty: not said)."""
 
     def changes(self) -> list[str]:
         """Every factor that changed, ``name old -> new``."""
@@ -78,6 +84,8 @@ class Relayout:
         out: dict[str, Any] = {"event": "relayout", "policy": self.policy}
         if iteration is not None:
             out["iteration"] = iteration
+        if self.why:
+            out["why"] = self.why
         return out | {"old": _summary(self.old), "new": _summary(self.new.layout)}
 
 
@@ -126,3 +134,56 @@ def relayout(workload: Workload, old: ParallelLayout, cluster: Cluster, *, polic
             + ": wait for more nodes (raise MIN_NODES), or allow more memory savers"
         )
     return Relayout(old=old, new=best, policy=policy)
+
+
+@dataclass(frozen=True)
+class AllocationPlan:
+    """The layout a job runs on the GPUs it was given, and how that differs from its checkpoint's."""
+
+    layout: LayoutEstimate
+    """What the job runs."""
+    why: str
+    """One line: the recipe's own layout, or why it was re-planned."""
+    relayout: Relayout | None
+    """The change from the checkpoint's layout (None: no checkpoint, or the same layout)."""
+
+
+def same_layout(a: ParallelLayout, b: ParallelLayout) -> bool:
+    """Whether two layouts split the model and the batch alike (every factor of the metrics record)."""
+    return _summary(a) == _summary(b)
+
+
+def plan_allocation(
+    workload: Workload,
+    cluster: Cluster,
+    *,
+    recipe: ParallelLayout | None,
+    recipe_refusal: str,
+    base: ParallelLayout,
+    saved: ParallelLayout | None,
+    policy: str,
+) -> AllocationPlan:
+    """The layout an elastic job runs on ``cluster``.
+
+    ``recipe`` is the recipe's own layout on these GPUs (None where it does not run: ``recipe_refusal`` says
+    why). It is kept when it fits, so a job that grows back gets the layout it was written for; otherwise
+    ``base`` (the checkpoint's layout, else the recipe's at its own size) is re-planned with ``policy``.
+    RelayoutError when nothing suits.
+    """
+    chosen: LayoutEstimate | None = None
+    if recipe is not None:
+        estimate = evaluate(workload, recipe, cluster)
+        if estimate.fits:
+            chosen, why = estimate, f"the recipe's layout runs on {gpus(cluster.gpus)}"
+        else:
+            recipe_refusal = (
+                f"the recipe's layout needs {estimate.memory.total_bytes / 2**30:.1f} GiB per GPU of "
+                f"{cluster.usable_memory_bytes / 2**30:.1f} GiB on {gpus(cluster.gpus)}"
+            )
+    if chosen is None:
+        chosen = relayout(workload, base, cluster, policy=policy).new
+        why = f"{recipe_refusal}; re-planned with policy {policy}"
+    change = None
+    if saved is not None and not same_layout(saved, chosen.layout):
+        change = Relayout(old=saved, new=chosen, policy=policy, why=why)
+    return AllocationPlan(layout=chosen, why=why, relayout=change)

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_ext.config.arguments import LAYOUT_FLAGS, BatchArgs, OptimizerArgs, ParallelArgs, model_layout_facts
+from megatron_ext.config.arguments import BatchArgs, OptimizerArgs, layout_args, model_layout_facts
 from megatron_ext.config.factors import divisors
 from megatron_ext.config.flags import options, to_argv
 from megatron_ext.config.layout import ParallelLayout
@@ -441,18 +441,8 @@ def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
     """The ``pretrain_gpt.py`` flags of this model and layout, ready for a recipe (the flag table's spelling)."""
     m = workload.model
     full = workload.recompute_granularity == "full"
-    # The layout's own factors, by name (a new layout flag flows through). VP: as layers per virtual stage
-    # when the split is even (every Megatron-LM version knows that flag), as virtual stages per rank when
-    # it is not, and not at all with a layout string (which sets it).
-    from_layout = {name: getattr(layout, name) for name in LAYOUT_FLAGS if hasattr(layout, name)}
-    per_chunk = layout.layers_per_virtual_stage if layout.interleaved and not layout.uneven else None
-    if per_chunk is not None or layout.pipeline_model_parallel_layout is not None:
-        from_layout["virtual_pipeline_model_parallel_size"] = None
-    parallel = ParallelArgs(
-        **from_layout,
-        num_layers_per_virtual_pipeline_stage=per_chunk,
-        overlap_grad_reduce=workload.overlap_grad_reduce,
-        overlap_param_gather=workload.overlap_param_gather,
+    parallel = layout_args(
+        layout, overlap_grad_reduce=workload.overlap_grad_reduce, overlap_param_gather=workload.overlap_param_gather
     )
     batch = BatchArgs(micro_batch_size=layout.micro_batch_size, global_batch_size=layout.global_batch_size)
     training = OptimizerArgs(

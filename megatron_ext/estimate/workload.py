@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_ext.config.arguments import ModelArgs, pad_vocab_size
+from megatron_ext.config.arguments import ModelArgs, TrainingConfig, pad_vocab_size
 from megatron_ext.estimate.shapes import ParameterCounts, parameter_counts
 
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -33,6 +33,20 @@ class Workload:
     p2p_scatter_gather: bool = False
     """Send 1/TP of each pipeline activation per TP rank and all-gather it after (Narayanan et al. 2021,
     §4.1; Megatron-LM 2021). Megatron-Core splits p2p messages only with sequence parallelism."""
+
+    @classmethod
+    def of_config(cls, cfg: TrainingConfig) -> Workload:
+        """The workload of a run's configuration (what ``pretrain_gpt.py`` trains with these flags)."""
+        optim, parallel = cfg.optim, cfg.parallel
+        return cls(
+            model=cfg.model,
+            precision="bf16" if optim.bf16 else "fp16" if optim.fp16 else "fp32",
+            recompute_granularity=optim.recompute_granularity or "none",
+            recompute_method=optim.recompute_method or "uniform",
+            recompute_num_layers=optim.recompute_num_layers or 1,
+            overlap_grad_reduce=parallel.overlap_grad_reduce,
+            overlap_param_gather=parallel.overlap_param_gather,
+        )
 
     def __post_init__(self) -> None:
         problems = []

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from megatron_ext.config.arguments import GROUPS, TrainingConfig
+from megatron_ext.config.arguments import GROUPS, TrainingConfig, make_config
 from megatron_ext.config.factors import divisors
 from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.runtime import TRACKER_FILENAME
@@ -413,16 +413,50 @@ def _arguments_record(cfg: TrainingConfig) -> dict[str, Any]:
     return record
 
 
-def saved_arguments(path: Path) -> dict[str, Any] | None:
-    """The arguments record of one checkpoint directory (None: saved before records were kept)."""
+def _saved_common(path: Path) -> dict[str, Any]:
     from megatron.core import dist_checkpointing
 
     try:
         common = dist_checkpointing.load_common_state_dict(str(path))
     except Exception as exc:
         raise CheckpointError(f"{path}/common.pt cannot be read ({type(exc).__name__}: {exc})") from exc
-    args = common.get("args")
+    return common if isinstance(common, dict) else {}
+
+
+def saved_arguments(path: Path) -> dict[str, Any] | None:
+    """The arguments record of one checkpoint directory (None: saved before records were kept)."""
+    args = _saved_common(path).get("args")
     return args if isinstance(args, dict) else None
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """What a checkpoint says of the run that wrote it: its configuration, layout included."""
+
+    config: TrainingConfig
+    """The run's configuration at the world size it ran on (``config.layout``: its layout)."""
+    layout_record: dict[str, Any]
+    """The layout as recorded (``common.pt`` ``"layout"``), for ``per_rank_format_refusal``."""
+
+
+def saved_run(path: Path) -> SavedRun | None:
+    """The configuration a checkpoint was written with (None: saved before the records were kept)."""
+    common = _saved_common(path)
+    args, layout = common.get("args"), common.get("layout")
+    if not isinstance(args, dict) or not isinstance(layout, dict):
+        return None
+    parallel = args["parallel"]
+    world = layout["tp"] * parallel.get("context_parallel_size", 1) * layout["pp"] * layout["dp"]
+    try:
+        # Fields this version does not have are left out; those it added take their defaults.
+        groups: dict[str, Any] = {
+            name: {k: v for k, v in args[name].items() if k in {f.name for f in dataclasses.fields(cls)}}
+            for name, cls in GROUPS.items()
+        }
+        config = make_config(world_size=world, **groups)
+    except (ValueError, KeyError) as exc:  # a record this version cannot rebuild
+        raise CheckpointError(f"{path}/common.pt: the saved arguments do not rebuild the run's layout: {exc}") from exc
+    return SavedRun(config=config, layout_record=layout)
 
 
 def _common_state(cfg: TrainingConfig, *, iteration: int, consumed_samples: int) -> dict[str, Any]:

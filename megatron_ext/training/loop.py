@@ -46,6 +46,7 @@ from megatron_ext.training.model import (
 )
 from megatron_ext.training.profiling import Profiler
 from megatron_ext.training.stage_timing import StageTimer
+from megatron_ext.training.stragglers import StragglerWatch
 
 log = logging.getLogger("megatron_ext")
 
@@ -229,6 +230,8 @@ class Trainer:
         )
         self.stage_timer.instrument(self.chunks)
         self.forward_step = self.stage_timer.wrap(forward_step)
+        # Ranks consistently slower than the other ranks of their pipeline stage, from the same times.
+        self.stragglers = StragglerWatch(margin=cfg.run.straggler_margin, windows=cfg.run.straggler_windows)
         # Megatron-Core's timers (dummies below --timing-log-level) for the schedule and optimizer.
         self.timers = timing.StepTimers(level=cfg.run.timing_log_level, device=ctx.device)
 
@@ -650,8 +653,12 @@ class Trainer:
             if self.peak_flops:
                 record["mfu"] = tflops * 1e12 / self.peak_flops
         stages = self.stage_timer.collect()
+        straggler_lines: list[str] = []
         if stages is not None:
             record.update(stages.as_record())
+            stragglers = self.stragglers.update(stages.rank_compute_ms, stages.rank_pipeline_rank, stages.rank_hosts)
+            record.update(stragglers.as_record())
+            straggler_lines = stragglers.log_lines()
         if per_rank_timers:
             record["time_ms"] = timing.breakdown_ms(per_rank_timers, iterations=window.iterations)
             bubble = timing.measure_bubble(per_rank_timers, predicted=self.cfg.layout.bubble_fraction)
@@ -681,6 +688,8 @@ class Trainer:
             log.info(" | ".join(parts))
             if stages is not None and self.cfg.layout.pp > 1:
                 log.info("  %s", stages.describe())
+            for line in straggler_lines:
+                log.info("  %s", line)
             if "time_ms" in record:
                 log.info("  time per iteration (ms, max over ranks): %s", _format_times(record["time_ms"]))
         self.metrics.write(record)

@@ -20,6 +20,11 @@ the metrics file get its compute time per microbatch, its idle time, and::
 
     stage_imbalance = max(stage compute) / mean(stage compute) − 1
 
+The same gather keeps every global rank's own compute time per microbatch
+(``rank_compute_ms``, with its pipeline rank and host name), from which
+``megatron_ext.training.stragglers`` names the ranks consistently slower than
+the other ranks of their pipeline stage.
+
 ``--timeline PATH`` also keeps every pass of the last ``TIMELINE_STEPS`` steps
 and writes them, from every rank, as one Chrome trace (``chrome://tracing``,
 Perfetto; ``tools/plot_schedule.py --timeline`` draws it beside the
@@ -30,6 +35,7 @@ Evaluation (no gradients) is not timed.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -46,11 +52,41 @@ from megatron_ext.training.chrome_trace import write_trace
 
 TIMELINE_STEPS = 8
 """Steps kept for ``--timeline`` (the most recent ones: steady state, bounded memory)."""
+HOST_BYTES_PER_VALUE = 6
+"""Bytes of the host name per gathered float64 (an integer below 2**48: exact)."""
+HOST_VALUES = 8
+"""Gathered float64 values holding the host name: its first 48 bytes."""
+
+
+def host_values(name: str) -> list[float]:
+    """``name`` (UTF-8, its first ``HOST_VALUES × HOST_BYTES_PER_VALUE`` bytes) as exact float64 integers.
+
+    The host name travels in the window's all-gather of floats, so that naming
+    a straggler's host costs no collective of its own.
+    """
+    size = HOST_VALUES * HOST_BYTES_PER_VALUE
+    data = name.encode()[:size].ljust(size, b"\0")
+    step = HOST_BYTES_PER_VALUE
+    return [float(int.from_bytes(data[i : i + step], "big")) for i in range(0, size, step)]
+
+
+def host_name(values: list[float]) -> str:
+    """The inverse of :func:`host_values` (a name cut inside a character ends with U+FFFD)."""
+    data = b"".join(int(v).to_bytes(HOST_BYTES_PER_VALUE, "big") for v in values)
+    return data.rstrip(b"\0").decode(errors="replace")
+
+
+def this_host() -> str:
+    """This machine's host name; the short one (before the first dot) when the full one does not fit."""
+    name = socket.gethostname()
+    if len(name.encode()) > HOST_VALUES * HOST_BYTES_PER_VALUE:
+        name = name.split(".")[0]
+    return name
 
 
 @dataclass(frozen=True)
 class StageCost:
-    """Measured cost of every pipeline rank over a window of steps."""
+    """Measured cost of every pipeline rank, and compute time of every global rank, over a window of steps."""
 
     forward_ms: tuple[float, ...]
     """Forward time per microbatch (all chunks of the rank), per pipeline rank."""
@@ -58,9 +94,22 @@ class StageCost:
     """Backward time per microbatch, per pipeline rank."""
     idle_ms: tuple[float, ...]
     """Per step: the rank's span from its first pass to its last, minus its compute."""
+    rank_compute_ms: tuple[float, ...]
+    """Forward + backward time per microbatch of every global rank, in order of global rank."""
+    rank_pipeline_rank: tuple[int, ...]
+    """The pipeline rank of every global rank (its peers are the ranks with the same one)."""
+    rank_hosts: tuple[str, ...] = ()
+    """The host name of every global rank ("" where unknown; empty: none gathered)."""
+
+    def __post_init__(self) -> None:
+        if len(self.rank_compute_ms) != len(self.rank_pipeline_rank) or (
+            self.rank_hosts and len(self.rank_hosts) != len(self.rank_compute_ms)
+        ):
+            raise ValueError("rank_compute_ms, rank_pipeline_rank and rank_hosts need one entry per global rank")
 
     @property
     def compute_ms(self) -> tuple[float, ...]:
+        """Forward + backward time per microbatch, per pipeline rank (the slowest of its ranks)."""
         return tuple(f + b for f, b in zip(self.forward_ms, self.backward_ms, strict=True))
 
     @property
@@ -79,6 +128,8 @@ class StageCost:
             "stage_backward_ms": list(self.backward_ms),
             "stage_idle_ms": list(self.idle_ms),
             "stage_imbalance": self.imbalance,
+            "rank_compute_ms": list(self.rank_compute_ms),
+            "rank_pipeline_rank": list(self.rank_pipeline_rank),
         }
 
     def describe(self) -> str:
@@ -90,6 +141,38 @@ class StageCost:
             f"stages (ms per microbatch forward+backward, idle ms per step): {per}; "
             f"imbalance {self.imbalance:.1%} (slowest: pipeline rank {self.slowest})"
         )
+
+
+def stage_cost(rows: list[list[float]], *, pipeline_size: int) -> StageCost | None:
+    """The ``StageCost`` of one window from every rank's gathered row, in order of global rank.
+
+    A row is ``[pipeline rank, forward s, backward s, idle s per step, microbatches, *host_values(host)]``
+    (the host part may be absent). Each pipeline rank gets the slowest of its ranks (forward + backward);
+    each global rank its own compute per microbatch. None when a rank timed no microbatch, or a pipeline
+    rank has no row.
+    """
+    worst: dict[int, tuple[float, float, float]] = {}
+    per_rank: list[tuple[float, int, str]] = []
+    for values in rows:
+        rank, f, b, i, mb = values[:5]
+        if mb <= 0:
+            return None
+        f, b = f / mb * 1000.0, b / mb * 1000.0
+        per_rank.append((f + b, int(rank), host_name(values[5:])))
+        prev = worst.get(int(rank))
+        if prev is None or f + b > prev[0] + prev[1]:
+            worst[int(rank)] = (f, b, i * 1000.0)
+    if sorted(worst) != list(range(pipeline_size)):
+        return None
+    ordered = [worst[r] for r in range(pipeline_size)]
+    return StageCost(
+        forward_ms=tuple(x[0] for x in ordered),
+        backward_ms=tuple(x[1] for x in ordered),
+        idle_ms=tuple(x[2] for x in ordered),
+        rank_compute_ms=tuple(x[0] for x in per_rank),
+        rank_pipeline_rank=tuple(x[1] for x in per_rank),
+        rank_hosts=tuple(x[2] for x in per_rank),
+    )
 
 
 class StageTimer:
@@ -112,6 +195,7 @@ class StageTimer:
         self._marks: list[tuple[str, int, int, str, Any]] = []
         self._window = [0.0, 0.0, 0.0, 0]  # forward s, backward s, idle s, microbatches (this rank)
         self._steps = 0
+        self._host = host_values(this_host())
         self.timeline: deque[list[TimedPass]] = deque(maxlen=TIMELINE_STEPS)
 
     # ------------------------------------------------------------------ marks
@@ -200,34 +284,19 @@ class StageTimer:
             self.timeline.append(sorted(passes, key=lambda p: p.start))
 
     def collect(self) -> StageCost | None:
-        """Every rank's window, per pipeline rank (the slowest of its ranks); resets the window. A collective."""
+        """Every rank's window: per pipeline rank (the slowest of its ranks) and per global rank; resets the
+        window. One all-gather (the host names travel in it), a collective."""
         forward, backward, idle, microbatches = self._window
         steps = max(self._steps, 1)
         mine = torch.tensor(
-            [float(self.pipeline_rank), forward, backward, idle / steps, float(microbatches)],
+            [float(self.pipeline_rank), forward, backward, idle / steps, float(microbatches), *self._host],
             dtype=torch.float64,
             device=self.device,
         )
         self._window, self._steps = [0.0, 0.0, 0.0, 0], 0
         rows = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(rows, mine)
-        worst: dict[int, tuple[float, float, float]] = {}
-        for row in rows:
-            rank, f, b, i, mb = row.tolist()
-            if mb <= 0:
-                return None
-            f, b = f / mb * 1000.0, b / mb * 1000.0
-            prev = worst.get(int(rank))
-            if prev is None or f + b > prev[0] + prev[1]:
-                worst[int(rank)] = (f, b, i * 1000.0)
-        if sorted(worst) != list(range(self.pipeline_size)):
-            return None
-        ordered = [worst[r] for r in range(self.pipeline_size)]
-        return StageCost(
-            forward_ms=tuple(x[0] for x in ordered),
-            backward_ms=tuple(x[1] for x in ordered),
-            idle_ms=tuple(x[2] for x in ordered),
-        )
+        dist.all_gather(rows, mine)  # in order of global rank
+        return stage_cost([row.tolist() for row in rows], pipeline_size=self.pipeline_size)
 
     def write_timeline(self, path: Path) -> None:
         """Gather every rank's kept passes to rank 0 and write one Chrome trace there (a collective)."""

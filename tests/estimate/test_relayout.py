@@ -119,3 +119,70 @@ def test_the_calculator_replans_from_the_flags_the_job_ran_with() -> None:
     # The flags must describe a layout that ran: TP 4 × PP 8 does not divide 120 GPUs.
     code, _, err = _run(f"--nodes 12 {common.replace('--relayout-from-gpus 128', '--relayout-from-gpus 120')}")
     assert code == ExitCode.INVALID and "does not run on --relayout-from-gpus 120" in err
+
+
+def test_layout_flags_are_replaced_and_every_other_argument_kept() -> None:
+    """How a launcher moves a command line to another layout: the parser rebuilds exactly the new layout."""
+    from megatron_ext.config.arguments import parse_args, replace_layout_flags
+
+    argv = [
+        "--model", "gpt-tiny", "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2",
+        "--virtual-pipeline-model-parallel-size", "2", "--account-for-embedding-in-pipeline-split",
+        "--account-for-loss-in-pipeline-split", "--micro-batch-size", "2", "--global-batch-size", "8",
+        "--mock-data", "--lr", "3e-3", "--use-distributed-optimizer", "--seed", "7",
+    ]  # fmt: skip
+    argv[2:2] = ["--num-layers", "6"]  # with the embedding and the loss: 8 units, 2 per virtual stage
+    target = parse_args([*argv[:4], "--global-batch-size", "8", "--mock-data", "--micro-batch-size", "4",
+                         "--use-distributed-optimizer"], world_size=2).layout  # fmt: skip
+    assert (target.pp, target.dp, target.micro_batch_size) == (1, 2, 4)
+    moved = replace_layout_flags(argv, target)
+    for gone in ("--virtual-pipeline-model-parallel-size", "--account-for-embedding-in-pipeline-split",
+                 "--account-for-loss-in-pipeline-split"):  # fmt: skip
+        assert gone not in moved, moved
+    assert moved.count("--tensor-model-parallel-size") == moved.count("--micro-batch-size") == 1
+    # Everything that is not layout stays, in order; the layout's own flags come last.
+    assert moved[:9] == ["--model", "gpt-tiny", "--num-layers", "6", "--global-batch-size", "8", "--mock-data",
+                         "--lr", "3e-3"]  # fmt: skip
+    assert moved[9:11] == ["--seed", "7"]
+    assert parse_args(moved, world_size=2).layout == target
+    # And back: the interleaved, uneven recipe layout round-trips through its own flags.
+    recipe = parse_args(argv, world_size=2).layout
+    assert parse_args(replace_layout_flags(moved, recipe), world_size=2).layout == recipe
+
+
+def test_an_allocation_keeps_the_recipes_layout_where_it_fits_and_records_every_change() -> None:
+    """The elastic launcher's choice: the recipe's layout on the GPUs it was written for (the grow case), a
+    re-plan where it does not run or does not fit, and a relayout record whenever the checkpoint's differs."""
+    from megatron_ext.estimate.relayout import plan_allocation
+    from megatron_ext.estimate.search import evaluate
+
+    workload, recipe = _job(
+        "gpt3-175b", 128, tensor_model_parallel_size=4, pipeline_model_parallel_size=8,
+        virtual_pipeline_model_parallel_size=12, sequence_parallel=True, micro_batch_size=1, global_batch_size=1536,
+    )  # fmt: skip
+    # 96 GPUs: the recipe's TP 4 × PP 8 runs (DP 3) but does not fit (the optimizer over 3 shards): re-planned.
+    on_96 = ParallelLayout.check(**recipe.as_values() | {"world_size": 96})[0]
+    assert not evaluate(workload, on_96, _cluster(96)).fits
+    shrunk = plan_allocation(
+        workload, _cluster(96), recipe=on_96, recipe_refusal="", base=recipe, saved=recipe, policy="any"
+    )
+    assert "GiB per GPU" in shrunk.why and shrunk.layout.fits and shrunk.layout.layout.world_size == 96
+    assert shrunk.relayout is not None and shrunk.relayout.record(iteration=7)["why"] == shrunk.why
+    # Back on 128 GPUs from the shrunk checkpoint: the recipe's own layout, recorded as a change.
+    grown = plan_allocation(
+        workload, _cluster(128), recipe=recipe, recipe_refusal="", base=shrunk.layout.layout,
+        saved=shrunk.layout.layout, policy="any",
+    )  # fmt: skip
+    assert grown.layout.layout == recipe and grown.why == "the recipe's layout runs on 128 GPUs"
+    assert grown.relayout is not None and grown.relayout.record()["new"]["pp"] == 8
+    # The same layout as the checkpoint's: nothing to record.
+    same = plan_allocation(
+        workload, _cluster(128), recipe=recipe, recipe_refusal="", base=recipe, saved=recipe, policy="dp"
+    )
+    assert same.relayout is None
+    # A layout that does not run at all: re-planned, the refusal quoted.
+    refused = plan_allocation(
+        workload, _cluster(120), recipe=None, recipe_refusal="PP 8 × TP 4 does not divide 120", base=recipe,
+        saved=None, policy="any",
+    )  # fmt: skip
+    assert refused.why.startswith("PP 8 × TP 4 does not divide 120; re-planned") and refused.relayout is None

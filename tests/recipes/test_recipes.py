@@ -275,6 +275,20 @@ def test_outside_slurm_one_machine_runs_stops_and_resumes(tmp_path: Path) -> Non
     logs = sorted((tmp_path / "run" / "logs").iterdir())
     assert len(logs) == 2 and all((d / "command.sh").exists() and (d / "environment.txt").exists() for d in logs)
 
+    # ELASTIC=1 on one process: the checkpoint's PP 2 × VP 2 does not run there, so the layout is re-planned
+    # and the command line carries it; a dry run records nothing.
+    elastic = recipe_env(tmp_path, **base | {"GPUS_PER_NODE": "1", "ELASTIC": "1", "DRY_RUN": "1"})
+    planned = run_recipe(CPU_RECIPE, elastic)
+    assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-3000:]
+    assert "[elastic] checkpoint of iteration 6: TP 1 PP 2 VP 2 DP 1, micro-batch 2 (2 GPUs)" in planned.stderr
+    assert "[elastic] changed: GPUs 2 -> 1, PP 2 -> 1, VP 2 -> 1" in planned.stderr
+    assert "--pipeline-model-parallel-size 1 " in planned.stdout and "virtual" not in planned.stdout
+    assert "world size: 1 = TP 1 × PP 1 × DP 1" in planned.stdout
+    assert '"event": "relayout"' not in (tmp_path / "run" / "metrics.jsonl").read_text()
+    too_few = run_recipe(CPU_RECIPE, elastic | {"MIN_NODES": "2"})
+    assert too_few.returncode == ExitCode.INVALID
+    assert "1 nodes is fewer than MIN_NODES=2: submit with sbatch --nodes=2-2" in too_few.stderr
+
 
 @pytest.mark.unit
 def test_every_setting_of_common_sh_is_documented() -> None:

@@ -11,12 +11,14 @@ Run them alone with ``bash scripts/test.sh -m slurm`` (as root; two to three min
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
+import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -218,3 +220,121 @@ def test_one_task_per_gpu_launcher(cluster: SlurmCluster, tmp_path: Path) -> Non
     assert "rank 0] saved checkpoint" in logs[0] and "rank 3] iteration      6/6" in logs[1]
     assert "world size: 4 = TP 1 × PP 2 × DP 2" in logs[0]
     assert [r["iteration"] for r in read_metrics(tmp_path / "metrics.jsonl") if "lm_loss" in r] == list(range(1, 7))
+
+
+def _kill_tasks_on(node: str, job: int) -> int:
+    """SIGKILL every task process of ``job`` on ``node``, as if the node died; how many were killed.
+
+    The two slurmd share this machine, so the node's tasks are found by the environment srun gave them.
+    """
+    import psutil
+
+    killed = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            env = proc.environ()
+            if env.get("SLURMD_NODENAME") == node and env.get("SLURM_JOB_ID") == str(job):
+                proc.kill()
+                killed.append(proc)
+    psutil.wait_procs(killed, timeout=10)
+    return len(killed)
+
+
+def _wait_for(what: str, check: Callable[[], bool], cluster: SlurmCluster, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not after {timeout:.0f} s\n{cluster.diagnostics()}"
+        cluster.assert_daemons_alive()
+        time.sleep(0.3)
+
+
+def _loss_records(path: Path) -> list[dict]:
+    return [r for r in read_metrics(path) if "lm_loss" in r] if path.exists() else []
+
+
+def test_elastic_job_shrinks_when_a_node_fails_and_grows_back(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """``ELASTIC=1``, ``sbatch --nodes=1-2``: node 2's tasks die, the job comes back on node 1 re-planned, then
+    grows back to two nodes at its next requeue, and every iteration reaches the final checkpoint once.
+
+    Attempt 0 runs the recipe's layout (PP 2 × VP 2 across the nodes) until its first save, when node 2's
+    tasks are killed. srun names the failed task, the recipe requeues the job without node 2, and attempt 1
+    runs on node 1 alone as PP 1, resuming from that checkpoint; its losses equal those of the same recipe
+    run outside SLURM from a copy of the checkpoint. USR1 then stops attempt 1 with a save; the requeue
+    gives node 2 back, and attempt 2 returns to the recipe's layout and finishes.
+    """
+    iters = 60
+    run_dir = tmp_path / "job"
+    run_dir.mkdir()
+    settings = {
+        "ELASTIC": "1",
+        "MIN_NODES": "1",
+        "DISTRIBUTED_OPTIMIZER": "1",  # saved fully reshardable: the only way PP 2 -> 1 can load it
+        "TRAIN_ITERS": str(iters),
+        "SAVE_INTERVAL": "10",
+        "EVAL_INTERVAL": "0",
+        "EVAL_ITERS": "0",
+        "FAILURE_WAIT": "20",
+    }
+    job = submit(cluster, run_dir, "--nodes=1-2", **settings)
+    checkpoints, metrics = run_dir / "checkpoints", run_dir / "metrics.jsonl"
+
+    # Attempt 0: two nodes; node 2 "dies" right after the first save.
+    _wait_for("the first save", lambda: (read_tracker(checkpoints) or 0) >= 10, cluster, timeout=150)
+    assert _kill_tasks_on("node2", job) > 0
+    record = cluster.wait_for_job(job, timeout=120, until=lambda r: r["Restarts"] == "1" and r["JobState"] == "RUNNING")
+    assert record["NodeList"] == "node1" and record["ExcNodeList"] == "node2", record
+    resumed = read_tracker(checkpoints)
+    assert resumed is not None and resumed >= 10
+
+    # Attempt 1: node 1 alone. Stop it with a save once it has trained a few iterations past its checkpoint.
+    first = len(_loss_records(metrics))  # attempt 0's records; attempt 1 is still starting up
+    _wait_for(
+        "attempt 1 training",
+        lambda: any(r["iteration"] >= resumed + 3 for r in _loss_records(metrics)[first:]),
+        cluster,
+        timeout=120,
+    )
+    cluster.run("scancel", "--signal=USR1", str(job))
+    run = Job(job, run_dir, cluster.wait_for_job(job, timeout=240))
+    out = run.output
+    assert (run.record["JobState"], run.record["ExitCode"], run.record["Restarts"]) == ("COMPLETED", "0:0", "2"), out
+    assert run.record["NodeList"] == "node[1-2]" and run.record["ExcNodeList"] == "(null)", run.record
+
+    # The failure: srun named node 2's task, the job was requeued without node 2.
+    assert re.search(r"srun: error: node2: task 1: Killed", out), out
+    assert "training failed (exit " in out and f"first on node2: job {job} requeued without node2" in out
+
+    # Attempt 1 ran PP 1 on one node from the checkpoint, and stopped with a save at `stopped`.
+    attempt1 = (run_dir / "logs" / f"{job}.1" / "command.sh").read_text()
+    assert "--pipeline-model-parallel-size 1" in attempt1 and "--nnodes 1" in attempt1
+    stopped = int(re.search(r"stopping early at iteration (\d+)", run.node_logs(1)[0]).group(1))  # type: ignore[union-attr]
+    events = [r for r in read_metrics(metrics) if r.get("event") == "relayout"]
+    assert [
+        (e["iteration"], e["old"]["pp"], e["new"]["pp"], e["old"]["world_size"], e["new"]["world_size"]) for e in events
+    ] == [
+        (resumed, 2, 1, 2, 1),
+        (stopped, 1, 2, 1, 2),
+    ], events
+    assert events[1]["old"]["vp"] == 1 and events[1]["new"]["vp"] == 2
+
+    # Every iteration trained once into the lineage of the final checkpoint: attempt 0 up to `resumed`
+    # (its later iterations died with node 2), attempt 1 from resumed + 1 to stopped, attempt 2 the rest.
+    records = _loss_records(metrics)
+    iterations = [r["iteration"] for r in records]
+    assert iterations[first] == resumed + 1, (first, iterations)
+    assert iterations[: iterations.index(resumed) + 1] + iterations[first:] == list(range(1, iters + 1)), iterations
+    assert read_tracker(checkpoints) == iters
+
+    # Attempt 1's losses equal an uninterrupted run of the re-planned layout from the same checkpoint.
+    reference = tmp_path / "reference"
+    shutil.copytree(checkpoints / f"iter_{resumed:07d}", reference / "checkpoints" / f"iter_{resumed:07d}")
+    (reference / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(f"{resumed}\n")
+    env = recipe_env(reference, RUN_DIR=str(reference), NNODES="1", GPUS_PER_NODE="1", **settings)
+    env["EXTRA_ARGS"] = f"--exit-interval {stopped}"
+    proc = subprocess.run(["bash", str(RECIPE)], capture_output=True, text=True, env=env, cwd=REPO, timeout=180)
+    assert proc.returncode == ExitCode.SAVED_AND_STOPPED, proc.stdout[-3000:] + proc.stderr[-3000:]
+    expected = train_losses(reference / "metrics.jsonl")
+    got = {r["iteration"]: r["lm_loss"] for r in records[first:] if r["iteration"] <= stopped}
+    assert sorted(got) == sorted(expected) == list(range(resumed + 1, stopped + 1))
+    for iteration, loss in expected.items():
+        assert got[iteration] == pytest.approx(loss, rel=1e-5), (iteration, got[iteration], loss)

@@ -35,6 +35,14 @@ def measure(tmp_path: Path, name: str, *split: str) -> dict:
     run_pretrain([*SHAPE, *split, "--metrics-file", str(metrics)], nproc=2)
     records = [r for r in read_metrics(metrics) if "stage_imbalance" in r]
     assert [r["iteration"] for r in records] == [5, 10]
+    for record in records:
+        # Every global rank's own compute per microbatch, in order of global rank (rank r is pipeline rank r
+        # here): with one rank per stage it is its stage's time, and no rank has peers to be a straggler against.
+        assert len(record["rank_compute_ms"]) == 2 and all(ms > 0 for ms in record["rank_compute_ms"])
+        assert record["rank_pipeline_rank"] == [0, 1]
+        stages = [f + b for f, b in zip(record["stage_forward_ms"], record["stage_backward_ms"], strict=True)]
+        assert record["rank_compute_ms"] == pytest.approx(stages)
+        assert "stragglers" not in record
     return records[-1]
 
 
