@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pretrain a GPT with Megatron-Core: TP × interleaved-1F1B PP × DP.
 
-The providers below say *what* is trained; ``megatron_ext.training.loop.pretrain``
+The providers below say *what* is trained; ``megatron_ext.training.entry.pretrain``
 does the rest. The same script rehearses a layout on CPU processes (gloo) and
 trains on GPUs (NCCL):
 
@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import sys
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from megatron_ext.training.entry import pretrain
 
-from megatron_ext.config.arguments import TrainingConfig
-from megatron_ext.data.tokenizers import Tokenizer
-from megatron_ext.training.datasets import Datasets, build_datasets
-from megatron_ext.training.loop import pretrain
-from megatron_ext.training.model import gpt_model, unwrap
+# torch and the runtime are imported inside the providers, which only training calls: --dry-run imports neither.
+if TYPE_CHECKING:
+    import torch
+
+    from megatron_ext.config.arguments import TrainingConfig
+    from megatron_ext.data.tokenizers import Tokenizer
+    from megatron_ext.training.datasets import Datasets
 
 
 def model_provider(
@@ -33,6 +35,8 @@ def model_provider(
     device: torch.device,
 ) -> torch.nn.Module:
     """One GPT model chunk (the layers of one virtual pipeline stage)."""
+    from megatron_ext.training.model import gpt_model
+
     return gpt_model(cfg, pre_process=pre_process, post_process=post_process, vp_stage=vp_stage, device=device)
 
 
@@ -42,6 +46,8 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[Any
     Returns (loss sum, tokens, {"lm loss": [sum, tokens]}) so that reported
     losses are exact token means over the global batch.
     """
+    import torch
+
     losses = output_tensor.float().view(-1)  # (b·s,)
     mask = loss_mask.view(-1).float()
     loss = torch.sum(losses * mask)
@@ -53,6 +59,8 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[Any
 def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Any]:
     """Run one micro-batch through one model chunk."""
     from megatron.core.utils import get_batch_on_this_cp_rank
+
+    from megatron_ext.training.model import unwrap
 
     chunk = unwrap(model)
     batch: Any = None
@@ -71,6 +79,8 @@ def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tens
 
 def datasets_provider(cfg: TrainingConfig, tokenizer: Tokenizer) -> Datasets:
     """Train / valid / test datasets (Megatron-Core's builders) with the run's tokenizer."""
+    from megatron_ext.training.datasets import build_datasets
+
     return build_datasets(cfg, tokenizer)
 
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from megatron_ext.training.loop import pretrain
+from megatron_ext.training.entry import pretrain
 from megatron_ext.training.schedule_trace import ScheduleRecorder
 
 

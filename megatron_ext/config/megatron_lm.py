@@ -52,6 +52,8 @@ ALREADY: dict[str, str] = {
     "--use-mcore-models": "the model is always Megatron-Core's GPTModel (Megatron-LM also ignores the flag now)",
     "--no-persist-layer-norm": "the persistent layer-norm kernel (apex) is never used",
     "--log-throughput": "tokens/s and TFLOP/s per GPU are always in the log line and the metrics file",
+    "--ckpt-fully-parallel-save": "checkpoints are always saved with Megatron-Core's fully parallel save (tensors "
+    "replicated over the data-parallel ranks are spread over them; Megatron-LM's default)",
     "--no-create-attention-mask-in-dataloader": "no attention mask is built: attention is causal over the whole "
     "sequence",
     "--accumulate-allreduce-grads-in-fp32": "gradients are accumulated and reduced in fp32 (with bf16 and fp16 in "
@@ -403,8 +405,9 @@ REFUSALS: tuple[Refusal, ...] = (
         prefixes=("--ckpt-convert-",),
     ),
     _r(
-        "checkpoints are saved and loaded with Megatron-Core's fully parallel torch_dist strategies; not configurable",
-        "--ckpt-assume-constant-structure --ckpt-fully-parallel-load --ckpt-fully-parallel-save "
+        "checkpoints are written in torch_dist with Megatron-Core's fully parallel save (Megatron-LM's default: replicated "
+        "tensors spread over the data-parallel ranks) and read with its default load; not configurable",
+        "--ckpt-assume-constant-structure --ckpt-fully-parallel-load "
         "--no-ckpt-fully-parallel-save --disable-ckpt-fully-parallel-save --dist-ckpt-strictness",
     ),
     _r(

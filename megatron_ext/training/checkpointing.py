@@ -613,16 +613,32 @@ def save_checkpoint(
         # Runs on every rank once all files are written (also for async saves).
         _publish(root, target, iteration, cfg)
 
+    strategy = _save_strategy()
     if async_queue is not None:
-        request = dist_checkpointing.save(state, str(target), content_metadata=metadata, async_sharded_save=True)
+        request = dist_checkpointing.save(
+            state, str(target), strategy, content_metadata=metadata, async_sharded_save=True
+        )
         request.add_finalize_fn(publish)
         async_queue.schedule_async_request(request)
         return target
-    dist_checkpointing.save(state, str(target), content_metadata=metadata)
+    dist_checkpointing.save(state, str(target), strategy, content_metadata=metadata)
     dist.barrier()
     publish()
     dist.barrier()
     return target
+
+
+def _save_strategy() -> Any:
+    """Megatron-LM's default save (``--ckpt-fully-parallel-save``): a tensor replicated over the data-parallel
+    ranks (the weights; the fully reshardable optimizer state) is written by one of them, the tensors spread
+    evenly over the group, instead of all by DP rank 0. Only metadata is exchanged to decide who writes what."""
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+    return FullyParallelSaveStrategyWrapper(
+        get_default_save_sharded_strategy(), parallel_state.get_data_parallel_group(with_context_parallel=True)
+    )
 
 
 def _publish(root: Path, target: Path, iteration: int, cfg: TrainingConfig) -> None:

@@ -1,9 +1,9 @@
 """The training loop, built from Megatron-Core's own pieces.
 
-``pretrain`` parses and validates the configuration, then (unless
-``--dry-run``) initialises the process groups, builds the model chunks with
-the caller's provider, wraps them in Megatron-Core DDP, creates Megatron-Core's
-optimizer and LR scheduler, and runs Megatron-Core's forward-backward schedule
+``train`` takes the configuration that ``entry.pretrain`` parsed and checked,
+initialises the process groups, builds the model chunks with the caller's
+provider, wraps them in Megatron-Core DDP, creates Megatron-Core's optimizer
+and LR scheduler, and runs Megatron-Core's forward-backward schedule
 (interleaved 1F1B when VP > 1) for every step.
 """
 
@@ -12,10 +12,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +22,8 @@ import torch
 import torch.distributed as dist
 
 from megatron_ext.config import schedule
-from megatron_ext.config.arguments import ConfigError, TrainingConfig, parse_args
+from megatron_ext.config.arguments import ConfigError, TrainingConfig
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.config.layout import LayoutError
-from megatron_ext.data.preflight import preflight
 from megatron_ext.data.tokenizers import Tokenizer
 from megatron_ext.estimate import plan
 from megatron_ext.estimate.flops import flops_per_step
@@ -55,52 +51,19 @@ ForwardStep = Callable[[Iterator[Any] | None, torch.nn.Module], tuple[torch.Tens
 DatasetsProvider = Callable[[TrainingConfig, Tokenizer], Datasets]
 
 
-def _configure_logging(rank: int) -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"[%(asctime)s rank {rank}] %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stdout,
-        force=True,
-    )
-    # Megatron-Core is chatty at INFO; keep its warnings.
-    logging.getLogger("megatron.core").setLevel(logging.WARNING)
-
-
-def pretrain(
+def train(
+    cfg: TrainingConfig,
     *,
+    tokenizer: Tokenizer,
+    started: float,
     model_provider: ModelProvider,
     forward_step: ForwardStep,
     datasets_provider: DatasetsProvider,
-    argv: Sequence[str] | None = None,
 ) -> int:
-    """Entry point of ``pretrain_gpt.py``; returns the process exit code."""
-    # --exit-duration-in-mins counts from here: start-up and loading use the job's time too.
-    started = time.monotonic()
-    rank = int(os.environ.get("RANK", "0"))
-    _configure_logging(rank)
-    try:
-        cfg = parse_args(
-            sys.argv[1:] if argv is None else argv, default_world_size=int(os.environ.get("WORLD_SIZE", "1"))
-        )
-        # Full dataset checks where one process can afford them (--dry-run, global rank 0);
-        # constant-time ones on the other ranks of a large job.
-        checked = preflight(cfg, full=cfg.run.dry_run or rank == 0)
-    except (ConfigError, LayoutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.INVALID
-    try:
-        # Before the model is built: a resumed run keeps the checkpoint's padded vocabulary.
-        cfg = checkpointing.keep_checkpoint_vocabulary(checked.cfg)
-    except checkpointing.CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.CHECKPOINT
-    if cfg.run.dry_run:
-        print("configuration is valid")
-        for line in plan.describe(cfg):
-            print(f"  {line}")
-        return ExitCode.OK
+    """Train a checked configuration (``entry.pretrain`` parsed and preflighted it); returns the exit code.
 
+    ``started`` (``time.monotonic()``) is when the run started, for ``--exit-duration-in-mins``.
+    """
     # As early as possible: SLURM's pre-time-limit signal can come during the
     # rendezvous, model building or checkpoint loading, and would kill the process.
     signal_flag = resilience.SignalFlag() if cfg.run.exit_signal_handler else None
@@ -119,7 +82,7 @@ def pretrain(
             model_provider=model_provider,
             forward_step=forward_step,
             datasets_provider=datasets_provider,
-            tokenizer=checked.tokenizer,
+            tokenizer=tokenizer,
         )
         return trainer.train(signal_flag=signal_flag, started=started)
     except ConfigError as exc:

@@ -18,8 +18,7 @@ import pytest
 
 from megatron_ext.cli import recipe
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.training.checkpointing import read_tracker
-from tests.conftest import REPO, read_metrics
+from tests.conftest import REPO
 
 RECIPES_DIR = REPO / "recipes"
 RECIPES = sorted(p for p in RECIPES_DIR.glob("*.sh") if p.name != "common.sh")
@@ -256,38 +255,6 @@ def test_outside_slurm_more_than_one_node_needs_sbatch(tmp_path: Path) -> None:
     proc = run_recipe(CPU_RECIPE, recipe_env(tmp_path))  # its default is 2 nodes
     assert proc.returncode == ExitCode.INVALID
     assert "outside SLURM only NNODES=1 runs here (got 2)" in proc.stderr
-
-
-@pytest.mark.distributed
-def test_outside_slurm_one_machine_runs_stops_and_resumes(tmp_path: Path) -> None:
-    """``NNODES=1 bash recipe``: torchrun on this machine; exit 75 leaves a checkpoint to continue from."""
-    base = {"NNODES": "1", "GPUS_PER_NODE": "2", "TRAIN_ITERS": "6", "EVAL_ITERS": "0"}
-    stopped = run_recipe(CPU_RECIPE, recipe_env(tmp_path, EXTRA_ARGS="--exit-interval 3", **base), timeout=300)
-    assert stopped.returncode == ExitCode.SAVED_AND_STOPPED, stopped.stdout[-3000:] + stopped.stderr[-3000:]
-    assert "stopped early with a checkpoint: run the same command again to continue" in stopped.stdout
-    assert read_tracker(tmp_path / "run" / "checkpoints") == 3
-
-    finished = run_recipe(CPU_RECIPE, recipe_env(tmp_path, **base), timeout=300)
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    iterations = [r["iteration"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "lm_loss" in r]
-    assert iterations == [1, 2, 3, 4, 5, 6]
-    assert read_tracker(tmp_path / "run" / "checkpoints") == 6
-    logs = sorted((tmp_path / "run" / "logs").iterdir())
-    assert len(logs) == 2 and all((d / "command.sh").exists() and (d / "environment.txt").exists() for d in logs)
-
-    # ELASTIC=1 on one process: the checkpoint's PP 2 × VP 2 does not run there, so the layout is re-planned
-    # and the command line carries it; a dry run records nothing.
-    elastic = recipe_env(tmp_path, **base | {"GPUS_PER_NODE": "1", "ELASTIC": "1", "DRY_RUN": "1"})
-    planned = run_recipe(CPU_RECIPE, elastic)
-    assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-3000:]
-    assert "[elastic] checkpoint of iteration 6: TP 1 PP 2 VP 2 DP 1, micro-batch 2 (2 GPUs)" in planned.stderr
-    assert "[elastic] changed: GPUs 2 -> 1, PP 2 -> 1, VP 2 -> 1" in planned.stderr
-    assert "--pipeline-model-parallel-size 1 " in planned.stdout and "virtual" not in planned.stdout
-    assert "world size: 1 = TP 1 × PP 1 × DP 1" in planned.stdout
-    assert '"event": "relayout"' not in (tmp_path / "run" / "metrics.jsonl").read_text()
-    too_few = run_recipe(CPU_RECIPE, elastic | {"MIN_NODES": "2"})
-    assert too_few.returncode == ExitCode.INVALID
-    assert "1 nodes is fewer than MIN_NODES=2: submit with sbatch --nodes=2-2" in too_few.stderr
 
 
 @pytest.mark.unit

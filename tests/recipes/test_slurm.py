@@ -29,7 +29,7 @@ from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.training.checkpointing import read_tracker
 from tests.conftest import REPO, read_metrics, train_losses
 from tests.recipes.slurm_cluster import ClusterUnavailable, SlurmCluster, check_available, running_cluster
-from tests.recipes.test_recipes import recipe_env
+from tests.recipes.test_recipes import recipe_env, run_recipe
 
 pytestmark = pytest.mark.slurm
 
@@ -262,7 +262,7 @@ def test_elastic_job_shrinks_when_a_node_fails_and_grows_back(cluster: SlurmClus
     run outside SLURM from a copy of the checkpoint. USR1 then stops attempt 1 with a save; the requeue
     gives node 2 back, and attempt 2 returns to the recipe's layout and finishes.
     """
-    iters = 60
+    iters = 40
     run_dir = tmp_path / "job"
     run_dir.mkdir()
     settings = {
@@ -325,16 +325,26 @@ def test_elastic_job_shrinks_when_a_node_fails_and_grows_back(cluster: SlurmClus
     assert iterations[: iterations.index(resumed) + 1] + iterations[first:] == list(range(1, iters + 1)), iterations
     assert read_tracker(checkpoints) == iters
 
-    # Attempt 1's losses equal an uninterrupted run of the re-planned layout from the same checkpoint.
+    # Attempt 1's losses equal an uninterrupted run of the re-planned layout from the same checkpoint: the
+    # recipe outside SLURM (torchrun on this machine) on one process, from a copy of it, to the same iteration.
     reference = tmp_path / "reference"
     shutil.copytree(checkpoints / f"iter_{resumed:07d}", reference / "checkpoints" / f"iter_{resumed:07d}")
     (reference / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(f"{resumed}\n")
     env = recipe_env(reference, RUN_DIR=str(reference), NNODES="1", GPUS_PER_NODE="1", **settings)
-    env["EXTRA_ARGS"] = f"--exit-interval {stopped}"
-    proc = subprocess.run(["bash", str(RECIPE)], capture_output=True, text=True, env=env, cwd=REPO, timeout=180)
+    too_few = run_recipe(RECIPE, env | {"MIN_NODES": "2"})
+    assert too_few.returncode == ExitCode.INVALID
+    assert "1 nodes is fewer than MIN_NODES=2: submit with sbatch --nodes=2-2" in too_few.stderr
+    proc = run_recipe(RECIPE, env | {"EXTRA_ARGS": f"--exit-interval {stopped}"}, timeout=180)
     assert proc.returncode == ExitCode.SAVED_AND_STOPPED, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"[elastic] checkpoint of iteration {resumed}: TP 1 PP 2 VP 2 DP 1, micro-batch 2 (2 GPUs)" in proc.stderr
+    assert "[elastic] changed: GPUs 2 -> 1, PP 2 -> 1, VP 2 -> 1" in proc.stderr
+    assert "outside SLURM this machine runs" in proc.stdout and "--pipeline-model-parallel-size 1 " in proc.stdout
+    assert "stopped early with a checkpoint: run the same command again to continue" in proc.stdout
+    assert read_tracker(reference / "checkpoints") == stopped
     expected = train_losses(reference / "metrics.jsonl")
     got = {r["iteration"]: r["lm_loss"] for r in records[first:] if r["iteration"] <= stopped}
     assert sorted(got) == sorted(expected) == list(range(resumed + 1, stopped + 1))
     for iteration, loss in expected.items():
         assert got[iteration] == pytest.approx(loss, rel=1e-5), (iteration, got[iteration], loss)
+    [event] = [r for r in read_metrics(reference / "metrics.jsonl") if r.get("event") == "relayout"]
+    assert event["iteration"] == resumed and event["new"]["world_size"] == 1

@@ -1,0 +1,98 @@
+"""The entry point of ``pretrain_gpt.py``: the configuration, then (unless ``--dry-run``) the training loop.
+
+Parsing the arguments, checking the data and printing ``--dry-run``'s plan need
+neither torch nor Megatron-Core: ``loop`` (the training, which imports both,
+about 3 s of start-up on CPU) is imported only once the run is going to train,
+and the checkpoint under ``--load`` is read (with torch) only when there is one
+(``tests/cli/test_dry_run_imports.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from megatron_ext.config.arguments import ConfigError, parse_args
+from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.layout import LayoutError
+from megatron_ext.config.runtime import TRACKER_FILENAME
+from megatron_ext.data.preflight import preflight
+from megatron_ext.estimate import plan
+
+if TYPE_CHECKING:
+    from megatron_ext.training.loop import DatasetsProvider, ForwardStep, ModelProvider
+
+
+def _configure_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"[%(asctime)s rank {rank}] %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stdout,
+        force=True,
+    )
+    # Megatron-Core is chatty at INFO; keep its warnings.
+    logging.getLogger("megatron.core").setLevel(logging.WARNING)
+
+
+def _holds_checkpoint(load: str | None) -> bool:
+    """Whether ``--load`` names a directory with a checkpoint tracker (a first run's usually has none yet)."""
+    if not load:
+        return False
+    return (Path(load) / TRACKER_FILENAME).is_file()
+
+
+def pretrain(
+    *,
+    model_provider: ModelProvider,
+    forward_step: ForwardStep,
+    datasets_provider: DatasetsProvider,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Entry point of ``pretrain_gpt.py``; returns the process exit code."""
+    # --exit-duration-in-mins counts from here: start-up and loading use the job's time too.
+    started = time.monotonic()
+    rank = int(os.environ.get("RANK", "0"))
+    _configure_logging(rank)
+    try:
+        cfg = parse_args(
+            sys.argv[1:] if argv is None else argv, default_world_size=int(os.environ.get("WORLD_SIZE", "1"))
+        )
+        # Full dataset checks where one process can afford them (--dry-run, global rank 0);
+        # constant-time ones on the other ranks of a large job.
+        checked = preflight(cfg, full=cfg.run.dry_run or rank == 0)
+    except (ConfigError, LayoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.INVALID
+    cfg = checked.cfg
+    if _holds_checkpoint(cfg.run.load):
+        # Reading the checkpoint's index takes torch; without a tracker there is nothing to read.
+        from megatron_ext.training import checkpointing
+
+        try:
+            # Before the model is built: a resumed run keeps the checkpoint's padded vocabulary.
+            cfg = checkpointing.keep_checkpoint_vocabulary(cfg)
+        except checkpointing.CheckpointError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return ExitCode.CHECKPOINT
+    if cfg.run.dry_run:
+        print("configuration is valid")
+        for line in plan.describe(cfg):
+            print(f"  {line}")
+        return ExitCode.OK
+
+    from megatron_ext.training import loop
+
+    return loop.train(
+        cfg,
+        tokenizer=checked.tokenizer,
+        started=started,
+        model_provider=model_provider,
+        forward_step=forward_step,
+        datasets_provider=datasets_provider,
+    )
