@@ -150,7 +150,10 @@ def plan(args: argparse.Namespace, argv: list[str]) -> tuple[list[str], str]:
         why_not = per_rank_format_refusal(saved.layout_record, result.layout.layout) if per_rank else None
         if why_not is not None and args.policy != "dp":
             say(f"{describe(result.layout.layout)} cannot load the per-rank optimizer state: keeping TP, PP and VP")
-            result = planned("dp")
+            try:
+                result = planned("dp")
+            except RelayoutError:
+                raise RelayoutError(why_not) from None  # what to do about the format, not about the policy
             why_not = per_rank_format_refusal(saved.layout_record, result.layout.layout)
         if why_not is not None:
             raise RelayoutError(why_not)
