@@ -205,6 +205,14 @@ if [[ "${DEVICE}" != cpu ]]; then
   export TORCH_NCCL_AVOID_RECORD_STREAMS="${TORCH_NCCL_AVOID_RECORD_STREAMS:-1}"
 fi
 
+# ----------------------------------------------------------------- containers
+container=()
+if [[ -n "${CONTAINER_IMAGE}" ]]; then
+  container=(--container-image "${CONTAINER_IMAGE}" --container-mounts "${CONTAINER_MOUNTS}"
+    --container-workdir "${REPO_DIR}")
+fi
+read -r -a srun_extra <<<"${SRUN_ARGS}"
+
 # ---------------------------------------------------------- checking commands
 # The validating commands run where training would: in a job with a container, as
 # a one-task step in that container; outside a job a container's Python is not
@@ -219,6 +227,7 @@ if [[ -n "${CONTAINER_IMAGE}" ]]; then
     validator=(python3)
   fi
 fi
+
 # -------------------------------------------------------------------- elastic
 # The layout follows the allocation: the recipe's own where it runs, else re-planned from the
 # checkpoint's (megatron_ext/cli/elastic.py); pretrain_args and calculator_args are replaced.
@@ -237,12 +246,6 @@ if [[ "${ELASTIC}" == 1 ]]; then
 fi
 
 # ------------------------------------------------------------- launch command
-container=()
-if [[ -n "${CONTAINER_IMAGE}" ]]; then
-  container=(--container-image "${CONTAINER_IMAGE}" --container-mounts "${CONTAINER_MOUNTS}"
-    --container-workdir "${REPO_DIR}")
-fi
-read -r -a srun_extra <<<"${SRUN_ARGS}"
 cpus_on_node="${SLURM_CPUS_ON_NODE:-${GPUS_PER_NODE}}"
 torchrun_args=(--nnodes "${NNODES}" --nproc-per-node "${GPUS_PER_NODE}"
   --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}")

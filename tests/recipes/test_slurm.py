@@ -301,6 +301,7 @@ def test_elastic_job_shrinks_when_a_node_fails_and_grows_back(cluster: SlurmClus
     assert run.record["NodeList"] == "node[1-2]" and run.record["ExcNodeList"] == "(null)", run.record
 
     # The failure: srun named node 2's task, the job was requeued without node 2.
+    assert "srun --nodes 2 --kill-on-bad-exit=0 --wait 20 " in out  # FAILURE_WAIT bounds the survivors' wait
     assert re.search(r"srun: error: node2: task 1: Killed", out), out
     assert "training failed (exit " in out and f"first on node2: job {job} requeued without node2" in out
 
