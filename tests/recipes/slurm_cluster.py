@@ -250,7 +250,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 # cred_expire also delays a requeued job's next start (default 120 s).
-AuthInfo=socket={self.munge_socket},cred_expire=10
+AuthInfo=socket={self.munge_socket},cred_expire=5
 CredType=cred/munge
 StateSaveLocation={self.root / "state"}
 SlurmdSpoolDir={self.root / "spool"}/%n

@@ -47,10 +47,13 @@ LAYOUTS = {
     # The baseline runs the local spec with SDPA core attention (the default);
     # Megatron-Core's own DotProductAttention must give the same losses.
     "tp2-sequence-parallel": (2, "--tensor-model-parallel-size 2 --sequence-parallel".split()),
-    "tp2-megatron-core-attention": (2, "--tensor-model-parallel-size 2 --attention-backend local".split()),
-    # The seed's 256 rows; TP2 with --make-vocab-size-divisible-by 256 would pad to 512: the checkpoint's
-    # padding must be kept (extra rows would enter every softmax). tests/training/test_vocab_padding.py has more.
-    "tp2-keeps-the-seed-padding": (2, "--tensor-model-parallel-size 2 --make-vocab-size-divisible-by 256".split()),
+    # With it (one run for both): the seed's 256 rows; TP2 with --make-vocab-size-divisible-by 256 would pad
+    # to 512: the checkpoint's padding must be kept (extra rows would enter every softmax).
+    # tests/training/test_vocab_padding.py has more.
+    "tp2-megatron-core-attention-keeps-the-seed-padding": (
+        2,
+        "--tensor-model-parallel-size 2 --attention-backend local --make-vocab-size-divisible-by 256".split(),
+    ),
     "tp2-pp2-vp2": (
         4,
         "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2".split(),
