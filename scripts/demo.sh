@@ -25,8 +25,15 @@ iters="${ITERS:-40}"
 corpus_mb="${CORPUS_MB:-3}"
 vocab="${VOCAB:-4000}"
 py="${repo}/.venv/bin/python"
+# Start afresh, but delete only what an earlier demo made: OUT_DIR may be a path the user chose.
+made_by_demo="${out}/.made-by-demo"
+if [[ -e "${out}" && ! -f "${made_by_demo}" ]]; then
+  echo "demo: OUT_DIR ${out} exists and was not made by this demo; choose another OUT_DIR or remove it" >&2
+  exit 2
+fi
 rm -rf "${out}"
 mkdir -p "${out}" "${data}"
+touch "${made_by_demo}"
 cd "${repo}"
 
 corpus="${data}/stdlib.jsonl"

@@ -269,37 +269,30 @@ class SavedRun:
     data_cache: Path | None = None
 
 
+def pipeline_flags(datasets: dict[str, Path]) -> list[str]:
+    """The Llama-style GPT under PP2 × VP2 on '0.7 A 0.3 B' (90/8/2 split) for 16 iterations, as ``pipeline_run``
+    trains it (without its outputs)."""
+    return [
+        *MODEL,
+        *LLAMA,
+        *blend_flags(datasets),
+        *tokenizer_flags(datasets),
+        *"--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1".split(),
+        *"--lr 3e-3 --lr-warmup-iters 2 --train-iters 16 --eval-interval 8 --eval-iters 2 --log-interval 1".split(),
+    ]
+
+
 @pytest.fixture(scope="session")
 def pipeline_run(indexed_datasets: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> SavedRun:
-    """The Llama-style GPT trained 16 iterations under PP2 × VP2 on '0.7 A 0.3 B' (90/8/2 split), evaluated
-    every 8 and saved at the end (tests/training/test_train_on_indexed.py checks the run,
-    tests/huggingface what it saved)."""
+    """``pipeline_flags``' run, evaluated every 8 and saved at the end (tests/training/test_train_on_indexed.py
+    checks the run, tests/huggingface and tests/training/test_run_identity.py what it saved)."""
     root = tmp_path_factory.mktemp("pipeline-run")
     run = SavedRun(root / "metrics.jsonl", root / "checkpoints", root / "index-cache")
     run_pretrain(
         [
-            *MODEL,
-            *LLAMA,
-            *blend_flags(indexed_datasets),
+            *pipeline_flags(indexed_datasets),
             "--data-cache-path",
             str(run.data_cache),
-            *tokenizer_flags(indexed_datasets),
-            "--pipeline-model-parallel-size",
-            "2",
-            "--num-layers-per-virtual-pipeline-stage",
-            "1",
-            "--lr",
-            "3e-3",
-            "--lr-warmup-iters",
-            "2",
-            "--train-iters",
-            "16",
-            "--eval-interval",
-            "8",
-            "--eval-iters",
-            "2",
-            "--log-interval",
-            "1",
             "--metrics-file",
             str(run.metrics),
             "--save",

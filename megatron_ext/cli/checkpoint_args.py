@@ -17,10 +17,15 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tokenizer-model", default=None, help="SentencePiece model or tokenizer directory.")
     group.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: vocab.json.")
     group.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: merges.txt.")
+    group.add_argument(
+        "--accept-tokenizer-change",
+        action="store_true",
+        help="Use a tokenizer other than the one the checkpoint was trained with (it records its SHA-256).",
+    )
 
 
 def tokenizer_overrides(args: argparse.Namespace) -> dict[str, str | None]:
-    """The tokenizer flags given (None where not)."""
+    """The tokenizer flags given (None where not); ``--accept-tokenizer-change`` is not one of them."""
     return {name: getattr(args, name) for name in TOKENIZER_FIELDS}
 
 

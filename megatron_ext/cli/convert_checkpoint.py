@@ -14,7 +14,9 @@ model flags to train it with. Nothing is downloaded; an interrupted or failed
 conversion leaves nothing at the output path.
 
 Exit codes: 0 done, 2 invalid arguments or a model that does not convert, 3 an
-unreadable checkpoint. Details: docs/checkpoints.md.
+unreadable checkpoint, or an output that could not be written (a full, read-only
+or forbidden filesystem: one line naming the file and the fix). Details:
+docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_dependencies()
 
     from megatron_ext.huggingface.architectures import ConversionError
-    from megatron_ext.huggingface.convert import export_to_hf, import_from_hf, parse_size
+    from megatron_ext.huggingface.convert import OutputError, export_to_hf, import_from_hf, parse_size
     from megatron_ext.training.checkpointing import CheckpointError
 
     try:
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                 iteration=args.iteration,
                 tokenizer=tokenizer_overrides(args),
                 max_shard_bytes=parse_size(args.max_shard_size),
+                accept_tokenizer_change=args.accept_tokenizer_change,
             )
             print(
                 f"exported iteration {done.iteration} as {done.architecture}: {done.tensors} tensors in "
@@ -71,5 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.INVALID
     except CheckpointError as exc:
         print(f"checkpoint error: {exc}", file=sys.stderr)
+        return ExitCode.CHECKPOINT
+    except OutputError as exc:
+        # As a failed save of pretrain_gpt.py: a checkpoint (here in transformers' format) cannot be written.
+        print(f"error: {exc}", file=sys.stderr)
         return ExitCode.CHECKPOINT
     return ExitCode.OK

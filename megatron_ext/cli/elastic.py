@@ -30,6 +30,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from megatron_ext.checkpoint import on_disk
 from megatron_ext.cli.checkpoint_args import quiet_dependencies
 from megatron_ext.cli.recipe import calculator_args
 from megatron_ext.config.arguments import (
@@ -41,7 +42,7 @@ from megatron_ext.config.arguments import (
     replace_layout_flags,
 )
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.config.layout import LayoutError, ParallelLayout
+from megatron_ext.config.layout import LayoutError
 from megatron_ext.estimate.hardware import PROFILES, get_profile
 from megatron_ext.estimate.relayout import POLICIES, AllocationPlan, RelayoutError, describe, gpus, plan_allocation
 from megatron_ext.estimate.search import Cluster
@@ -77,47 +78,43 @@ def say(message: str) -> None:
     print(f"[elastic] {message}", file=sys.stderr)
 
 
-def _recipe_layout(argv: Sequence[str], world_size: int) -> tuple[ParallelLayout | None, str]:
-    """The recipe's layout on ``world_size`` processes, or None and why not."""
+def _recipe(argv: Sequence[str], *, world_size: int, recipe_world_size: int) -> tuple[TrainingConfig, str]:
+    """The recipe's configuration on the allocation, and ''; where its layout does not run there, its
+    configuration at its own world size (else at DP 1: outside a job ``NNODES`` is both) and why not.
+    LayoutError when its layout runs nowhere."""
     try:
-        return parse_args(argv, world_size=world_size).layout, ""
+        return parse_args(argv, world_size=world_size), ""
     except LayoutError as exc:
-        return None, f"the recipe's layout does not run on {gpus(world_size)} ({exc.problems[0]})"
-
-
-def _recipe_config(argv: Sequence[str], world_size: int) -> TrainingConfig:
-    """The recipe's configuration at its own world size, else at DP 1 (outside a job ``NNODES`` is both the
-    allocation and the recipe's size); LayoutError when its layout runs nowhere."""
+        refusal = f"the recipe's layout does not run on {gpus(world_size)} ({exc.problems[0]})"
     try:
-        return parse_args(argv, world_size=world_size)
+        return parse_args(argv, world_size=recipe_world_size), refusal
     except LayoutError:
         given, _ = build_parser().parse_known_args(expand_preset(argv))
         model_parallel = math.prod(
             getattr(given, f"parallel.{name}", 1)
             for name in ("tensor_model_parallel_size", "context_parallel_size", "pipeline_model_parallel_size")
         )
-        return parse_args(argv, world_size=model_parallel)
+        return parse_args(argv, world_size=model_parallel), refusal
 
 
 def _saved(checkpoint_dir: str) -> tuple[int, SavedRun] | None:
     """(iteration, SavedRun) of the latest checkpoint under ``checkpoint_dir``, or None."""
     if not checkpoint_dir:
         return None
-    from megatron_ext.training.checkpointing import checkpoint_dir as iteration_dir
-    from megatron_ext.training.checkpointing import read_tracker, saved_run
-
-    iteration = read_tracker(checkpoint_dir)
+    iteration = on_disk.read_tracker(checkpoint_dir)
     if not iteration:
         return None
-    run = saved_run(iteration_dir(checkpoint_dir, iteration))
+    # Reading common.pt takes torch: only once there is a checkpoint.
+    from megatron_ext.training.checkpointing import saved_run
+
+    run = saved_run(on_disk.checkpoint_dir(checkpoint_dir, iteration))
     return (iteration, run) if run is not None else None
 
 
 def plan(args: argparse.Namespace, argv: list[str]) -> tuple[list[str], str]:
     """(pretrain_gpt.py arguments, metrics record or '') for the allocation; raises the errors ``main`` reports."""
-    from megatron_ext.training.checkpointing import per_rank_format_refusal
-
-    recipe_cfg = _recipe_config(argv, args.recipe_world_size)
+    recipe_cfg, refusal = _recipe(argv, world_size=args.world_size, recipe_world_size=args.recipe_world_size)
+    recipe = None if refusal else recipe_cfg.layout
     workload = Workload.of_config(recipe_cfg)
     gpu = get_profile(RANKING_PROFILE if args.gpu == NO_PROFILE else args.gpu)
     if args.gpu == NO_PROFILE:
@@ -130,7 +127,6 @@ def plan(args: argparse.Namespace, argv: list[str]) -> tuple[list[str], str]:
     found = _saved(args.checkpoint_dir)
     iteration, saved = found if found else (0, None)
     saved_layout = saved.config.layout if saved else None
-    recipe, refusal = _recipe_layout(argv, args.world_size)
 
     def planned(policy: str) -> AllocationPlan:
         return plan_allocation(
@@ -146,6 +142,8 @@ def plan(args: argparse.Namespace, argv: list[str]) -> tuple[list[str], str]:
     result = planned(args.policy)
 
     if saved is not None and saved.config.layout.use_distributed_optimizer:
+        from megatron_ext.training.checkpointing import per_rank_format_refusal
+
         per_rank = not saved.config.run.dist_ckpt_optim_fully_reshardable
         why_not = per_rank_format_refusal(saved.layout_record, result.layout.layout) if per_rank else None
         if why_not is not None and args.policy != "dp":
@@ -175,8 +173,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if pretrain[:1] == ["--"]:
         pretrain = pretrain[1:]
     quiet_dependencies()
-    from megatron_ext.training.checkpointing import CheckpointError
-
     try:
         new_argv, record = plan(args, pretrain)
     except (ConfigError, LayoutError) as exc:
@@ -185,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RelayoutError as exc:
         say(f"no layout for {gpus(args.world_size)}: {exc}")
         return ExitCode.DOES_NOT_FIT
-    except CheckpointError as exc:
+    except on_disk.CheckpointError as exc:
         say(f"cannot read the checkpoint's layout: {exc}")
         return ExitCode.CHECKPOINT
     sys.stdout.write(f"pretrain_args=({' '.join(shlex.quote(a) for a in new_argv)})\n")

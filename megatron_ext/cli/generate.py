@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_dependencies()
 
-    from megatron_ext.inference.checkpoint import load_model, one_process, open_checkpoint, tokenizer_of
+    from megatron_ext.inference.checkpoint import checked_tokenizer, load_model, one_process, open_checkpoint
     from megatron_ext.inference.generate import Sampling, generate
     from megatron_ext.training.checkpointing import CheckpointError
     from megatron_ext.training.distributed import resolve_device
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = open_checkpoint(
             args.load, iteration=args.iteration, device=device.type, tokenizer=tokenizer_overrides(args)
         )
-        tok = tokenizer_of(ckpt.cfg)
+        tok = checked_tokenizer(ckpt, accept_change=args.accept_tokenizer_change)
         prompt = tok.tokenize(args.prompt)
         if not prompt:
             raise ValueError("--prompt gives no tokens; give some text")

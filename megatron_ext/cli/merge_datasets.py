@@ -3,7 +3,11 @@
 The result is byte-identical to Megatron-Core's ``IndexedDatasetBuilder.add_index``
 over the same inputs (and so to Megatron-LM's ``tools/merge_datasets.py``).
 All inputs must store the same token dtype (the same tokenizer); the index
-arrays are streamed, so memory stays flat::
+arrays are streamed, so memory stays flat. Every input is verified before
+anything is written (as ``tools/inspect_dataset.py --verify``: a ``.bin``
+shorter or longer than its index needs is named), and the output appears only
+when complete. Exit codes: 0 merged, 1 a bad input or an output the filesystem
+refused (full, read-only, not permitted), 2 bad options::
 
     python tools/merge_datasets.py --input data/a_text_document data/b_text_document \\
         --output-prefix data/ab_text_document
@@ -18,7 +22,7 @@ from pathlib import Path
 
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser
-from megatron_ext.data.indexed import IndexedDatasetError, merge_datasets
+from megatron_ext.data.indexed import IndexedDatasetError, WriteError, merge_datasets
 
 
 def prefixes_of(inputs: list[str]) -> list[str]:
@@ -46,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.output_prefix in prefixes:
             raise IndexedDatasetError(f"--output-prefix {args.output_prefix} is also an input")
         writer = merge_datasets(prefixes, args.output_prefix)
-    except IndexedDatasetError as exc:
+    except (IndexedDatasetError, WriteError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.ERROR
     print(

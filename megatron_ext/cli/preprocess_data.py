@@ -5,8 +5,9 @@ flags except sentence splitting, the worker-count search and the options of
 tokenizers not implemented here, see docs/data.md; the same output bytes) that
 needs only ``megatron.core``, streams in bounded memory, reports bad lines with
 file and line number, and leaves nothing at the output paths unless it
-finishes. Exit codes: 0 done, 1 bad input or a failed worker, 2 bad options,
-128 + N when stopped by signal N (130 Ctrl-C, 143 SIGTERM)::
+finishes. Exit codes: 0 done, 1 bad input, a failed worker or an output the
+filesystem refused (full, read-only, not permitted: one line naming the file and
+the fix), 2 bad options, 128 + N when stopped by signal N (130 Ctrl-C, 143 SIGTERM)::
 
     python tools/preprocess_data.py --input 'corpus/*.jsonl.zst' --output-prefix data/corpus \\
         --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model tok.model --append-eod --workers 8
@@ -25,6 +26,7 @@ from megatron_ext.config.exit_codes import SIGNAL_BASE, ExitCode
 from megatron_ext.config.flags import Parser, above, at_least
 from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, tokenizer_type_argument
 from megatron_ext.data import formats, preprocess
+from megatron_ext.data.indexed import WriteError
 from megatron_ext.data.tokenizers import TokenizerError
 
 
@@ -138,9 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         input_format=args.input_format,
         output_per_file=args.output_per_file,
     )
+    report = preprocess.report_path(args.output_prefix)
     try:
-        summary = preprocess.run(spec, opts)
-    except (formats.InputError, TokenizerError) as exc:
+        summary = preprocess.run(spec, opts, report)
+    except (formats.InputError, TokenizerError, WriteError) as exc:
+        # A refused write is a run-time failure like bad input (1), not a bad option (2), and not worth
+        # retrying as is (75 would make the recipes requeue into the same full or read-only disk).
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.ERROR
     except KeyboardInterrupt as exc:
@@ -155,8 +160,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"\ninterrupted ({exc or 'Ctrl-C'}): nothing was written", file=sys.stderr)
         return SIGNAL_BASE + int(signum)
-    report = preprocess.report_path(args.output_prefix)
-    preprocess.write_report(summary, report)
     if not args.quiet:
         s = summary
         rate = s.input_bytes / max(s.seconds, 1e-9) / 1e6

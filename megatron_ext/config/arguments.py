@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,10 +79,9 @@ class ModelArgs(_Options):
         False, "Separate input embedding and output layer weights.", estimate=True
     )
     disable_bias_linear: bool = opt(False, "No bias in the linear layers.", estimate=True)
-    hidden_dropout: float = opt(
-        0.1, "Dropout probability after attention and MLP.", estimate=True, minimum=0, maximum=1
-    )
-    attention_dropout: float = opt(0.1, "Dropout probability on attention scores.", estimate=True, minimum=0, maximum=1)
+    # Probabilities in [0, 1): 1 would zero every activation (or every attention weight) and train nothing.
+    hidden_dropout: float = opt(0.1, "Dropout probability after attention and MLP.", estimate=True, minimum=0, below=1)
+    attention_dropout: float = opt(0.1, "Dropout probability on attention scores.", estimate=True, minimum=0, below=1)
     init_method_std: float = opt(0.02, "Standard deviation of the normal weight initialisation.", above=0)
     vocab_size: int | None = opt(
         None,
@@ -403,6 +404,40 @@ class OptimizerArgs(_Options):
             )
 
 
+_SPLIT_SEPARATOR = re.compile(r"\s*[,/]\s*|\s+")
+_SPLIT_PART = re.compile(r"\+?(?:\d+\.?\d*|\.\d+)")
+_SPLIT_EXAMPLE = "give up to three proportions (train, valid, test) separated by ',' or '/', e.g. 969,30,1"
+
+
+def parse_split(text: str) -> tuple[float, float, float]:
+    """Megatron's split string as (train, valid, test) weights, or a one-line ConfigError naming ``--split``.
+
+    Megatron-Core reads the string as every run of digits and dots in it (``parse_and_normalize_split``), fewer
+    than three padded with zeros; Megatron-LM's older reader splits on ``,`` or ``/``. Both read plain decimals
+    between those separators alike, and so does this. What they would misread is refused: a sign or exponent
+    Megatron-Core drops (``100,-5,5`` becomes 100,5,5; ``1e3`` becomes 1,3), a word (``abc``, ``nan``), an empty
+    part (``969,,1`` would shift the test share into valid), more than three parts (an assertion there), and
+    proportions summing to 0 (a NaN there).
+    """
+    stripped = text.strip()
+    if not stripped:
+        raise ConfigError(f"--split is empty; {_SPLIT_EXAMPLE}")
+    parts = _SPLIT_SEPARATOR.split(stripped)
+    for part in parts:
+        if not _SPLIT_PART.fullmatch(part):
+            what = "an empty part" if not part else f"{part!r}, which is not a non-negative decimal number"
+            raise ConfigError(f"--split {text!r} has {what}; {_SPLIT_EXAMPLE}")
+    if len(parts) > 3:
+        raise ConfigError(f"--split {text!r} has {len(parts)} parts; {_SPLIT_EXAMPLE}")
+    weights = [float(part) for part in parts] + [0.0] * (3 - len(parts))
+    if not all(math.isfinite(w) for w in weights):
+        raise ConfigError(f"--split {text!r} has a number too large to be a proportion; {_SPLIT_EXAMPLE}")
+    if sum(weights) <= 0:
+        raise ConfigError(f"--split {text!r} gives every split a share of 0; {_SPLIT_EXAMPLE}")
+    train, valid, test = weights
+    return train, valid, test
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataArgs(_Options):
     """Training data (Megatron indexed datasets, made by tools/preprocess_data.py) and the tokenizer."""
@@ -442,6 +477,7 @@ class DataArgs(_Options):
     )
 
     def _relations(self) -> None:
+        parse_split(self.split)  # raises, naming --split
         problem = tokenizer_type_problem(self.tokenizer_type)
         if problem is not None:
             raise ConfigError(problem)
@@ -559,6 +595,22 @@ class RunArgs(_Options):
     )
     no_load_rng: bool = opt(False, "Do not load RNG state from --load.")
     finetune: bool = opt(False, "Load only the model from --load and start at iteration 0.")
+    overwrite_checkpoints: bool = opt(
+        False,
+        "Start even though --load or --save holds finished checkpoints this run cannot account for (no tracker, "
+        "or checkpoints beyond the iteration it starts from), replacing them as training reaches their "
+        "iterations. Without it such a run stops before training and says what it found.",
+    )
+    accept_tokenizer_change: bool = opt(
+        False,
+        "Resume (or --finetune) from a checkpoint trained with another tokenizer: the checkpoint records its "
+        "tokenizer's SHA-256, and a different one is refused without this flag.",
+    )
+    accept_data_change: bool = opt(
+        False,
+        "Resume from a checkpoint on other training data: the checkpoint records every dataset's index "
+        "SHA-256, the blend's weights and --split, and a difference is refused without this flag.",
+    )
     tensorboard_dir: str | None = opt(None, "Write TensorBoard scalars here.", env="TENSORBOARD_DIR")
     log_params_norm: bool = opt(
         False,

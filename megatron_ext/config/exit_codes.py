@@ -19,7 +19,8 @@ class ExitCode(enum.IntEnum):
     INVALID = 2
     """Invalid options or layout, refused before anything started (argparse's own code too)."""
     CHECKPOINT = 3
-    """``pretrain_gpt.py``: ``--load`` holds a checkpoint this run cannot use (damaged, other model)."""
+    """A checkpoint cannot be used or written: damaged, another model, tokenizer or data, checkpoints the run
+    would replace, or a save that failed (disk full, read-only)."""
     NON_FINITE = 4
     """``pretrain_gpt.py``: more consecutive non-finite losses than ``--max-consecutive-skipped`` allows."""
     DOES_NOT_FIT = 5

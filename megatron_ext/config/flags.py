@@ -79,14 +79,15 @@ def opt(
     minimum: float | None = None,
     maximum: float | None = None,
     above: float | None = None,
+    below: float | None = None,
 ) -> Any:
     """A dataclass field that is also a command-line option.
 
     ``flag`` and ``aliases`` override the flag's name (default: the field name
     with dashes); ``estimate`` marks what the layout calculator models, with an
     optional ``short`` alias there (``--tp``); ``env`` names the recipe variable.
-    ``minimum``/``maximum`` bound the value inclusively, ``above`` exclusively
-    (``bound_problems`` checks them for every tool that takes the flag).
+    ``minimum``/``maximum`` bound the value inclusively, ``above``/``below``
+    exclusively (``bound_problems`` checks them for every tool that takes the flag).
     """
     metadata = {
         "help": help,
@@ -99,6 +100,7 @@ def opt(
         "minimum": minimum,
         "maximum": maximum,
         "above": above,
+        "below": below,
     }
     return field(default=default, metadata=metadata)
 
@@ -173,12 +175,15 @@ def bound_problems(values: Any) -> list[str]:
         if value is None or isinstance(value, bool) or not isinstance(value, int | float):
             continue
         lo, hi, above = f.metadata.get("minimum"), f.metadata.get("maximum"), f.metadata.get("above")
+        below = f.metadata.get("below")
         if above is not None and not value > above:
             problems.append(f"{flag_of(f)} must be greater than {above:g}, got {value:g}")
         elif lo is not None and value < lo:
             problems.append(f"{flag_of(f)} must be at least {lo:g}, got {value:g}")
         elif hi is not None and value > hi:
             problems.append(f"{flag_of(f)} must be at most {hi:g}, got {value:g}")
+        elif below is not None and not value < below:
+            problems.append(f"{flag_of(f)} must be less than {below:g}, got {value:g}")
         elif value != value or value in (float("inf"), float("-inf")):  # NaN, infinities
             problems.append(f"{flag_of(f)} must be a finite number, got {value}")
     return problems

@@ -316,6 +316,18 @@ def check_columns(file: InputFile, keys: Sequence[str]) -> None:
 
 
 # ------------------------------------------------------------------ parent: chunks
+def _line_end(f: Any, position: int) -> int:
+    """The offset just after the first newline at or after ``position`` (the end of the file if none),
+    read in blocks: a line of any length costs the parent one block of memory, not the line."""
+    f.seek(position)
+    while block := f.read(1 << 16):
+        cut = block.find(b"\n")
+        if cut >= 0:
+            return position + cut + 1
+        position += len(block)
+    return position
+
+
 def _plain_chunks(file: InputFile, file_id: int, chunk_bytes: int) -> Iterator[Chunk]:
     """Byte ranges of whole lines: each cut moves forward to just after a newline."""
     size = file.size
@@ -324,8 +336,7 @@ def _plain_chunks(file: InputFile, file_id: int, chunk_bytes: int) -> Iterator[C
         while start < size:
             end = min(start + chunk_bytes, size)
             if end < size:
-                f.seek(end)
-                end += len(f.readline())
+                end = min(_line_end(f, end), size)
             yield Chunk(seq=0, file_id=file_id, start=start, end=end, position=end)
             start = end
 
@@ -486,17 +497,26 @@ def chunks(file: InputFile, file_id: int, keys: Sequence[str], chunk_bytes: int)
 
 
 # ------------------------------------------------------------------ worker: records
-def _decode_lines(data: bytes) -> list[str | UnicodeDecodeError]:
-    """Lines of a chunk as text; an undecodable line becomes its error."""
+def _decode_lines(box: list[bytes]) -> list[str | UnicodeDecodeError]:
+    """Lines of a chunk as text; an undecodable line becomes its error.
+
+    Takes the chunk's bytes out of ``box`` (its only reference), so that the bytes are freed once
+    decoded and the decoded text once split: a long line is held twice at most, not three times.
+    """
+    data = box.pop()
     try:
-        lines: list[Any] = data.decode("utf-8").split("\n")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
-        lines = []
+        lines: list[Any] = []
         for raw in data.split(b"\n"):
             try:
                 lines.append(raw.decode("utf-8"))
             except UnicodeDecodeError as exc:
                 lines.append(exc)
+    else:
+        del data
+        lines = text.split("\n")
+        del text
     if lines and lines[-1] == "":
         lines.pop()  # the newline that ends the last line
     return lines
@@ -572,13 +592,24 @@ def table_records(data: bytes, keys: Sequence[str]) -> list[Record]:
 
 
 def records(chunk: Chunk, path: str | os.PathLike[str], keys: Sequence[str]) -> list[Record]:
-    """Every record of a chunk, in order (runs in a worker; a plain file's range is read here)."""
-    if chunk.data is not None:
-        data = chunk.data
-    else:
+    """Every record of a chunk, in order (runs in a worker; a plain file's range is read here).
+
+    A chunk is read once: its data is released as it is decoded (``chunk.data`` becomes None), and each
+    line once parsed, so that a very long line is not held several times over.
+    """
+    data = chunk.data
+    chunk.data = None
+    if data is None:
         with open(path, "rb") as f:
             f.seek(chunk.start)
             data = f.read(chunk.end - chunk.start)
     if chunk.table:
         return table_records(data, keys)
-    return [check_line(line, keys) for line in _decode_lines(data)]
+    box = [data]
+    del data
+    lines = _decode_lines(box)
+    out: list[Record] = []
+    for i, line in enumerate(lines):
+        lines[i] = ""
+        out.append(check_line(line, keys))
+    return out

@@ -27,6 +27,11 @@ the filesystem has hard links). Only ``kill -9`` or a crash between the naming
 and the last rename (milliseconds) can publish some outputs and not others or
 leave hidden temporaries; those of dead runs are removed by the next run on the
 same output name on the same host (see :func:`_remove_stale`).
+
+Every refusal of the filesystem while writing (full, read-only, not permitted)
+is a :class:`WriteError` that names the output file and the fix, raised once the
+writers have been discarded by the caller. :func:`merge_datasets` verifies its
+inputs (:meth:`IndexedDatasetFiles.verify`) before it writes anything.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from megatron_ext.write_faults import describe
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -68,6 +75,34 @@ _BLOCK = 1 << 20  # elements per block when streaming index arrays
 
 class IndexedDatasetError(ValueError):
     """A dataset that is missing, truncated or inconsistent."""
+
+
+class WriteError(OSError):
+    """An output that the filesystem refused to take (full, read-only, not permitted).
+
+    Its message is one line: the file, what the filesystem said (with the errno
+    name) and what to do. It is raised once everything the run wrote has been
+    discarded, unless ``consequence`` says otherwise. ``errno`` is the original's.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], exc: OSError, consequence: str = "nothing was written") -> None:
+        what, fix = describe(
+            exc.errno, flag="--output-prefix", directory=Path(path).parent, words=exc.strerror or str(exc)
+        )
+        super().__init__(f"cannot write {path}: {what}; {consequence}; {fix}")
+        self.path = Path(path)
+        self.errno = exc.errno
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn an ``OSError`` raised while writing ``path`` (or its temporaries) into a :class:`WriteError`."""
+    try:
+        yield
+    except WriteError:
+        raise  # already names its file
+    except OSError as exc:
+        raise WriteError(path, exc) from None
 
 
 def optimal_dtype(vocab_size: int | None) -> type[np.number]:
@@ -158,24 +193,33 @@ class _PendingFile:
         try:
             fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
         except (AttributeError, OSError):
-            self.named = _temp_path(final, "tmp")
-            fd = os.open(self.named, os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+            named = _temp_path(final, "tmp")
+            with writing(final):  # a read-only or full filesystem refuses this one too: name the output
+                fd = os.open(named, os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+            self.named = named
         self.file: BinaryIO = os.fdopen(fd, "wb", buffering=1 << 20)
+
+    def write(self, data: Any) -> None:
+        """Append ``data`` (bytes or a buffer); a refusal of the filesystem is a :class:`WriteError`."""
+        with writing(self.final):
+            self.file.write(data)
 
     def sync(self) -> None:
         """Write the file's data to disk (fsync); it keeps whatever name it has."""
-        self.file.flush()
-        os.fsync(self.file.fileno())
+        with writing(self.final):
+            self.file.flush()
+            os.fsync(self.file.fileno())
 
     def name(self) -> None:
         """Give an unnamed file its hidden temporary name (after :meth:`sync`); the final name is untouched."""
-        if self.named is None:
-            staging = _temp_path(self.final, "tmp")
-            with contextlib.suppress(FileNotFoundError):
-                staging.unlink()
-            self.named = staging  # set first: a copy that fails half-way is removed by discard()
-            _link_unnamed(self.file, staging)
-        self.file.close()
+        with writing(self.final):
+            if self.named is None:
+                staging = _temp_path(self.final, "tmp")
+                with contextlib.suppress(FileNotFoundError):
+                    staging.unlink()
+                self.named = staging  # set first: a copy that fails half-way is removed by discard()
+                _link_unnamed(self.file, staging)
+            self.file.close()
 
     def discard(self) -> None:
         with contextlib.suppress(OSError):
@@ -266,7 +310,8 @@ def _publish(files: Sequence[_PendingFile]) -> None:
                 backups[f.final] = backup
         for f in files:
             assert f.named is not None, "name() first"
-            os.replace(f.named, f.final)
+            with writing(f.final):
+                os.replace(f.named, f.final)
             f.named = None
             published.append(f)
     except BaseException:
@@ -283,6 +328,27 @@ def _publish(files: Sequence[_PendingFile]) -> None:
                 backup.unlink()
     for directory in dict.fromkeys(f.final.parent for f in files):
         _fsync_directory(directory)
+
+
+def stage_file(final: Path, data: bytes) -> Path:
+    """``data`` written and synced to the hidden temporary ``.NAME.tmp-OWNER-PID`` next to ``final``,
+    to be renamed to ``final`` (``os.replace``) once the outputs it belongs to are published.
+
+    A refusal of the filesystem is a :class:`WriteError` naming ``final``, with nothing left behind;
+    a temporary left by ``kill -9`` is removed by the next run on this host, as for datasets.
+    """
+    _remove_stale(final.parent, final.name)
+    staged = _temp_path(final, "tmp")
+    try:
+        with writing(final), open(staged, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            staged.unlink()
+        raise
+    return staged
 
 
 def stage_all(writers: Sequence[IndexedWriter]) -> None:
@@ -352,10 +418,17 @@ class IndexedWriter:
             raise IndexedDatasetError(f"output directory {directory} does not exist")
         self._bin = _PendingFile(bin_path(self.prefix))
         self._idx: _PendingFile | None = None
-        # Index arrays spilled to unnamed temporary files next to the output.
-        # Open for the writer's lifetime; closed by link()/discard().
-        self._lengths = tempfile.TemporaryFile(dir=directory, prefix=".spill-")  # noqa: SIM115
-        self._doc_ends = tempfile.TemporaryFile(dir=directory, prefix=".spill-")  # noqa: SIM115
+        # Index arrays spilled to unnamed temporary files next to the output (their failures name the
+        # .idx they become). Open for the writer's lifetime; closed by published()/discard().
+        try:
+            with writing(idx_path(self.prefix)):
+                self._lengths = tempfile.TemporaryFile(dir=directory, prefix=".spill-")  # noqa: SIM115
+                self._doc_ends = tempfile.TemporaryFile(dir=directory, prefix=".spill-")  # noqa: SIM115
+        except BaseException:
+            self._bin.discard()
+            with contextlib.suppress(AttributeError, OSError):
+                self._lengths.close()
+            raise
         self.num_sequences = 0
         self.num_documents = 0
         self.num_tokens = 0
@@ -366,39 +439,57 @@ class IndexedWriter:
         lengths = np.asarray(lengths, dtype=np.int64)
         if int(lengths.sum()) != tokens.size:
             raise ValueError(f"lengths add up to {int(lengths.sum())} but {tokens.size} tokens were given")
-        self._bin.file.write(np.ascontiguousarray(tokens, dtype=self.dtype).data)
+        self._bin.write(np.ascontiguousarray(tokens, dtype=self.dtype).data)
         nonempty = lengths > 0
-        self._lengths.write(lengths[nonempty].astype(np.int32).data)
         ends = self.num_sequences + np.cumsum(nonempty, dtype=np.int64)
-        self._doc_ends.write(ends.data)
+        with writing(idx_path(self.prefix)):
+            self._lengths.write(lengths[nonempty].astype(np.int32).data)
+            self._doc_ends.write(ends.data)
         self.num_sequences += int(nonempty.sum())
         self.num_documents += lengths.size
         self.num_tokens += tokens.size
 
     def add_index(self, prefix: str | os.PathLike[str]) -> None:
-        """Append a whole existing dataset (as ``IndexedDatasetBuilder.add_index``)."""
+        """Append a whole existing dataset (as ``IndexedDatasetBuilder.add_index``).
+
+        Copies exactly the ``.bin`` bytes that were there when the dataset was opened: a file that
+        shrinks meanwhile is an error, one that grows does not change the result.
+        """
         src = IndexedDatasetFiles.open(prefix)
         if src.dtype != self.dtype:
             raise IndexedDatasetError(
                 f"{prefix} stores {src.dtype} tokens but the output is {self.dtype}; every input of a merge must "
                 "use the same dtype (the same tokenizer)"
             )
-        for start in range(0, src.num_sequences, _BLOCK):
-            self._lengths.write(np.asarray(src.lengths[start : start + _BLOCK], dtype=np.int32).data)
-        for start in range(1, src.document_indices.size, _BLOCK):
-            ends = src.document_indices[start : start + _BLOCK] + self.num_sequences
-            self._doc_ends.write(np.asarray(ends, dtype=np.int64).data)
-        with open(bin_path(prefix), "rb") as f:
-            while chunk := f.read(16 << 20):
-                self._bin.file.write(chunk)
+        with writing(idx_path(self.prefix)):
+            for start in range(0, src.num_sequences, _BLOCK):
+                self._lengths.write(np.asarray(src.lengths[start : start + _BLOCK], dtype=np.int32).data)
+            for start in range(1, src.document_indices.size, _BLOCK):
+                ends = src.document_indices[start : start + _BLOCK] + self.num_sequences
+                self._doc_ends.write(np.asarray(ends, dtype=np.int64).data)
+        source = bin_path(prefix)
+        left = src.bin_bytes
+        with _reading(source), open(source, "rb") as f:
+            while left and (chunk := f.read(min(left, 16 << 20))):
+                self._bin.write(chunk)
+                left -= len(chunk)
+        if left:
+            raise IndexedDatasetError(
+                f"{source} became shorter while it was being merged ({left:,} of its {src.bin_bytes:,} bytes "
+                "missing). Nothing was written. Merge again once nothing else writes to it"
+            )
         self.num_sequences += src.num_sequences
         self.num_documents += src.document_indices.size - 1
         self.num_tokens += int(src.bin_bytes // self.dtype.itemsize)
 
     def finish(self) -> None:
-        """Write the index (still unnamed); :meth:`link` publishes both files."""
+        """Write the index (still unnamed); :func:`publish_all` gives both files their names."""
         self._idx = _PendingFile(idx_path(self.prefix))
-        out = self._idx.file
+        with writing(self._idx.final):
+            self._write_index(self._idx.file)
+
+    def _write_index(self, out: BinaryIO) -> None:
+        """The ``.idx`` bytes: header, lengths, pointers (from the lengths), document indices."""
         out.write(INDEX_HEADER)
         out.write(struct.pack("<Q", INDEX_VERSION))
         out.write(struct.pack("<B", DTYPE_CODES[self.dtype_type]))
@@ -458,6 +549,15 @@ def _read_blocks(f: BinaryIO, dtype: type[np.number]) -> Iterator[np.ndarray]:
 
 
 # ----------------------------------------------------------------- reading
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Turn an ``OSError`` raised while reading an input into an :class:`IndexedDatasetError` naming it."""
+    try:
+        yield
+    except OSError as exc:
+        raise IndexedDatasetError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
 @dataclass
 class IndexedDatasetFiles:
     """The arrays of a ``.idx`` (memory-mapped) and the size of its ``.bin``."""
@@ -488,11 +588,12 @@ class IndexedDatasetFiles:
                 f"dataset {prefix}: missing {' and '.join(missing)} (make it with tools/preprocess_data.py; "
                 "the prefix excludes .bin/.idx)"
             )
-        size = idx.stat().st_size
-        if size < HEADER_BYTES:
-            raise IndexedDatasetError(f"{idx} is truncated ({size} bytes; the header alone is {HEADER_BYTES})")
-        with open(idx, "rb") as f:
-            head = f.read(HEADER_BYTES)
+        with _reading(idx):
+            size = idx.stat().st_size
+            if size < HEADER_BYTES:
+                raise IndexedDatasetError(f"{idx} is truncated ({size} bytes; the header alone is {HEADER_BYTES})")
+            with open(idx, "rb") as f:
+                head = f.read(HEADER_BYTES)
         if head[:9] != INDEX_HEADER:
             raise IndexedDatasetError(f"{idx} is not a Megatron index (bad magic {head[:9]!r})")
         (version,) = struct.unpack("<Q", head[9:17])
@@ -509,11 +610,14 @@ class IndexedDatasetFiles:
                 f"{idx} is {size} bytes but its header ({sequences} sequences, {documents} document indices) "
                 f"needs {expected}: the file is truncated or corrupt"
             )
-        mm = np.memmap(idx, mode="r", dtype=np.uint8)
+        with _reading(idx):
+            mm = np.memmap(idx, mode="r", dtype=np.uint8)
         lengths = np.frombuffer(mm, dtype=np.int32, count=sequences, offset=HEADER_BYTES)
         pointers = np.frombuffer(mm, dtype=np.int64, count=sequences, offset=HEADER_BYTES + 4 * sequences)
         documents_arr = np.frombuffer(mm, dtype=np.int64, count=documents, offset=HEADER_BYTES + 12 * sequences)
-        return cls(prefix, dtype, lengths, pointers, documents_arr, binf.stat().st_size)
+        with _reading(binf):
+            bin_bytes = binf.stat().st_size
+        return cls(prefix, dtype, lengths, pointers, documents_arr, bin_bytes)
 
     def _bin_size_problem(self, needed: int) -> str:
         what = "truncated" if self.bin_bytes < needed else "longer than its index says"
@@ -604,7 +708,14 @@ class IndexedDatasetFiles:
 
 
 def merge_datasets(prefixes: Sequence[str | os.PathLike[str]], output_prefix: str | os.PathLike[str]) -> IndexedWriter:
-    """Concatenate datasets into one (Megatron's ``add_index`` order); all must share one dtype."""
+    """Concatenate datasets into one (Megatron's ``add_index`` order); all must share one dtype.
+
+    Every input is verified first (:meth:`IndexedDatasetFiles.verify`, the check of
+    ``tools/inspect_dataset.py --verify``: pointers, document indices, the ``.bin`` size against its
+    index), so a damaged input is named before anything is written. Raises
+    :class:`IndexedDatasetError` for a bad input and :class:`WriteError` when the output's filesystem
+    refuses it; either way nothing is left at the output paths.
+    """
     if not prefixes:
         raise IndexedDatasetError("nothing to merge")
     opened = [IndexedDatasetFiles.open(p) for p in prefixes]
@@ -612,6 +723,13 @@ def merge_datasets(prefixes: Sequence[str | os.PathLike[str]], output_prefix: st
     if len(dtypes) > 1:
         listing = ", ".join(f"{o.prefix} ({o.dtype})" for o in opened)
         raise IndexedDatasetError(f"cannot merge datasets of different token dtypes: {listing}")
+    for files in opened:
+        problems = files.verify()
+        if problems:
+            raise IndexedDatasetError(
+                f"input {files.prefix}: {problems[0]}. Nothing was written. Make or copy that dataset again "
+                f"(tools/inspect_dataset.py {files.prefix} --verify checks it), or leave it out of --input"
+            )
     writer = IndexedWriter(output_prefix, opened[0].dtype.type)
     try:
         for p in prefixes:

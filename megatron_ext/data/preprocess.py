@@ -12,6 +12,11 @@ How the work is split (why it is fast):
   (SentencePiece's batch encoder returns int32 buffers). It sends back one
   flat token array and one length array per JSON key: a few pickled buffers
   per chunk instead of a Python list per document.
+* A document longer than :data:`LONG_DOCUMENT_CHARS` is tokenized a piece at
+  a time (:meth:`~megatron_ext.data.tokenizers.Tokenizer.tokenize_pieces`,
+  cut only where the ids are provably those of the whole), each piece's ids
+  converted to the token dtype as they come: the tokenizer's working memory
+  does not grow with the document.
 * The parent takes results in input order, appends tokens to the ``.bin``
   and spills lengths and document boundaries to temporary files
   (:class:`~megatron_ext.data.indexed.IndexedWriter`). At most ``2 × workers + 2``
@@ -49,9 +54,17 @@ import numpy as np
 
 from megatron_ext.data import formats
 from megatron_ext.data.formats import Chunk, InputError, InputFile
-from megatron_ext.data.indexed import HELD_SIGNALS, IndexedWriter, commit_all, optimal_dtype, publish_all, stage_all
+from megatron_ext.data.indexed import (
+    HELD_SIGNALS,
+    IndexedWriter,
+    WriteError,
+    optimal_dtype,
+    publish_all,
+    stage_all,
+    stage_file,
+)
 from megatron_ext.data.progress import Progress
-from megatron_ext.data.tokenizers import Tokenizer, build_tokenizer
+from megatron_ext.data.tokenizers import PIECE_CHARS, Tokenizer, build_tokenizer
 
 REASONS = ("invalid_utf8", "not_json", "missing_key", "non_string", "tokenize_error")
 """Why a line is bad (the keys of the report's ``skipped`` counts)."""
@@ -362,27 +375,74 @@ class WorkerPool:
         self.workers = []
 
 
+LONG_DOCUMENT_CHARS = 4 * PIECE_CHARS
+"""Texts longer than this are tokenized a piece at a time (:meth:`Tokenizer.tokenize_pieces`), with the
+ids of the whole text: the tokenizer's working memory is then that of one piece, whatever the length."""
+
+
+def _failure(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _outside(high: int, low: int, vocab_size: int) -> str | None:
+    """Why ids from ``low`` to ``high`` do not fit the vocabulary, or None when they do."""
+    if high < vocab_size and low >= 0:
+        return None
+    return f"token id {high if high >= vocab_size else low} is outside the vocabulary [0, {vocab_size})"
+
+
+def _tokenize_long(tokenizer: Tokenizer, text: str, vocab_size: int, dtype: Any) -> tuple[list[np.ndarray], str | None]:
+    """A long text's ids, piece by piece, each converted to the output ``dtype`` as it comes (halving
+    what int32 ids would hold); or no ids and why they do not fit the vocabulary (the same reason as
+    for the whole text: the extremes of all its ids)."""
+    parts: list[np.ndarray] = []
+    high, low = -1, 0
+    for ids in tokenizer.tokenize_pieces(text):
+        if ids.size:
+            high, low = max(high, int(ids.max())), min(low, int(ids.min()))
+        if _outside(high, low, vocab_size) is None:
+            parts.append(ids.astype(dtype))
+        else:
+            parts = []  # keep reading: the reason names the extremes of the whole text
+    return parts, _outside(high, low, vocab_size)
+
+
 def _tokenize_checked(
-    tokenizer: Tokenizer, texts: list[str], vocab_size: int
-) -> tuple[list[np.ndarray], dict[int, str]]:
-    """Encode a batch; on failure find the texts that fail (index → reason) and encode the rest."""
+    tokenizer: Tokenizer, texts: list[str], vocab_size: int, dtype: Any
+) -> tuple[list[list[np.ndarray]], dict[int, str]]:
+    """Encode a batch: each text's ids as a list of arrays (one; several, already of ``dtype``, for a
+    text longer than :data:`LONG_DOCUMENT_CHARS`). On failure find the texts that fail (index → reason;
+    they get no array) and encode the rest."""
     failures: dict[int, str] = {}
+    out: list[list[np.ndarray]] = [[] for _ in texts]
+    short = [i for i, text in enumerate(texts) if len(text) <= LONG_DOCUMENT_CHARS]
     try:
-        arrays = tokenizer.tokenize_batch(texts)
+        arrays = tokenizer.tokenize_batch([texts[i] for i in short])
     except Exception:
         arrays = []
-        for i, text in enumerate(texts):
+        for i in short:
             try:
-                arrays.append(np.asarray(tokenizer.tokenize(text), dtype=np.int64))
+                arrays.append(np.asarray(tokenizer.tokenize(texts[i]), dtype=np.int64))
             except Exception as exc:
-                failures[i] = f"{type(exc).__name__}: {exc}"[:200]
+                failures[i] = _failure(exc)
                 arrays.append(np.zeros(0, dtype=np.int32))
-    for i, arr in enumerate(arrays):
-        if arr.size and (int(arr.max()) >= vocab_size or int(arr.min()) < 0):
-            failures[i] = (
-                f"token id {int(arr.max()) if arr.max() >= vocab_size else int(arr.min())} is outside the vocabulary [0, {vocab_size})"
-            )
-    return arrays, failures
+    for i, arr in zip(short, arrays, strict=True):
+        why = _outside(int(arr.max()), int(arr.min()), vocab_size) if arr.size else None
+        if why is not None:
+            failures[i] = why
+        elif i not in failures:
+            out[i] = [arr]
+    for i, text in enumerate(texts):
+        if len(text) > LONG_DOCUMENT_CHARS:
+            try:
+                parts, why = _tokenize_long(tokenizer, text, vocab_size, dtype)
+            except Exception as exc:
+                parts, why = [], _failure(exc)
+            if why is None:
+                out[i] = parts
+            else:
+                failures[i] = why
+    return out, failures
 
 
 def process_chunk(chunk: Chunk) -> ChunkResult:
@@ -408,10 +468,13 @@ def process_chunk(chunk: Chunk) -> ChunkResult:
         line_of_doc.append(n)
         for k, text in enumerate(got):
             texts[k].append(text)
+    lines = len(records)
+    records.clear()  # then the texts are referenced from ``texts`` alone, and freed key by key below
+    got = None
 
     result = ChunkResult(
         seq=chunk.seq,
-        lines=len(records),
+        lines=lines,
         nbytes=chunk.end - chunk.start,
         tokens={},
         lengths={},
@@ -423,10 +486,11 @@ def process_chunk(chunk: Chunk) -> ChunkResult:
         return result
 
     vocab_size = tokenizer.vocab_size
-    per_key: list[list[np.ndarray]] = []
+    per_key: list[list[list[np.ndarray]]] = []
     bad_docs: dict[int, str] = {}
     for k in range(len(keys)):
-        arrays, failures = _tokenize_checked(tokenizer, texts[k], vocab_size)
+        arrays, failures = _tokenize_checked(tokenizer, texts[k], vocab_size, dtype)
+        texts[k] = []
         for i, why in failures.items():
             bad_docs.setdefault(i, f"key {keys[k]!r}: {why}")
         per_key.append(arrays)
@@ -447,19 +511,23 @@ def process_chunk(chunk: Chunk) -> ChunkResult:
         pieces: list[np.ndarray] = []
         lengths = np.zeros(len(per_key[k]), dtype=np.int64)
         empty = 0
-        for i, arr in enumerate(per_key[k]):
+        for i, parts in enumerate(per_key[k]):
             if i in bad_docs:
                 lengths[i] = -1
                 continue
-            if arr.size == 0:
+            size = sum(part.size for part in parts)
+            if size == 0:
                 empty += 1  # no tokens: a document boundary with no sequence, as Megatron-LM writes it
                 continue
-            pieces.append(arr)
+            pieces.extend(parts)
             if opts.append_eod:
                 pieces.append(eod)
-            lengths[i] = arr.size + opts.append_eod
+            lengths[i] = size + opts.append_eod
+        per_key[k] = []
         lengths = lengths[lengths >= 0]
-        tokens = np.concatenate(pieces).astype(dtype, copy=False) if pieces else np.zeros(0, dtype=dtype)
+        # One pass into the output dtype (ids are checked against the vocabulary, which that dtype holds).
+        tokens = np.concatenate(pieces, dtype=dtype, casting="unsafe") if pieces else np.zeros(0, dtype=dtype)
+        del pieces
         result.tokens[key] = tokens
         result.lengths[key] = lengths
         result.empty[key] = empty
@@ -531,7 +599,8 @@ class _Outputs:
     def _stage_current(self) -> None:
         if not self.current:
             return
-        if not self.opts.allow_empty and all(w.num_tokens == 0 for w in self.current.values()):
+        per_file = self.labels is not None  # one dataset for the run: _drive has refused an empty one
+        if per_file and not self.opts.allow_empty and all(w.num_tokens == 0 for w in self.current.values()):
             raise PreprocessError(
                 f"{self.files[self.file_id].path} has no document with any token, so its datasets would be empty "
                 "(--output-per-file). Nothing was written. Leave it out of --input, or pass --allow-empty-output"
@@ -541,13 +610,16 @@ class _Outputs:
         self.staged.extend(writers)  # first: discard() must find them if staging fails half-way
         stage_all(writers)
 
-    def commit(self) -> None:
-        """Publish every dataset (all of them or, on an error, none)."""
+    def stage(self) -> None:
+        """Complete and sync every dataset under hidden names (where a full disk fails, if it does)."""
         if self.labels is None:
-            commit_all(list(self.for_file(0).values()))
-            return
-        self.for_file(len(self.files) - 1)  # inputs that gave no chunk at the end still get their datasets
+            self.for_file(0)
+        else:
+            self.for_file(len(self.files) - 1)  # inputs that gave no chunk at the end still get their datasets
         self._stage_current()
+
+    def publish(self) -> None:
+        """Rename every staged dataset to its final names (all of them or, on an error, none)."""
         publish_all(self.staged)
 
     def discard(self) -> None:
@@ -555,12 +627,17 @@ class _Outputs:
             w.discard()
 
 
-def run(spec: TokenizerSpec, opts: Options) -> Summary:
+def run(spec: TokenizerSpec, opts: Options, report: Path | None = None) -> Summary:
     """Preprocess ``opts.inputs`` into one dataset per JSON key (and input file); return what was done.
 
+    With ``report`` the summary is written there as JSON, staged with the
+    datasets and published right after them (see :func:`report_path`).
+
     Raises :class:`~megatron_ext.data.formats.InputError` for bad input (strict
-    mode) and :class:`Interrupted`/``KeyboardInterrupt`` when stopped; in both
-    cases nothing is left at the output paths.
+    mode), :class:`~megatron_ext.data.indexed.WriteError` when the output's
+    filesystem refuses a write (full, read-only, not permitted) and
+    :class:`Interrupted`/``KeyboardInterrupt`` when stopped; in all these
+    cases nothing is left at the output paths, nor any temporary file of the run.
     """
     if opts.workers < 1:
         raise PreprocessError(f"--workers must be at least 1, got {opts.workers}")
@@ -585,6 +662,7 @@ def run(spec: TokenizerSpec, opts: Options) -> Summary:
     # The signals that stop a run are those held while outputs are named (indexed.HELD_SIGNALS).
     old_handlers = {s: signal.signal(s, _raise_on_signal) for s in HELD_SIGNALS}
     pool: WorkerPool | None = None
+    staged_report: Path | None = None
     try:
         if opts.workers > 1:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -596,21 +674,33 @@ def run(spec: TokenizerSpec, opts: Options) -> Summary:
         pool.close()
         pool = None
         _check_stopped()
-        outputs.commit()
+        outputs.stage()
+        summary.seconds = progress.elapsed
+        summary.tokenizer = tokenizer.describe()
+        summary.dtype = np.dtype(dtype).name
+        summary.outputs = outputs.outputs
+        if report is not None:  # staged before anything is published: a full disk fails here, not after
+            staged_report = stage_file(report, (json.dumps(summary.to_json(), indent=2) + "\n").encode())
+        outputs.publish()
+        if staged_report is not None:
+            assert report is not None
+            try:
+                os.replace(staged_report, report)
+            except OSError as exc:  # after the datasets: they stay, complete; say so
+                raise WriteError(report, exc, "the datasets were published complete") from None
+            staged_report = None
     except BaseException:
         if pool is not None:
             pool.kill()
         outputs.discard()
+        if staged_report is not None:
+            with contextlib.suppress(OSError):
+                staged_report.unlink()
         raise
     finally:
         for s, h in old_handlers.items():
             signal.signal(s, h)
         progress.close()
-
-    summary.seconds = progress.elapsed
-    summary.tokenizer = tokenizer.describe()
-    summary.dtype = np.dtype(dtype).name
-    summary.outputs = outputs.outputs
     return summary
 
 
@@ -697,10 +787,17 @@ def _drive(pool: WorkerPool, files: list[InputFile], opts: Options, outputs: _Ou
 
 
 def write_report(summary: Summary, path: Path) -> None:
-    """The run's counts as JSON, written atomically."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
-    os.replace(tmp, path)
+    """The run's counts as JSON, written atomically (:func:`run` does this itself when given ``report``).
+
+    A refusal of the filesystem is a :class:`~megatron_ext.data.indexed.WriteError`; nothing is left behind.
+    """
+    staged = stage_file(path, (json.dumps(summary.to_json(), indent=2) + "\n").encode())
+    try:
+        os.replace(staged, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            staged.unlink()
+        raise WriteError(path, exc) from None
 
 
 def report_path(output_prefix: str) -> Path:

@@ -1,4 +1,4 @@
-"""Tokenizers with Megatron-LM's ``--tokenizer-type`` names and semantics.
+r"""Tokenizers with Megatron-LM's ``--tokenizer-type`` names and semantics.
 
 One module for the preprocessing tools and for training, so that the token
 ids written into a dataset and the vocabulary the model is built with can never
@@ -21,7 +21,53 @@ NullTokenizer              ``--vocab-size`` + 1 (ids are given as text)         
 Besides ``tokenize(text)`` every tokenizer has ``tokenize_batch(texts)``,
 which encodes many texts in one native call where the library allows it
 (SentencePiece's batch encode, Hugging Face ``encode_batch``) and returns one
-int32 array per text.
+int32 array per text, and ``tokenize_pieces(text)``, which encodes a long text
+a piece at a time so that the tokenizer's working memory does not grow with
+it, with exactly the ids of ``tokenize(text)``.
+
+Where a text may be cut (each tokenizer's :attr:`Tokenizer.cut_rule`): only
+where the tokenizer provably gives the pieces the ids it gives the whole.
+
+* ``NullTokenizer``: at any space: ``text.split(" ")`` of ``A + " " + B`` is
+  the split of ``A`` followed by the split of ``B``.
+* ``GPT2BPETokenizer``: before a space that has a non-space character on each
+  side (``\S``, by the same ``regex`` tables as the pattern). BPE merges only
+  within one match of GPT-2's pattern, and the pattern cannot match across
+  such a place: every alternative that takes a non-space character stops
+  before a space, the one at the space takes it with the characters after
+  it (`` ?\p{L}+``, `` ?\p{N}+`` or `` ?[^\s\p{L}\p{N}]+``), and the
+  pattern has no look-behind and no look-ahead past a whitespace run, so the
+  matches before the place do not depend on what follows it.
+* SentencePiece BPE models (both SentencePiece types) with the identity
+  normaliser (no character map; a map such as NFKC can rewrite characters
+  around a space), whitespace escaped as ``▁`` and not a suffix, and a
+  vocabulary in which ``▁`` begins a piece or the piece is all ``▁``: at a
+  space between two characters that are neither a space nor ``▁``. The
+  normalised text of the whole is then the normalised pieces put together
+  (the dummy-prefix ``▁`` of the next piece stands for the dropped space;
+  without a dummy prefix the space begins the next piece, which needs
+  ``remove_extra_whitespaces`` off), no piece of the vocabulary spans the
+  ``▁`` (so no merge does), and BPE merges by piece score, ties left first,
+  so the merges on each side happen in the same order alone as together.
+  ``SentencePieceTokenizer`` first splits at its special strings, as
+  ``tokenize`` does, and cuts only between them.
+* ``HuggingFaceTokenizer`` (a fast tokenizer) without a normaliser, whose
+  pre-tokeniser is byte-level with GPT-2's pattern, or GPT-2's or Llama 3's
+  pattern as an isolated split before a byte-level step, a BPE model without
+  dropout, and no added token that contains a space or strips the
+  whitespace after it: before a space between two ASCII letters or digits
+  (the same argument as GPT-2's, for both patterns; ASCII, so the pattern
+  engine's Unicode tables do not matter). The model encodes each
+  pre-tokenised word alone, so words encoded in pieces are the same; the
+  special tokens of its post-processor (e.g. a BOS) are added once, around
+  the whole.
+
+Everywhere else a long text is tokenized whole (one piece), with the reason in
+:attr:`Tokenizer.whole_reason`: SentencePiece unigram models (the Viterbi
+search adds float32 path scores from the start of the text, so the choice
+between near-equal segmentations depends on everything before: cutting
+changes ids on real text), other SentencePiece normalisers or model types,
+and Hugging Face tokenizers with a normaliser or another pre-tokeniser.
 """
 
 from __future__ import annotations
@@ -33,7 +79,8 @@ import os
 import re
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +93,45 @@ class TokenizerError(ValueError):
     """A tokenizer that cannot be built from the given options or files."""
 
 
+PIECE_CHARS = 1 << 16
+"""Characters per piece when a long text is tokenized in pieces (:meth:`Tokenizer.tokenize_pieces`)."""
+
+
+@dataclass(frozen=True)
+class CutRule:
+    """Where a text may be cut so that its pieces, tokenized one by one, give the ids of the whole.
+
+    ``places`` (a compiled ``re``/``regex`` pattern) matches one separator
+    character at each such place; the separator is dropped (``drop``) or
+    begins the next piece.
+    """
+
+    places: Any
+    drop: bool
+
+    def pieces(self, text: str, piece_chars: int, start: int = 0, end: int | None = None) -> Iterator[str]:
+        """``text[start:end]`` in pieces of at least ``piece_chars`` characters, each ending at the first
+        place after that many (the last piece: whatever is left; the whole span if it has no place).
+        The span is searched as if it were the whole text (look-arounds stop at its ends)."""
+        end = len(text) if end is None else end
+        while end - start > piece_chars:
+            place = self.places.search(text, start + piece_chars, end)
+            if place is None:
+                break
+            yield text[start : place.start()]
+            start = place.end() if self.drop else place.start()
+        yield text[start:end]
+
+
 class Tokenizer(ABC):
     """What the tools and Megatron-Core's GPT datasets need from a tokenizer."""
 
     #: Megatron-LM's ``--tokenizer-type`` name.
     type_name: str = ""
+    #: Where a long text may be cut (see the module's docstring); None: it is tokenized whole.
+    cut_rule: CutRule | None = None
+    #: Why a long text is tokenized whole (when ``cut_rule`` is None).
+    whole_reason: str = "no place where a text can be cut without changing its ids is known for this tokenizer"
 
     @property
     @abstractmethod
@@ -74,6 +155,24 @@ class Tokenizer(ABC):
         """Token ids of many texts (int32 arrays); subclasses batch natively."""
         return [np.asarray(self.tokenize(t), dtype=np.int32) for t in texts]
 
+    def tokenize_pieces(self, text: str, piece_chars: int = PIECE_CHARS) -> Iterator[np.ndarray]:
+        """The ids of ``tokenize(text)``, exactly, as consecutive arrays, one per piece of about
+        ``piece_chars`` characters cut by :attr:`cut_rule` (one array for the whole text where the
+        tokenizer has no rule). Only one piece is tokenized at a time, so the tokenizer's working
+        memory is that of one piece, not of the whole text."""
+        if self.cut_rule is None:
+            yield np.asarray(self.tokenize(text), dtype=np.int32)
+            return
+        for piece in self.cut_rule.pieces(text, piece_chars):
+            yield self._tokenize_piece(piece)
+
+    def _tokenize_piece(self, piece: str) -> np.ndarray:
+        """One piece's ids; an id that does not fit int32 is kept (int64), as ``tokenize`` would give it."""
+        try:
+            return self.tokenize_batch([piece])[0]
+        except OverflowError:
+            return np.asarray(self.tokenize(piece), dtype=np.int64)
+
     @property
     def unique_identifiers(self) -> OrderedDict[str, Any]:
         """What identifies this tokenizer in Megatron-Core's dataset cache descriptions."""
@@ -94,6 +193,9 @@ class NullTokenizer(Tokenizer):
     """
 
     type_name = "NullTokenizer"
+    # ``text.split(" ")`` of ``A + " " + B`` is the split of A followed by that of B.
+    cut_rule: CutRule | None = CutRule(re.compile(" "), drop=True)
+    whole_reason = ""
 
     def __init__(self, vocab_size: int) -> None:
         if vocab_size is None or int(vocab_size) <= 0:
@@ -116,6 +218,83 @@ class NullTokenizer(Tokenizer):
 
 
 # ------------------------------------------------------------ sentencepiece
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, i
+
+
+def _proto_fields(data: bytes) -> dict[int, Any]:
+    """The last value of each field of a serialized protocol buffer message (varints as ints,
+    length-delimited fields as bytes). Enough to read a few settings of a SentencePiece model
+    without the ``protobuf`` package."""
+    fields: dict[int, Any] = {}
+    i = 0
+    while i < len(data):
+        key, i = _varint(data, i)
+        number, kind = key >> 3, key & 7
+        value: Any
+        if kind == 0:
+            value, i = _varint(data, i)
+        elif kind == 2:
+            size, i = _varint(data, i)
+            value, i = data[i : i + size], i + size
+        elif kind in (1, 5):
+            size = 8 if kind == 1 else 4
+            value, i = data[i : i + size], i + size
+        else:
+            raise ValueError(f"unsupported protocol buffer wire type {kind}")
+        fields[number] = value
+    return fields
+
+
+_SP_SPACE = "\u2581"  # "▁", SentencePiece's escaped space
+_SP_BPE = 2  # TrainerSpec.ModelType
+
+
+def sentencepiece_cut_rule(sp: Any, pieces: Sequence[str]) -> tuple[CutRule | None, str]:
+    """The cut rule for a SentencePiece model (see the module's docstring), or None and why not.
+
+    Reads ``ModelProto.trainer_spec`` (2: model_type 3, treat_whitespace_as_suffix 24) and
+    ``normalizer_spec`` (3: precompiled_charsmap 2, add_dummy_prefix 3, remove_extra_whitespaces 4,
+    escape_whitespaces 5), with the defaults of ``sentencepiece_model.proto``.
+    """
+    try:
+        model = _proto_fields(sp.serialized_model_proto())
+        trainer = _proto_fields(model.get(2, b""))
+        normalizer = _proto_fields(model.get(3, b""))
+    except (ValueError, IndexError) as exc:
+        return None, f"its model file could not be read for its settings ({exc})"
+    if trainer.get(3, 1) != _SP_BPE:
+        kind = {1: "unigram", 3: "word", 4: "char"}.get(trainer.get(3, 1), "unknown")
+        why = (
+            "the Viterbi search adds float32 path scores from the start of the text, so the choice between "
+            "near-equal segmentations depends on all the text before it"
+            if kind == "unigram"
+            else "only BPE models are cut"
+        )
+        return None, f"a SentencePiece {kind} model: {why}"
+    if normalizer.get(2, b""):
+        return None, "a SentencePiece normaliser with a character map (e.g. NFKC) can rewrite text across a space"
+    if not normalizer.get(5, 1) or trainer.get(24, 0):
+        return None, "a SentencePiece model that does not escape whitespace as a prefix '▁'"
+    dummy_prefix, remove_spaces = bool(normalizer.get(3, 1)), bool(normalizer.get(4, 1))
+    if not dummy_prefix and remove_spaces:
+        return None, "a SentencePiece model that removes leading spaces without adding a dummy prefix"
+    for piece in pieces:
+        if " " in piece or (_SP_SPACE in piece[1:] and piece.strip(_SP_SPACE)):
+            return None, f"its vocabulary has a piece ({piece!r}) that can span a space"
+    if sp.piece_to_id(_SP_SPACE) == sp.unk_id():
+        return None, "'▁' is not in its vocabulary (unknown pieces are merged across a cut)"
+    places = re.compile(f"(?<=[^ {_SP_SPACE}]) (?=[^ {_SP_SPACE}])")
+    return CutRule(places, drop=dummy_prefix), ""
+
+
 class _SentencePieceBase(Tokenizer):
     def __init__(self, model_file: str | os.PathLike[str]) -> None:
         path = Path(model_file)
@@ -133,6 +312,7 @@ class _SentencePieceBase(Tokenizer):
         self.model_file = str(path.resolve())
         # Piece ↔ id, as Megatron-LM builds it (later duplicates win, like its dict).
         self._vocab: dict[str, int] = {self.sp.id_to_piece(i): i for i in range(len(self.sp))}
+        self.cut_rule, self.whole_reason = sentencepiece_cut_rule(self.sp, list(self._vocab))
 
     @property
     def unique_identifiers(self) -> OrderedDict[str, Any]:
@@ -257,6 +437,21 @@ class SentencePieceTokenizer(_SentencePieceBase):
                 out[i] = np.asarray(self._tokenize_with_specials(text), dtype=np.int32)
         return out
 
+    def tokenize_pieces(self, text: str, piece_chars: int = PIECE_CHARS) -> Iterator[np.ndarray]:
+        """As :meth:`Tokenizer.tokenize_pieces`: the text between special strings is encoded alone (as
+        :meth:`tokenize` does) and cut only within."""
+        if self.cut_rule is None:
+            yield from super().tokenize_pieces(text, piece_chars)
+            return
+        pos = 0
+        for match in self._special_re.finditer(text):
+            for piece in self.cut_rule.pieces(text, piece_chars, pos, match.start()):
+                yield self._encode_plain([piece])[0]
+            yield np.array([self._special[match.group()]], dtype=np.int32)
+            pos = match.end()
+        for piece in self.cut_rule.pieces(text, piece_chars, pos):
+            yield self._encode_plain([piece])[0]
+
     def detokenize(self, ids: Sequence[int]) -> str:
         # Megatron-LM's rule: special pieces are joined with single spaces around them.
         text = ""
@@ -301,6 +496,15 @@ def gpt2_pattern() -> Any:
     return regex.compile(GPT2_PATTERN)
 
 
+@functools.lru_cache(maxsize=1)
+def gpt2_cut_rule() -> CutRule:
+    """Before a space with a non-space character on each side, ``\\S`` by the tables of ``regex``
+    (those of :data:`GPT2_PATTERN`); the space begins the next piece."""
+    import regex
+
+    return CutRule(regex.compile(r"(?<=\S) (?=\S)"), drop=False)
+
+
 class GPT2BPETokenizer(Tokenizer):
     """Megatron-LM's ``_GPT2BPETokenizer``: byte-level BPE from ``vocab.json`` + ``merges.txt``.
 
@@ -332,6 +536,7 @@ class GPT2BPETokenizer(Tokenizer):
         self.byte_decoder = {v: k for k, v in self.byte_encoder.items()}
         self.files = (str(Path(vocab_file).resolve()), str(Path(merge_file).resolve()))
         self._cache: dict[str, list[int]] = {}
+        self.cut_rule, self.whole_reason = gpt2_cut_rule(), ""
 
     @property
     def vocab_size(self) -> int:
@@ -391,6 +596,56 @@ class GPT2BPETokenizer(Tokenizer):
 
 
 # ------------------------------------------------------------ Hugging Face
+# Llama 3's pre-tokenisation pattern (tiktoken's cl100k), as its tokenizer.json writes it.
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+    r"\s+(?!\S)|\s+"
+)
+_ASCII_CUT = CutRule(re.compile("(?<=[A-Za-z0-9]) (?=[A-Za-z0-9])"), drop=False)
+
+
+def _hf_split_pattern(step: dict[str, Any]) -> str | None:
+    """The pattern of a ``Split`` pre-tokeniser that isolates its matches, else None."""
+    if step.get("type") != "Split" or step.get("behavior") != "Isolated" or step.get("invert"):
+        return None
+    pattern = step.get("pattern") or {}
+    return pattern.get("Regex")
+
+
+def huggingface_cut_rule(config: dict[str, Any]) -> tuple[CutRule | None, str]:
+    """The cut rule for a ``tokenizers`` pipeline (its ``tokenizer.json``), or None and why not."""
+    if config.get("normalizer") is not None:
+        return None, f"a Hugging Face normaliser ({config['normalizer'].get('type')}) can rewrite text across a space"
+    pre = config.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    kinds = [step.get("type") for step in steps]
+    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
+        pass  # GPT-2's pattern
+    elif (
+        kinds == ["Split", "ByteLevel"]
+        and _hf_split_pattern(steps[0]) in (GPT2_PATTERN, LLAMA3_PATTERN)
+        and not steps[1].get("use_regex", True)
+    ):
+        pass
+    else:
+        return (
+            None,
+            f"a Hugging Face pre-tokeniser ({' + '.join(map(str, kinds)) or 'none'}) not known to split at spaces",
+        )
+    model = config.get("model") or {}
+    if model.get("type") != "BPE" or model.get("dropout"):
+        return None, f"a Hugging Face {model.get('type')} model{' with dropout' if model.get('dropout') else ''}"
+    for token in config.get("added_tokens") or []:
+        if " " in token.get("content", "") or token.get("rstrip"):
+            return None, f"an added token ({token.get('content')!r}) contains a space or strips the space after it"
+    post = config.get("post_processor") or {}
+    processors = post.get("processors", []) if post.get("type") == "Sequence" else [post] if post else []
+    for processor in processors:
+        if processor.get("type") not in ("ByteLevel", "TemplateProcessing", "RobertaProcessing", "BertProcessing"):
+            return None, f"a Hugging Face post-processor ({processor.get('type')}) that may do more than add tokens"
+    return _ASCII_CUT, ""
+
+
 class HuggingFaceTokenizer(Tokenizer):
     """Megatron-LM's ``_HuggingFaceTokenizer`` for a local directory (nothing is downloaded).
 
@@ -444,6 +699,41 @@ class HuggingFaceTokenizer(Tokenizer):
                 "in tokenizer_config.json"
             )
         self._eod = int(eos)
+        self._prefix: list[int] = []
+        self._suffix: list[int] = []
+        backend = self._fast if self._fast is not None else getattr(self._hf, "backend_tokenizer", None)
+        if backend is None:
+            self.whole_reason = "a slow (Python) Hugging Face tokenizer, without a tokenizer.json pipeline"
+        else:
+            self.cut_rule, self.whole_reason = huggingface_cut_rule(json.loads(backend.to_str()))
+        if self.cut_rule is not None:
+            wrap = self._special_wrap()
+            if wrap is None:
+                self.cut_rule = None
+                self.whole_reason = "its post-processor does not just add the same special tokens around every text"
+            else:
+                self._prefix, self._suffix = wrap
+
+    def _encode(self, texts: list[str], special: bool) -> list[list[int]]:
+        """Ids of ``texts`` (one batch call), with the post-processor's special tokens or without."""
+        if self._hf is not None:
+            return [list(ids) for ids in self._hf(texts, add_special_tokens=special).input_ids]
+        return [e.ids for e in self._fast.encode_batch(texts, add_special_tokens=special)]
+
+    def _special_wrap(self) -> tuple[list[int], list[int]] | None:
+        """(ids before, ids after) that the post-processor puts around any text, found on two probes;
+        None when they differ or are not found."""
+        found = set()
+        probes = ["a", "the 2 words"]
+        for full, plain in zip(self._encode(probes, True), self._encode(probes, False), strict=True):
+            starts = [i for i in range(len(full) - len(plain) + 1) if plain and full[i : i + len(plain)] == plain]
+            if len(starts) != 1:
+                return None
+            found.add((tuple(full[: starts[0]]), tuple(full[starts[0] + len(plain) :])))
+        if len(found) != 1:
+            return None
+        before, after = found.pop()
+        return list(before), list(after)
 
     @staticmethod
     def _eos_token_from_config(directory: Path) -> str | None:
@@ -481,6 +771,17 @@ class HuggingFaceTokenizer(Tokenizer):
             batch = self._hf(texts).input_ids
             return [np.asarray(ids, dtype=np.int32) for ids in batch]
         return [np.asarray(e.ids, dtype=np.int32) for e in self._fast.encode_batch(texts)]
+
+    def tokenize_pieces(self, text: str, piece_chars: int = PIECE_CHARS) -> Iterator[np.ndarray]:
+        """As :meth:`Tokenizer.tokenize_pieces`: pieces are encoded without the post-processor's special
+        tokens, which are added once, around the whole."""
+        if self.cut_rule is None:
+            yield from super().tokenize_pieces(text, piece_chars)
+            return
+        yield np.asarray(self._prefix, dtype=np.int32)
+        for piece in self.cut_rule.pieces(text, piece_chars):
+            yield np.asarray(self._encode([piece], False)[0], dtype=np.int32)
+        yield np.asarray(self._suffix, dtype=np.int32)
 
     def detokenize(self, ids: Sequence[int]) -> str:
         ids = [int(i) for i in ids]

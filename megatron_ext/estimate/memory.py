@@ -173,6 +173,16 @@ def bytes_per_parameter(workload: Workload, layout: ParallelLayout) -> tuple[flo
     return weights, grads, optim
 
 
+def checkpoint_bytes_per_parameter(*, mixed_precision: bool, distributed_optimizer: bool) -> float:
+    """Bytes a checkpoint holds per parameter, whatever the layout (the distributed optimizer's shards add up
+    to one copy): the weights in their dtype (2 in bf16/fp16, 4 in fp32) and Adam's two fp32 moments (8), plus
+    the fp32 main weights (4) that mixed precision and the distributed optimizer save apart from the weights
+    (Megatron-Core's optimizer ``sharded_state_dict``). Megatron-LM's 18 bytes less the gradients (4)."""
+    weights = 2.0 if mixed_precision else 4.0
+    main_copy = 4.0 if mixed_precision or distributed_optimizer else 0.0
+    return weights + 8.0 + main_copy
+
+
 def estimate_memory(
     workload: Workload, layout: ParallelLayout, *, in_flight: Sequence[int] | None = None
 ) -> MemoryEstimate:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from megatron_ext.config import schedule
 from megatron_ext.config.arguments import TrainingConfig, pad_vocab_size
+from megatron_ext.estimate.memory import checkpoint_bytes_per_parameter
 from megatron_ext.estimate.shapes import ParameterCounts
 from megatron_ext.estimate.shapes import parameter_counts as model_parameter_counts
 
@@ -21,6 +22,14 @@ def parameter_counts(cfg: TrainingConfig) -> ParameterCounts:
         pp=layout.pp,
         stage_layers=layout.layers_per_rank,
     )
+
+
+def checkpoint_bytes(cfg: TrainingConfig) -> float:
+    """The size of one of the run's checkpoints, with optimizer state (``memory.checkpoint_bytes_per_parameter``)."""
+    per_parameter = checkpoint_bytes_per_parameter(
+        mixed_precision=cfg.optim.bf16 or cfg.optim.fp16, distributed_optimizer=cfg.layout.use_distributed_optimizer
+    )
+    return parameter_counts(cfg).total * per_parameter
 
 
 def _kept_padding(cfg: TrainingConfig) -> str:

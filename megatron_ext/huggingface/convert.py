@@ -13,13 +13,16 @@ as a weights-only checkpoint (iteration 0, no optimizer state) that
 ``pretrain_gpt.py --load`` continues from under any layout.
 
 Both write into a hidden directory beside the target and rename it at the end:
-an interrupted or failed conversion leaves nothing at the final path.
+an interrupted or failed conversion leaves nothing at the final path. A full,
+read-only or forbidden filesystem is an ``OutputError``: one line naming the
+file and the fix.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -31,17 +34,20 @@ from typing import Any
 
 import torch
 
+from megatron_ext.checkpoint.identity import RunIdentity
 from megatron_ext.config.arguments import ConfigError, make_config
 from megatron_ext.huggingface.architectures import ConversionError, TokenIds, architecture, hf_config, model_flags
 from megatron_ext.huggingface.tokenizer_files import read_tokenizer_flags, write_tokenizer
 from megatron_ext.huggingface.weights import LAYERS, Rule, is_model_tensor, rules
 from megatron_ext.inference.checkpoint import (
+    checked_tokenizer,
     one_process,
     open_checkpoint,
     read_tensor,
     tokenizer_of,
 )
 from megatron_ext.training import checkpointing
+from megatron_ext.write_faults import WRITE_FAULTS, describe
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 """transformers' default shard size (``max_shard_size="5GB"``)."""
@@ -61,25 +67,94 @@ def parse_size(text: str) -> int:
     return int(number * scale[unit])
 
 
-@contextlib.contextmanager
-def _staging(target: Path) -> Iterator[Path]:
-    """A hidden directory beside ``target`` that becomes ``target`` when the block succeeds (else is removed).
+class OutputError(Exception):
+    """The output could not be written: a full, read-only or forbidden filesystem. The message is one line that
+    names the output, the file and the fix; nothing was left at the output path."""
 
-    ``target`` must not exist, or be an empty directory: nothing of the user's is replaced.
+
+_WRITES_ONLY = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+"""Codes only a write gives: one without a file name (a library's own error) is still the output's."""
+
+
+def os_error_code(exc: BaseException) -> int | None:
+    """The errno in a library's error that carries it only in its message (safetensors: "... (os error 28)")."""
+    match = re.search(r"\(os error (\d+)\)|\[Errno (\d+)\]", str(exc))
+    return int(match.group(1) or match.group(2)) if match else None
+
+
+def _write_fault(exc: BaseException, target: Path, staging: Path, created: list[Path], flag: str) -> OutputError | None:
+    """``exc`` (or an error it was raised from) as an OutputError when it is a write of the output that the
+    filesystem refused; None for anything else (reading the input, a bug), which is left as it is."""
+    output = [Path(os.path.abspath(p)) for p in (staging, target, *created)]  # a library may name files either way
+
+    def ours(name: Any) -> Path | None:
+        if not isinstance(name, str | bytes | os.PathLike):
+            return None
+        path = Path(os.path.abspath(os.fsdecode(name)))
+        return path if any(path == p or p in path.parents for p in output) else None
+
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        code = error.errno if isinstance(error, OSError) else os_error_code(error)
+        if code in WRITE_FAULTS:
+            # shutil.copyfile names the source first and the file it writes second.
+            names = (getattr(error, "filename", None), getattr(error, "filename2", None))
+            written = next((p for p in map(ours, names) if p is not None), None)
+            if written is None and (code not in _WRITES_ONLY or any(n is not None for n in names)):
+                return None  # a file outside the output (the checkpoint or model read): not a write fault
+            what = "" if written is None else f" {_shown(written, Path(os.path.abspath(staging)))}"
+            reason, fix = describe(code, flag=flag, directory=target.parent)
+            return OutputError(f"cannot write {target}: {reason}{what}; {fix}")
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _shown(path: Path, staging: Path) -> str:
+    """What failed: a file of the staging directory by its name there (the directory is removed), or a directory
+    being made."""
+    if staging in path.parents:
+        return f"writing {path.relative_to(staging)}"
+    return f"creating {'its staging directory ' if path == staging else ''}{path}"
+
+
+@contextlib.contextmanager
+def _staging(target: Path, *, flag: str = "--output") -> Iterator[Path]:
+    """A hidden directory beside ``target`` that becomes ``target`` when the block succeeds (else is removed,
+    with the parent directories it made).
+
+    ``target`` must not exist, or be an empty directory: nothing of the user's is replaced. A full, read-only or
+    forbidden filesystem is an OutputError naming the file and the fix (``flag`` is the option that chose
+    ``target``).
     """
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ConversionError(f"{target} already exists and is not empty; choose a new directory or remove it")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    # The missing parents, deepest first: made for this output, removed with it if it fails.
+    created = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
     staging = target.parent / f".{target.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    done = False
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
         yield staging
         if target.exists():
             target.rmdir()
         staging.rename(target)
+        done = True
+    except checkpointing.CheckpointError:
+        raise  # the checkpoint code's own error (a save of from-hf included) already names file and fix
+    except Exception as exc:
+        fault = _write_fault(exc, target, staging, created, flag)
+        if fault is None:
+            raise
+        raise fault from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        for parent in created if not done else ():
+            with contextlib.suppress(OSError):  # not empty (someone else's now) or never made
+                parent.rmdir()
 
 
 class ShardWriter:
@@ -106,7 +181,15 @@ class ShardWriter:
     def _flush(self) -> None:
         from safetensors.torch import save_file
 
-        save_file(self.pending, str(self.directory / f"shard-{len(self.shards)}.tmp"), metadata={"format": "pt"})
+        path = self.directory / f"shard-{len(self.shards)}.tmp"
+        try:
+            save_file(self.pending, str(path), metadata={"format": "pt"})
+        except Exception as exc:
+            # safetensors' error names neither the file nor the errno (only "(os error 28)" in its text).
+            code = os_error_code(exc)
+            if code is None:
+                raise
+            raise OSError(code, os.strerror(code), str(path)) from exc
         self.shards.append(list(self.pending))
         self.pending, self.pending_bytes = {}, 0
 
@@ -171,13 +254,15 @@ def export_to_hf(
     iteration: int | None = None,
     tokenizer: dict[str, str | None] | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    accept_tokenizer_change: bool = False,
 ) -> Exported:
-    """Write checkpoint ``iteration`` (default: the latest) under ``load`` as a ``transformers`` directory."""
+    """Write checkpoint ``iteration`` (default: the latest) under ``load`` as a ``transformers`` directory. The
+    tokenizer shipped must be the one the checkpoint was trained with (``accept_tokenizer_change``: or not)."""
     ckpt = open_checkpoint(load, iteration=iteration, tokenizer=tokenizer)
     cfg = ckpt.cfg
     arch = architecture(cfg.model)
     table = rules(cfg.model)
-    tok = tokenizer_of(cfg)
+    tok = checked_tokenizer(ckpt, accept_change=accept_tokenizer_change)
     count = 0
     with _staging(Path(output)) as staging, one_process(cfg):
         saved = checkpointing.verify_checkpoint(ckpt.path)
@@ -266,7 +351,7 @@ def import_from_hf(source: str | Path, save: str | Path) -> Imported:
     arch, model = model_flags(config)
     padded_vocab = int(config["vocab_size"])
     weights = _SafetensorsReader(source)
-    with _staging(save) as staging:
+    with _staging(save, flag="--save") as staging:
         staged = read_tokenizer_flags(source, staging / "tokenizer")
         tokenizer = None
         if staged is not None:
@@ -284,13 +369,16 @@ def import_from_hf(source: str | Path, save: str | Path) -> Imported:
             raise ConversionError(f"{config_file}: {exc}") from exc
         if staged is not None:
             here: dict[str, Any] = staged
-            vocab_size = tokenizer_of(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **here))).vocab_size
+            tok = tokenizer_of(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **here)))
+            vocab_size = tok.vocab_size
+        else:
+            tok = tokenizer_of(cfg)
         cfg = dataclasses.replace(cfg, tokenizer_vocab_size=vocab_size, checkpoint_padded_vocab_size=padded_vocab)
         if vocab_size is not None and vocab_size > padded_vocab:
             raise ConversionError(
                 f"{config_file}: vocab_size {padded_vocab} is smaller than the tokenizer's {vocab_size}"
             )
-        count = _fill_and_save(cfg, weights, staging)
+        count = _fill_and_save(cfg, weights, staging, RunIdentity.of(tok, cfg.data))
     model_only = ("vocab_size", "init_method_std") if tokenizer else ("init_method_std",)
     shape = [f.name for f in dataclasses.fields(cfg.model) if f.name in model and f.name not in model_only]
     flags = to_argv(cfg.model, only=shape, always=("num_layers", "hidden_size", "num_attention_heads"))
@@ -307,7 +395,7 @@ IGNORED = re.compile(r"(\.attn\.(bias|masked_bias)|\.rotary_emb\.inv_freq)$")
 """Buffers older transformers versions saved with the weights (causal masks, rotary frequencies)."""
 
 
-def _fill_and_save(cfg: Any, weights: _SafetensorsReader, staging: Path) -> int:
+def _fill_and_save(cfg: Any, weights: _SafetensorsReader, staging: Path, identity: RunIdentity) -> int:
     """Build the model in one process, set every tensor of its sharded state dict from ``weights``, save."""
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
@@ -343,5 +431,5 @@ def _fill_and_save(cfg: Any, weights: _SafetensorsReader, staging: Path) -> int:
                 f"{weights.directory}: tensors this architecture does not have: {', '.join(unused[:10])}"
                 + (f" … and {len(unused) - 10} more" if len(unused) > 10 else "")
             )
-        checkpointing.save_weights(staging, model, cfg)
+        checkpointing.save_weights(staging, model, cfg, identity)
     return count

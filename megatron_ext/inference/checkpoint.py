@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from megatron_ext.checkpoint.identity import TOKENIZER_FLAG, tokenizer_difference, tokenizer_identity
 from megatron_ext.config.arguments import GROUPS, ConfigError, TrainingConfig, make_config
 from megatron_ext.data.tokenizers import Tokenizer, TokenizerError, build_tokenizer
 from megatron_ext.training import checkpointing, distributed
@@ -38,6 +39,8 @@ class SavedCheckpoint:
     iteration: int
     cfg: TrainingConfig
     """The saved run's arguments, for one process (TP 1 · PP 1 · DP 1), with the checkpoint's padded vocabulary."""
+    identity: dict[str, Any] | None = None
+    """The run's tokenizer and data digests as recorded (``checkpoint.identity``; None: an older checkpoint)."""
 
 
 def config_from_record(
@@ -92,8 +95,9 @@ def open_checkpoint(
     """
     root = Path(load)
     path = checkpointing.resolve_iteration(root, iteration)
-    record = checkpointing.saved_arguments(path)
-    if record is None:
+    common = checkpointing.saved_common(path)
+    record = common.get("args")
+    if not isinstance(record, dict):
         raise CheckpointError(
             f"{path} does not record the arguments of the run that saved it (saved by an older version of this "
             "project); load it with pretrain_gpt.py and the run's flags, and save it again (--train-iters equal to "
@@ -102,7 +106,14 @@ def open_checkpoint(
     cfg = config_from_record(
         record, device=device, tokenizer=tokenizer, padded_vocab_size=checkpointing.padded_vocab_of(path)
     )
-    return SavedCheckpoint(root=root, path=path, iteration=int(path.name.removeprefix("iter_")), cfg=cfg)
+    identity = common.get("identity")
+    return SavedCheckpoint(
+        root=root,
+        path=path,
+        iteration=int(path.name.removeprefix("iter_")),
+        cfg=cfg,
+        identity=identity if isinstance(identity, dict) else None,
+    )
 
 
 def tokenizer_of(cfg: TrainingConfig) -> Tokenizer:
@@ -123,6 +134,21 @@ def tokenizer_of(cfg: TrainingConfig) -> Tokenizer:
         raise CheckpointError(
             f"the tokenizer ({tokenizer.describe()}) has {tokenizer.vocab_size:,} tokens and the checkpoint was "
             f"trained with {cfg.tokenizer_vocab_size:,}; give the run's own tokenizer"
+        )
+    return tokenizer
+
+
+def checked_tokenizer(ckpt: SavedCheckpoint, *, accept_change: bool = False) -> Tokenizer:
+    """The tokenizer of ``ckpt``'s run (the recorded one, or the one the tools' flags name), which must be the
+    one it was trained with, by content: the same vocabulary size is not enough (``checkpoint.identity``)."""
+    tokenizer = tokenizer_of(ckpt.cfg)
+    if ckpt.identity is None:
+        return tokenizer  # saved before digests were recorded: the vocabulary size was checked
+    difference = tokenizer_difference(ckpt.identity["tokenizer"], tokenizer_identity(tokenizer))
+    if difference is not None and not accept_change:
+        raise CheckpointError(
+            f"{ckpt.path}: {difference}. Give the run's own tokenizer (--tokenizer-model, --vocab-file and "
+            f"--merge-file point at another copy), or pass {TOKENIZER_FLAG} to use this one deliberately"
         )
     return tokenizer
 
@@ -162,6 +188,7 @@ def load_model(ckpt: SavedCheckpoint, device: torch.device) -> Any:
         optimizer=None,
         scheduler=None,
         cfg=dataclasses.replace(cfg, run=run),
+        identity=None,  # the tools compare the tokenizer themselves (checked_tokenizer); data is not theirs
         iteration=ckpt.iteration,
     )
     model.eval()

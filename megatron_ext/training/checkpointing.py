@@ -1,19 +1,16 @@
-"""Sharded, layout-independent checkpoints with ``megatron.core.dist_checkpointing``.
+"""Sharded, layout-independent checkpoints with ``megatron.core.dist_checkpointing``: saving and loading.
 
-Layout on disk (Megatron-LM's)::
-
-    SAVE/latest_checkpointed_iteration.txt   # the last *complete* save
-    SAVE/iter_0000100/                       # torch_dist shards + common state
-
-Every tensor is saved under its global (layout-free) key with Megatron-Core's
-sharding metadata, and the optimizer in the ``fully_reshardable``
-format, so a checkpoint written under one TP/PP/VP/DP loads under another.
-The tracker file is written last, atomically, by rank 0 after every rank has
-finished: a directory without a tracker entry is never taken as the latest.
-Before the tracker, ``checksums.json`` marks the directory complete and holds
-a CRC-32 of every file (the ranks share the hashing; ``--no-checkpoint-checksums``
+The directory format, the order in which a save is published and the rules
+that keep a user's checkpoints safe are ``megatron_ext.checkpoint.on_disk``
+(no torch); this module is the I/O. Every tensor is saved under its global
+(layout-free) key with Megatron-Core's sharding metadata, so a checkpoint
+written under one TP/PP/VP/DP loads under another. ``checksums.json`` holds a
+CRC-32 of every file (the ranks share the hashing; ``--no-checkpoint-checksums``
 skips it); loading verifies them, so a shard damaged after the save (same size,
 other bytes) is an error naming the file rather than silently wrong weights.
+A filesystem step done by rank 0 alone reports its failure to every rank
+(``_on_rank0``), and a save that fails removes its own directory
+(``save_failed``): one error line, never a partial save left behind.
 
 The distributed optimizer's state is saved as Megatron-LM does: by default
 each rank writes its own shard (``dp_reshardable``: parallel, loadable under
@@ -27,33 +24,54 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import random
 import shutil
-import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from megatron_ext.checkpoint import on_disk
+from megatron_ext.checkpoint.identity import (
+    DATA_FLAG,
+    TOKENIZER_FLAG,
+    RunIdentity,
+    data_differences,
+    tokenizer_difference,
+)
+from megatron_ext.checkpoint.on_disk import (
+    CHECKSUMS_FILENAME,
+    TRACKER_FILENAME,
+    CheckpointError,
+    checkpoint_dir,
+    read_tracker,
+    resolve_iteration,
+)
 from megatron_ext.config.arguments import GROUPS, TrainingConfig, make_config
 from megatron_ext.config.factors import divisors
 from megatron_ext.config.layout import ParallelLayout
-from megatron_ext.config.runtime import TRACKER_FILENAME
 from megatron_ext.training.model import unwrap
+
+__all__ = [
+    "CHECKSUMS_FILENAME",
+    "TRACKER_FILENAME",
+    "CheckpointError",
+    "LoadedState",
+    "checkpoint_dir",
+    "load_checkpoint",
+    "read_tracker",
+    "resolve_iteration",
+    "save_checkpoint",
+]
 
 log = logging.getLogger(__name__)
 
-CHECKSUMS_FILENAME = "checksums.json"
-"""Written after every file of a save, before the tracker: the directory is complete."""
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used, with what is wrong and where."""
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -63,51 +81,28 @@ class LoadedState:
     path: Path | None
 
 
-def checkpoint_dir(root: str | Path, iteration: int) -> Path:
-    return Path(root) / f"iter_{iteration:07d}"
-
-
-def read_tracker(root: str | Path) -> int | None:
-    """The iteration of the latest complete checkpoint under ``root``, or None."""
-    tracker = Path(root) / TRACKER_FILENAME
-    if not tracker.is_file():
-        return None
-    text = tracker.read_text().strip()
-    if not text.isdigit():
-        raise CheckpointError(f"{tracker}: expected an iteration number, found {text!r}")
-    return int(text)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write, fsync, rename, fsync the directory: readers see the old or the new file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _write_tracker(root: Path, iteration: int) -> None:
-    _write_atomically(root / TRACKER_FILENAME, f"{iteration}\n")
-
-
-def _crc32(file: Path) -> str:
-    value = 0
-    with open(file, "rb") as f:
-        while block := f.read(16 << 20):
-            value = zlib.crc32(block, value)
-    return f"{value:08x}"
-
-
 def _my_share(names: list[str]) -> list[str]:
     """This rank's files to hash: the sorted list dealt out round-robin."""
     return names[dist.get_rank() :: dist.get_world_size()]
+
+
+def _on_rank0(action: Callable[[], T], *, what: str) -> T | None:
+    """Run a filesystem step on rank 0 and tell every rank whether it failed (a collective): a failure is one
+    CheckpointError on every rank instead of rank 0's traceback and the others waiting in the next collective."""
+    error: list[str | None] = [None]
+    result = None
+    if dist.get_rank() == 0:
+        try:
+            result = action()
+        except CheckpointError as exc:
+            error[0] = str(exc)
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename else ""
+            error[0] = f"{what}{where}: {on_disk.os_error_text(exc)}; {on_disk.os_error_fix(exc)}"
+    dist.broadcast_object_list(error, src=0)
+    if error[0] is not None:
+        raise CheckpointError(error[0])
+    return result
 
 
 def _write_checksums(path: Path, *, enabled: bool) -> None:
@@ -116,32 +111,29 @@ def _write_checksums(path: Path, *, enabled: bool) -> None:
     if enabled:
         listing: list[Any] = [None]
         if dist.get_rank() == 0:
-            listing[0] = sorted(f.name for f in path.iterdir() if f.is_file() and f.name != CHECKSUMS_FILENAME)
+            listing[0] = on_disk.files_to_hash(path)
         dist.broadcast_object_list(listing, src=0)
-        mine = {name: _crc32(path / name) for name in _my_share(listing[0])}
+        mine = {name: on_disk.crc32(path / name) for name in _my_share(listing[0])}
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         merged = {name: crc for part in gathered for name, crc in part.items()}
-    if dist.get_rank() == 0:
-        _write_atomically(path / CHECKSUMS_FILENAME, json.dumps({"crc32": merged}, indent=1, sort_keys=True))
-    dist.barrier()
-
-
-def is_complete(path: Path) -> bool:
-    """Whether a checkpoint directory's save finished (its manifest exists)."""
-    return (path / CHECKSUMS_FILENAME).is_file()
+    manifest = json.dumps({"crc32": merged}, indent=1, sort_keys=True)
+    _on_rank0(
+        lambda: on_disk.write_atomically(path / CHECKSUMS_FILENAME, manifest), what=f"cannot write {path}'s checksums"
+    )
 
 
 def _verify_checksums(path: Path) -> None:
     """Compare every file with checksums.json (a collective); raise naming the damaged files."""
-    manifest = path / CHECKSUMS_FILENAME
-    if not manifest.is_file():
-        log.warning("%s has no %s (saved by an older version): files are not verified", path, CHECKSUMS_FILENAME)
+    if not (path / CHECKSUMS_FILENAME).is_file():
+        log.warning(
+            "%s has no %s (saved by an older version): its files are not verified, and it is kept as it is "
+            "(never removed or replaced; the next save goes to a new directory)",
+            path,
+            CHECKSUMS_FILENAME,
+        )
         return
-    try:
-        expected: dict[str, str] | None = json.loads(manifest.read_text())["crc32"]
-    except (ValueError, KeyError) as exc:
-        raise CheckpointError(f"{manifest} is damaged ({exc}); resume from an earlier checkpoint") from exc
+    expected = on_disk.read_checksums(path)
     if expected is None:
         log.info("%s was saved with --no-checkpoint-checksums: files are not verified", path)
         return
@@ -150,7 +142,7 @@ def _verify_checksums(path: Path) -> None:
         file = path / name
         if not file.is_file():
             problems.append(f"{file} is missing")
-        elif (actual := _crc32(file)) != expected[name]:
+        elif (actual := on_disk.crc32(file)) != expected[name]:
             problems.append(f"{file} is corrupted: CRC-32 {actual}, saved as {expected[name]}")
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, problems)
@@ -269,6 +261,7 @@ def _check_files(path: Path) -> dict[str, Any]:
     from megatron.core import dist_checkpointing
     from torch.distributed.checkpoint import FileSystemReader
 
+    on_disk.check_structure(path)
     try:
         storage = FileSystemReader(str(path)).read_metadata().storage_data
     except Exception as exc:
@@ -413,20 +406,16 @@ def _arguments_record(cfg: TrainingConfig) -> dict[str, Any]:
     return record
 
 
-def _saved_common(path: Path) -> dict[str, Any]:
+def saved_common(path: Path) -> dict[str, Any]:
+    """``common.pt`` of one checkpoint directory: the iteration, the run's arguments, layout and identity."""
     from megatron.core import dist_checkpointing
 
+    on_disk.check_structure(path)
     try:
         common = dist_checkpointing.load_common_state_dict(str(path))
     except Exception as exc:
         raise CheckpointError(f"{path}/common.pt cannot be read ({type(exc).__name__}: {exc})") from exc
     return common if isinstance(common, dict) else {}
-
-
-def saved_arguments(path: Path) -> dict[str, Any] | None:
-    """The arguments record of one checkpoint directory (None: saved before records were kept)."""
-    args = _saved_common(path).get("args")
-    return args if isinstance(args, dict) else None
 
 
 @dataclass(frozen=True)
@@ -441,7 +430,7 @@ class SavedRun:
 
 def saved_run(path: Path) -> SavedRun | None:
     """The configuration a checkpoint was written with (None: saved before the records were kept)."""
-    common = _saved_common(path)
+    common = saved_common(path)
     args, layout = common.get("args"), common.get("layout")
     if not isinstance(args, dict) or not isinstance(layout, dict):
         return None
@@ -449,17 +438,17 @@ def saved_run(path: Path) -> SavedRun | None:
     world = layout["tp"] * parallel.get("context_parallel_size", 1) * layout["pp"] * layout["dp"]
     try:
         # Fields this version does not have are left out; those it added take their defaults.
-        groups: dict[str, Any] = {
-            name: {k: v for k, v in args[name].items() if k in {f.name for f in dataclasses.fields(cls)}}
-            for name, cls in GROUPS.items()
-        }
+        known = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in GROUPS.items()}
+        groups: dict[str, Any] = {name: {k: v for k, v in args[name].items() if k in known[name]} for name in GROUPS}
         config = make_config(world_size=world, **groups)
     except (ValueError, KeyError) as exc:  # a record this version cannot rebuild
         raise CheckpointError(f"{path}/common.pt: the saved arguments do not rebuild the run's layout: {exc}") from exc
     return SavedRun(config=config, layout_record=layout)
 
 
-def _common_state(cfg: TrainingConfig, *, iteration: int, consumed_samples: int) -> dict[str, Any]:
+def _common_state(
+    cfg: TrainingConfig, *, iteration: int, consumed_samples: int, identity: RunIdentity | None
+) -> dict[str, Any]:
     """What every save records besides tensors and optimizer (one rank's copy; ``common.pt``)."""
     return {
         "iteration": iteration,
@@ -467,6 +456,7 @@ def _common_state(cfg: TrainingConfig, *, iteration: int, consumed_samples: int)
         "layout": _layout_record(cfg),
         "vocab_size": cfg.vocab_size,
         "args": _arguments_record(cfg),
+        "identity": identity.as_record() if identity is not None else None,
         "checkpoint_version": 3.0,
     }
 
@@ -510,62 +500,38 @@ def per_rank_format_refusal(saved_layout: dict[str, Any], layout: ParallelLayout
     )
 
 
-def _iteration_dirs(root: Path) -> dict[int, Path]:
-    found = {}
-    for child in root.glob("iter_*"):
-        suffix = child.name[len("iter_") :]
-        if child.is_dir() and suffix.isdigit():
-            found[int(suffix)] = child
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what lies under it, breadth first: torch's CheckpointException holds each rank's failure."""
+    found: list[BaseException] = []
+    queue = [exc]
+    while queue:
+        current = queue.pop(0)
+        if any(current is seen for seen in found):
+            continue
+        found.append(current)
+        failures = getattr(current, "failures", None)
+        if isinstance(failures, dict):
+            queue += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        queue += [e for e in (current.__cause__, current.__context__) if e is not None]
     return found
 
 
-def _remove_incomplete(root: Path, *, also: Path) -> None:
-    """Delete directories of saves that never completed (killed before their
-    manifest was written), and whatever is in the way of the one about to be
-    written: a complete one there belongs to a run that went further than the
-    one resumed (its tracker was rolled back)."""
-    for path in _iteration_dirs(root).values():
-        if not is_complete(path):
-            log.warning("removing incomplete checkpoint %s", path)
-            shutil.rmtree(path)
-        elif path == also:
-            log.warning("replacing checkpoint %s, left by a run that went further than this one", path)
-            shutil.rmtree(path)
-
-
-def check_save_directory(root: str | Path, *, start_iteration: int, announce: bool = True) -> None:
-    """Refuse a --save directory whose checkpoints this run would overwrite.
-
-    A run continues from ``start_iteration``; a tracker beyond it means the
-    directory holds a further run (e.g. ``--finetune`` into the pretraining
-    directory), whose checkpoints would be replaced as this one reaches them.
-    """
-    latest = read_tracker(root)
-    if latest is not None and latest > start_iteration:
-        raise CheckpointError(
-            f"--save {root} already holds checkpoints up to iteration {latest}, beyond this run's start "
-            f"({start_iteration}); saving there would replace them. Use another --save directory, or "
-            f"--load {root} to continue that run"
-        )
-    newer = sorted(i for i, p in _iteration_dirs(Path(root)).items() if i > start_iteration and is_complete(p))
-    if newer and announce:
-        log.warning(
-            "--save %s holds complete checkpoints beyond iteration %d (%s): they are replaced as training reaches them",
-            root,
-            start_iteration,
-            ", ".join(map(str, newer)),
-        )
-
-
-def _prune(root: Path, *, keep: int) -> None:
-    """Keep the newest ``keep`` complete checkpoints (the tracked one always)."""
-    latest = read_tracker(root)
-    if latest is None:
-        return
-    complete = sorted(i for i, path in _iteration_dirs(root).items() if i <= latest and is_complete(path))
-    for iteration in complete[:-keep]:
-        shutil.rmtree(checkpoint_dir(root, iteration))
-        log.info("removed old checkpoint %s (--keep-last-checkpoints %d)", checkpoint_dir(root, iteration), keep)
+def save_failed(target: Path, exc: BaseException) -> CheckpointError:
+    """Remove the directory of a save that failed (this run made it; rank 0) and describe the failure in one
+    line: what, where and what to do. The tracker still names the last published checkpoint."""
+    causes = _causes(exc)
+    os_error = next((e for e in causes if isinstance(e, OSError)), None) or on_disk.diagnose_write_failure(target)
+    if os_error is not None:
+        where = f" ({os_error.filename})" if os_error.filename else ""
+        what = f"{on_disk.os_error_text(os_error)}{where}; {on_disk.os_error_fix(os_error)}"
+    else:
+        inner = causes[-1]
+        what = f"{type(inner).__name__}: {(str(inner).strip().splitlines() or [''])[0][:300]}"
+    if dist.get_rank() == 0:
+        shutil.rmtree(target, ignore_errors=True)
+    latest = on_disk.read_tracker(target.parent)
+    kept = f"iteration {latest} is the last published checkpoint" if latest is not None else "none was published"
+    return CheckpointError(f"cannot write checkpoint {target}: {what}. The partial save was removed; {kept}")
 
 
 def save_checkpoint(
@@ -577,23 +543,28 @@ def save_checkpoint(
     optimizer: Any,
     scheduler: Any,
     cfg: TrainingConfig,
+    identity: RunIdentity | None,
     async_queue: Any = None,
 ) -> Path:
     """Save everything needed to resume exactly; returns the checkpoint directory.
 
     With ``async_queue`` (a Megatron-Core ``AsyncCallsQueue``) the shards are
     written in the background; the tracker is updated by the request's
-    finalisation, after every rank's files are complete.
+    finalisation, after every rank's files are complete (a failure there is the
+    caller's to pass to ``save_failed``). A failed synchronous save removes its
+    directory and raises one CheckpointError on every rank.
     """
     from megatron.core import dist_checkpointing
 
     root = Path(root)
     target = checkpoint_dir(root, iteration)
-    if dist.get_rank() == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        _remove_incomplete(root, also=target)
-        target.mkdir()
-    dist.barrier()
+
+    def start() -> None:
+        for path in on_disk.remove_partial_saves(root):
+            log.warning("removed %s: a save that never finished (%s)", path, on_disk.SAVING_FILENAME)
+        on_disk.start_save(root, iteration, overwrite=cfg.run.overwrite_checkpoints)
+
+    _on_rank0(start, what=f"cannot start checkpoint {target}")
 
     model_sd = _model_sharded_state_dict(chunks)
     state: dict[str, Any] = dict(model_sd)
@@ -607,23 +578,26 @@ def save_checkpoint(
     state["optimizer_format"] = metadata["distrib_optim_sharding_type"]
     state["opt_param_scheduler"] = scheduler.state_dict()
     state["rng_state"] = _rng_sharded_object(cfg)
-    state.update(_common_state(cfg, iteration=iteration, consumed_samples=consumed_samples))
+    state.update(_common_state(cfg, iteration=iteration, consumed_samples=consumed_samples, identity=identity))
 
     def publish() -> None:
         # Runs on every rank once all files are written (also for async saves).
         _publish(root, target, iteration, cfg)
 
     strategy = _save_strategy()
-    if async_queue is not None:
-        request = dist_checkpointing.save(
-            state, str(target), strategy, content_metadata=metadata, async_sharded_save=True
-        )
-        request.add_finalize_fn(publish)
-        async_queue.schedule_async_request(request)
-        return target
-    dist_checkpointing.save(state, str(target), strategy, content_metadata=metadata)
-    dist.barrier()
-    publish()
+    try:
+        if async_queue is not None:
+            request = dist_checkpointing.save(
+                state, str(target), strategy, content_metadata=metadata, async_sharded_save=True
+            )
+            request.add_finalize_fn(publish)
+            async_queue.schedule_async_request(request)
+            return target
+        dist_checkpointing.save(state, str(target), strategy, content_metadata=metadata)
+        dist.barrier()
+        publish()
+    except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
+        raise save_failed(target, exc) from exc
     dist.barrier()
     return target
 
@@ -642,15 +616,21 @@ def _save_strategy() -> Any:
 
 
 def _publish(root: Path, target: Path, iteration: int, cfg: TrainingConfig) -> None:
-    """Mark a save complete (checksums), then make it the latest (tracker), then prune (every rank calls it)."""
+    """Mark a save complete (checksums), make it the latest (tracker), drop its in-progress marker, then prune
+    (every rank calls it; on_disk's docstring gives the order and why)."""
     _write_checksums(target, enabled=not cfg.run.no_checkpoint_checksums)
-    if dist.get_rank() == 0:
-        _write_tracker(root, iteration)
+
+    def track() -> None:
+        on_disk.write_tracker(root, iteration)
+        on_disk.finish_save(target)
         if cfg.run.keep_last_checkpoints > 0:
-            _prune(root, keep=cfg.run.keep_last_checkpoints)
+            for path in on_disk.prune(root, keep=cfg.run.keep_last_checkpoints):
+                log.info("removed old checkpoint %s (--keep-last-checkpoints %d)", path, cfg.run.keep_last_checkpoints)
+
+    _on_rank0(track, what=f"cannot publish checkpoint {target}")
 
 
-def save_weights(root: str | Path, model: torch.nn.Module, cfg: TrainingConfig) -> Path:
+def save_weights(root: str | Path, model: torch.nn.Module, cfg: TrainingConfig, identity: RunIdentity | None) -> Path:
     """A checkpoint of the weights alone at iteration 0, as a seed checkpoint (``--train-iters 0 --save``) is:
     no optimizer state, so a run that loads it starts training from these weights under any layout. For
     weights made elsewhere (``tools/convert_checkpoint.py from-hf``); one process (a collective)."""
@@ -658,17 +638,16 @@ def save_weights(root: str | Path, model: torch.nn.Module, cfg: TrainingConfig) 
 
     root = Path(root)
     target = checkpoint_dir(root, 0)
-    if dist.get_rank() == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        _remove_incomplete(root, also=target)
-        target.mkdir()
-    dist.barrier()
+    _on_rank0(lambda: on_disk.start_save(root, 0, overwrite=False), what=f"cannot start checkpoint {target}")
     state: dict[str, Any] = _model_sharded_state_dict([model])
     state.update(has_optimizer_state=False, rng_state=_rng_sharded_object(cfg))
-    state.update(_common_state(cfg, iteration=0, consumed_samples=0))
-    dist_checkpointing.save(state, str(target))
-    dist.barrier()
-    _publish(root, target, 0, cfg)
+    state.update(_common_state(cfg, iteration=0, consumed_samples=0, identity=identity))
+    try:
+        dist_checkpointing.save(state, str(target))
+        dist.barrier()
+        _publish(root, target, 0, cfg)
+    except (Exception, CheckpointException) as exc:
+        raise save_failed(target, exc) from exc
     dist.barrier()
     return target
 
@@ -681,21 +660,32 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
     return saved
 
 
-def resolve_iteration(root: str | Path, iteration: int | None) -> Path:
-    """The directory of checkpoint ``iteration`` under ``root`` (None: the latest), which must be complete."""
-    root = Path(root)
-    latest = read_tracker(root)
-    if latest is None:
-        raise CheckpointError(f"{root} holds no checkpoint ({TRACKER_FILENAME} is missing); check the path")
-    if iteration is None:
-        iteration = latest
-    path = checkpoint_dir(root, iteration)
-    if not path.is_dir() or not is_complete(path):
-        have = sorted(i for i, d in _iteration_dirs(root).items() if is_complete(d))
-        raise CheckpointError(
-            f"{root} has no complete checkpoint of iteration {iteration}; complete ones: {have or 'none'}"
-        )
-    return path
+def _check_identity(path: Path, common: dict[str, Any], identity: RunIdentity, run: Any) -> None:
+    """Refuse another tokenizer, or (resuming mid-run, not --finetune) other training data, than the
+    checkpoint's. A checkpoint that has consumed no data (a seed, an import) may go on with any."""
+    saved = common.get("identity")
+    if saved is None:
+        log.warning("%s records no tokenizer or data digests (saved by an older version): they are not checked", path)
+        return
+    tokenizer = tokenizer_difference(saved["tokenizer"], identity.tokenizer)
+    if tokenizer is not None:
+        if not run.accept_tokenizer_change:
+            raise CheckpointError(
+                f"{path}: {tokenizer}. Use the saved run's tokenizer, or pass {TOKENIZER_FLAG} to go on with this "
+                "one deliberately"
+            )
+        log.warning("%s: %s (%s)", path, tokenizer, TOKENIZER_FLAG)
+    if run.finetune or not common.get("consumed_samples"):
+        return
+    changes = data_differences(saved["data"], identity.data)
+    if changes:
+        if not run.accept_data_change:
+            raise CheckpointError(
+                f"{path}: this run's training data is not the checkpoint's: {'; '.join(changes)}. Resume on the "
+                f"saved run's data, pass {DATA_FLAG} to continue on this data deliberately, or --finetune to start "
+                "a new run from its weights"
+            )
+        log.warning("%s: training data changed (%s): %s", path, DATA_FLAG, "; ".join(changes))
 
 
 def load_checkpoint(
@@ -705,18 +695,20 @@ def load_checkpoint(
     optimizer: Any,
     scheduler: Any,
     cfg: TrainingConfig,
+    identity: RunIdentity | None,
     iteration: int | None = None,
 ) -> LoadedState:
     """Load the latest complete checkpoint under ``root`` (or that of ``iteration``) into the model (and,
-    unless told not to, optimizer, scheduler and RNG). Missing → fresh start."""
-    from megatron.core import dist_checkpointing
-
+    unless told not to, optimizer, scheduler and RNG). Missing → fresh start, unless ``root`` holds finished
+    checkpoints without a tracker (``on_disk.check_load_directory``). ``identity``: this run's tokenizer and
+    data, compared with the checkpoint's (None: not compared; the tools compare the tokenizer themselves)."""
     run = cfg.run
     if iteration is not None:
         iteration = int(resolve_iteration(root, iteration).name.removeprefix("iter_"))
     else:
         iteration = read_tracker(root)
     if iteration is None:
+        on_disk.check_load_directory(root, overwrite=run.overwrite_checkpoints)
         if run.strict_load:
             raise CheckpointError(
                 f"--strict-load: no checkpoint under --load {root} (no {TRACKER_FILENAME}); "
@@ -729,10 +721,7 @@ def load_checkpoint(
         raise CheckpointError(f"{root}/{TRACKER_FILENAME} names iteration {iteration} but {path} does not exist")
 
     saved_tensors = _check_files(path) if run.no_checkpoint_checksums else verify_checkpoint(path)
-    try:
-        common = dist_checkpointing.load_common_state_dict(str(path))
-    except Exception as exc:
-        raise CheckpointError(f"{path}/common.pt cannot be read ({type(exc).__name__}: {exc})") from exc
+    common = saved_common(path)
     saved_layout = common.get("layout", {})
     saved_vocab = common.get("vocab_size")
     if saved_vocab is not None and saved_vocab != cfg.vocab_size:
@@ -740,6 +729,8 @@ def load_checkpoint(
             f"{path} was trained with a vocabulary of {saved_vocab:,} tokens and this run's tokenizer has "
             f"{cfg.vocab_size:,}; use the tokenizer (or --vocab-size) of the saved run"
         )
+    if identity is not None:
+        _check_identity(path, common, identity, run)
     model_sd = _model_sharded_state_dict(chunks)
     request: dict[str, Any] = dict(model_sd)
     load_optim = not (run.no_load_optim or run.finetune) and bool(common.get("has_optimizer_state", True))
@@ -771,6 +762,8 @@ def load_checkpoint(
         request["rng_state"] = _rng_sharded_object(cfg)
 
     _check_shapes(path, model_sd, saved_tensors)
+    from megatron.core import dist_checkpointing
+
     try:
         loaded = dist_checkpointing.load(request, str(path))
     except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException

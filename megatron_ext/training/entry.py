@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from megatron_ext.config.arguments import ConfigError, parse_args
+from megatron_ext.checkpoint import on_disk
+from megatron_ext.config.arguments import ConfigError, TrainingConfig, parse_args
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.layout import LayoutError
-from megatron_ext.config.runtime import TRACKER_FILENAME
 from megatron_ext.data.preflight import preflight
 from megatron_ext.estimate import plan
 
@@ -40,11 +40,31 @@ def _configure_logging(rank: int) -> None:
     logging.getLogger("megatron.core").setLevel(logging.WARNING)
 
 
-def _holds_checkpoint(load: str | None) -> bool:
-    """Whether ``--load`` names a directory with a checkpoint tracker (a first run's usually has none yet)."""
-    if not load:
-        return False
-    return (Path(load) / TRACKER_FILENAME).is_file()
+def _check_checkpoint_paths(cfg: TrainingConfig, *, probe: bool) -> str | None:
+    """Before anything is built: refuse what would lose checkpoints (``on_disk``'s invariant) and a ``--save``
+    that cannot hold one (CheckpointError, ConfigError); returns the line on where checkpoints go, or None."""
+    run = cfg.run
+    start = 0
+    if run.load:
+        on_disk.check_load_directory(run.load, overwrite=run.overwrite_checkpoints)
+        tracked = on_disk.read_tracker(run.load)
+        start = 0 if tracked is None or run.finetune else tracked
+    if not run.save:
+        return None
+    on_disk.check_save_directory(run.save, start_iteration=start, overwrite=run.overwrite_checkpoints)
+    needed = plan.checkpoint_bytes(cfg)
+    save = Path(run.save)
+    if run.dry_run and not save.absolute().parent.exists():
+        # A rehearsal of a cluster's job on another machine: its --save is not here to check.
+        return (
+            f"--save {save}: not on this machine (nor its parent), so not checked here (the run checks it at "
+            f"start-up); about {on_disk.size_text(needed)} per checkpoint"
+        )
+    problem, free = on_disk.save_path_problem(save, needed_bytes=needed, probe=probe)
+    if problem is not None:
+        raise ConfigError(problem)
+    assert free is not None
+    return f"--save {run.save}: {on_disk.size_text(free)} free, about {on_disk.size_text(needed)} per checkpoint"
 
 
 def pretrain(
@@ -70,21 +90,27 @@ def pretrain(
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.INVALID
     cfg = checked.cfg
-    if _holds_checkpoint(cfg.run.load):
-        # Reading the checkpoint's index takes torch; without a tracker there is nothing to read.
-        from megatron_ext.training import checkpointing
+    try:
+        where = _check_checkpoint_paths(cfg, probe=rank == 0)
+        if cfg.run.load and on_disk.read_tracker(cfg.run.load) is not None:
+            # Reading the checkpoint's index takes torch; without a tracker there is nothing to read.
+            from megatron_ext.training import checkpointing
 
-        try:
             # Before the model is built: a resumed run keeps the checkpoint's padded vocabulary.
             cfg = checkpointing.keep_checkpoint_vocabulary(cfg)
-        except checkpointing.CheckpointError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return ExitCode.CHECKPOINT
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.INVALID
+    except on_disk.CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.CHECKPOINT
     if cfg.run.dry_run:
         print("configuration is valid")
-        for line in plan.describe(cfg):
+        for line in [*plan.describe(cfg), *([where] if where else [])]:
             print(f"  {line}")
         return ExitCode.OK
+    if where and rank == 0:
+        logging.getLogger("megatron_ext").info(where)
 
     from megatron_ext.training import loop
 

@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
+from megatron_ext.checkpoint.identity import RunIdentity
 from megatron_ext.config import schedule
 from megatron_ext.config.arguments import ConfigError, TrainingConfig
 from megatron_ext.config.exit_codes import ExitCode
@@ -95,8 +97,25 @@ def train(
     except resilience.NonFiniteLossError as exc:
         log.error("%s", exc)
         return ExitCode.NON_FINITE
+    except RuntimeError as exc:
+        # A collective failed because a peer died: one line naming it, not gloo's traceback; anything else as is.
+        lost = distributed.lost_peers(exc)
+        if lost is None:
+            raise
+        log.error("%s", lost)
+        return ExitCode.ERROR
     finally:
         distributed.destroy()
+
+
+def _run_identity(cfg: TrainingConfig, tokenizer: Tokenizer) -> RunIdentity | None:
+    """This run's tokenizer and data by content, for its checkpoints (hashed once, on rank 0, and shared);
+    None when it neither loads nor saves one."""
+    if not (cfg.run.load or cfg.run.save):
+        return None
+    box = [RunIdentity.of(tokenizer, cfg.data) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 @dataclass
@@ -250,9 +269,12 @@ class Trainer:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
             self.async_queue = AsyncCallsQueue()
+        self.saving: Path | None = None
+        """The checkpoint being written in the background, if any."""
         self.iteration = 0
         self.consumed_samples = 0
         self.skipped_iterations = 0
+        self.identity = _run_identity(cfg, tokenizer)
         if cfg.run.load:
             state = checkpointing.load_checkpoint(
                 root=cfg.run.load,
@@ -260,13 +282,12 @@ class Trainer:
                 optimizer=self.optimizer,
                 scheduler=self.scheduler,
                 cfg=cfg,
+                identity=self.identity,
             )
             self.iteration, self.consumed_samples = state.iteration, state.consumed_samples
             self.microbatches.update(self.consumed_samples, consistency_check=True)
             if state.path is not None:
                 log.info("loaded checkpoint %s (iteration %d)", state.path, state.iteration)
-        if cfg.run.save:
-            checkpointing.check_save_directory(cfg.run.save, start_iteration=self.iteration, announce=ctx.rank == 0)
 
         self.datasets = datasets_provider(cfg, tokenizer)
         self.needs_data = [self._unwrapped(c).pre_process or self._unwrapped(c).post_process for c in self.chunks]
@@ -392,9 +413,16 @@ class Trainer:
         return sum(sums) / len(sums)
 
     def finish_async_saves(self, *, blocking: bool = True) -> None:
-        """Finalise background saves (a collective: every rank calls it at the same point)."""
-        if self.async_queue is not None:
+        """Finalise background saves (a collective: every rank calls it at the same point); a failed one is
+        removed and reported as a CheckpointError."""
+        if self.async_queue is None or self.saving is None:
+            return
+        try:
             self.async_queue.maybe_finalize_async_calls(blocking=blocking)
+        except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
+            raise checkpointing.save_failed(self.saving, exc) from exc
+        if self.async_queue.get_num_unfinalized_calls() == 0:
+            self.saving = None
 
     def _param_sync_for_use(self) -> None:
         # With overlapped param gather the newest weights arrive lazily in the next
@@ -423,7 +451,10 @@ class Trainer:
             optimizer=self.optimizer,
             scheduler=self.scheduler,
             cfg=self.cfg,
+            identity=self.identity,
         )
+        if self.async_queue is not None:
+            self.saving = path
         self._restore_param_hooks()
         if self.ctx.rank == 0:
             log.info("%s checkpoint %s", "writing in the background" if self.async_queue else "saved", path)

@@ -54,9 +54,14 @@ def test_an_invalid_configuration_is_refused_without_them() -> None:
 
 
 def test_a_directory_with_a_checkpoint_tracker_is_read(tmp_path: Path) -> None:
-    """With a tracker under --load the checkpoint step runs (here it names the damaged tracker)."""
+    """A damaged tracker under --load is named without torch (the format is ``checkpoint.on_disk``); with a
+    readable one the checkpoint's index is read, which takes torch."""
     (tmp_path / TRACKER_FILENAME).write_text("not a number\n")
     proc, imported = dry_run([*DRY_RUN, "--load", str(tmp_path)])
     assert proc.returncode == ExitCode.CHECKPOINT, proc.stderr[-2000:]
     assert f"{tmp_path / TRACKER_FILENAME}: expected an iteration number, found 'not a number'" in proc.stderr
+    assert not imported & HEAVY
+    (tmp_path / TRACKER_FILENAME).write_text("3\n")
+    proc, imported = dry_run([*DRY_RUN, "--load", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
     assert "torch" in imported

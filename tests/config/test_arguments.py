@@ -85,7 +85,10 @@ def test_help_is_field_docs() -> None:
         ("--hidden-size 0", "--hidden-size must be at least 1, got 0"),
         ("--lr -1", "--lr must be greater than 0, got -1"),
         ("--lr 1e-4 --min-lr 1e-3", "--min-lr 0.001 is larger than --lr 0.0001; lower --min-lr"),
-        ("--hidden-dropout 1.5", "--hidden-dropout must be at most 1, got 1.5"),
+        ("--hidden-dropout 1.5", "--hidden-dropout must be less than 1, got 1.5"),
+        ("--hidden-dropout 1.0", "--hidden-dropout must be less than 1, got 1"),  # zeroes every activation
+        ("--attention-dropout 1", "--attention-dropout must be less than 1, got 1"),
+        ("--attention-dropout -0.1", "--attention-dropout must be at least 0, got -0.1"),
         ("--max-position-embeddings 64 --seq-length 128", "raise it to 128 or more"),
         ("--train-iters -3", "--train-iters must be at least 0, got -3"),
         ("--adam-eps 0", "--adam-eps must be greater than 0, got 0"),

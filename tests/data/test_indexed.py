@@ -196,7 +196,7 @@ def test_several_keys_are_published_all_or_nothing(
         real_replace(src, dst)
 
     monkeypatch.setattr(indexed.os, "replace", failing_replace)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(indexed.WriteError, match=r"ds_title_document\.bin: no space left on device \(ENOSPC\)"):
         commit_all(two_writers(tmp_path, seed=2))
     monkeypatch.setattr(indexed.os, "replace", real_replace)
     assert snapshot(tmp_path) == before

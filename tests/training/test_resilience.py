@@ -18,20 +18,18 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext.checkpoint.on_disk import (
+    CHECKSUMS_FILENAME,
+    SAVING_FILENAME,
+    TRACKER_FILENAME,
+    is_complete,
+    read_tracker,
+)
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.training.checkpointing import CHECKSUMS_FILENAME, TRACKER_FILENAME, is_complete, read_tracker
 from tests.conftest import REPO, TINY_MODEL, _env, launch_command, read_metrics, run_pretrain, train_losses
+from tests.training.conftest import ITERS, RUN, copy_of, saved_run
 
 pytestmark = pytest.mark.distributed
-
-ITERS = 40
-RUN = [
-    *TINY_MODEL,
-    *"--hidden-dropout 0.1 --attention-dropout 0.1 --lr-decay-iters 40".split(),
-    *"--pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2".split(),
-    "--train-iters",
-    str(ITERS),
-]
 
 
 @pytest.fixture(scope="module")
@@ -154,18 +152,18 @@ def test_kill_9_during_saves_leaves_a_loadable_checkpoint(tmp_path: Path, uninte
     _kill_9_everything(proc)
     latest = read_tracker(save)
     assert latest is not None
-    # The kill may land anywhere: inside a save (an unfinished directory), or between a
-    # save's manifest and its tracker update (a complete directory the tracker does
-    # not name yet, which stays: it is a valid checkpoint of the same run). Also leave
-    # a save that certainly did not finish.
+    # The kill may land anywhere: inside a save (an unfinished directory with its in-progress
+    # marker), or between a save's manifest and its tracker update (the marker is still
+    # there: a save is published by the tracker, then loses its marker). Also leave a save
+    # that certainly did not finish, as a killed one does.
     partial = save / f"iter_{latest + 1:07d}"
-    if partial.exists() and is_complete(partial):
-        partial = save / f"iter_{latest + 2:07d}"
     if not partial.exists():
         shutil.copytree(save / f"iter_{latest:07d}", partial)
         (partial / CHECKSUMS_FILENAME).unlink()  # a killed save never wrote its manifest
+        (partial / SAVING_FILENAME).write_text("{}")
         for shard in partial.glob("*.distcp"):
             shard.write_bytes(shard.read_bytes()[:100])
+    assert not is_complete(partial)
     _resume_and_compare(save, metrics, uninterrupted)
     # The resumed run's save removed every unfinished directory.
     assert not partial.exists()
@@ -173,29 +171,8 @@ def test_kill_9_during_saves_leaves_a_loadable_checkpoint(tmp_path: Path, uninte
     assert read_tracker(save) == ITERS
 
 
-def _saved_run(tmp_path: Path, *extra: str) -> Path:
-    save = tmp_path / "ckpt"
-    run_pretrain(
-        [*RUN, "--save", str(save), "--exit-interval", "3", *extra], nproc=2, expect=ExitCode.SAVED_AND_STOPPED
-    )
-    return save
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """RUN stopped at iteration 3 with a checkpoint of every iteration, shared by the tests below."""
-    return _saved_run(tmp_path_factory.mktemp("saved"), "--save-interval", "1")
-
-
-def _copy(saved: Path, tmp_path: Path) -> Path:
-    """A private copy of the shared checkpoints, for a test that damages or might write them."""
-    copy = tmp_path / "ckpt"
-    shutil.copytree(saved, copy)
-    return copy
-
-
 def test_truncated_shard_is_a_clear_error(saved: Path, tmp_path: Path) -> None:
-    save = _copy(saved, tmp_path)
+    save = copy_of(saved, tmp_path)
     shard = sorted((save / "iter_0000003").glob("*.distcp"))[0]
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     proc = run_pretrain([*RUN, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
@@ -203,7 +180,7 @@ def test_truncated_shard_is_a_clear_error(saved: Path, tmp_path: Path) -> None:
 
 
 def test_corrupted_shard_is_a_clear_error(saved: Path, tmp_path: Path) -> None:
-    save = _copy(saved, tmp_path)
+    save = copy_of(saved, tmp_path)
     shard = sorted((save / "iter_0000003").glob("*.distcp"))[-1]
     data = bytearray(shard.read_bytes())
     middle = len(data) // 2
@@ -235,7 +212,7 @@ def test_missing_checkpoint_starts_fresh_unless_strict(tmp_path: Path) -> None:
 
 
 def test_keep_last_checkpoints(tmp_path: Path) -> None:
-    save = _saved_run(tmp_path, "--save-interval", "1", "--keep-last-checkpoints", "2")
+    save = saved_run(tmp_path, "--save-interval", "1", "--keep-last-checkpoints", "2")
     assert sorted(p.name for p in save.glob("iter_*")) == ["iter_0000002", "iter_0000003"]
     assert (save / TRACKER_FILENAME).read_text().strip() == "3"
 
@@ -278,11 +255,11 @@ def test_learning_rate_schedule_change_needs_a_choice(saved: Path, tmp_path: Pat
 
 
 def test_finetuning_into_the_pretraining_directory_is_refused(saved: Path, tmp_path: Path) -> None:
-    save = _copy(saved, tmp_path)
+    save = copy_of(saved, tmp_path)
     proc = run_pretrain(
         [*RUN, "--finetune", "--load", str(save), "--save", str(save)], nproc=2, expect=ExitCode.CHECKPOINT
     )
-    assert f"--save {save} already holds checkpoints up to iteration 3" in proc.stdout
+    assert f"--save {save} already holds checkpoints up to iteration 3" in proc.stdout + proc.stderr
     assert sorted(p.name for p in save.glob("iter_*")) == ["iter_0000001", "iter_0000002", "iter_0000003"]
 
 

@@ -1,0 +1,7 @@
+"""Checkpoints on disk, without torch: the directory format (``on_disk``) and the run's identity (``identity``).
+
+Megatron-Core keeps the same split: ``dist_checkpointing/core.py`` holds the
+format, ``serialization.py`` the I/O. Here the I/O is
+``megatron_ext.training.checkpointing`` (torch and Megatron-Core); the planner,
+the entry's ``--dry-run`` and the tools read the format side alone.
+"""

@@ -1,0 +1,44 @@
+"""The resumable run shared by the resilience and checkpoint-fault tests: one saved run, many damaged copies."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from megatron_ext.config.exit_codes import ExitCode
+from tests.conftest import TINY_MODEL, run_pretrain
+
+ITERS = 40
+RUN = [
+    *TINY_MODEL,
+    *"--hidden-dropout 0.1 --attention-dropout 0.1 --lr-decay-iters 40".split(),
+    *"--pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2".split(),
+    "--train-iters",
+    str(ITERS),
+]
+"""The tiny GPT under PP2 × VP2 with dropout (so the RNG states must come back exactly), 40 iterations."""
+
+
+def saved_run(tmp_path: Path, *extra: str) -> Path:
+    """RUN stopped (exit code 75) at iteration 3 with ``extra`` flags; its --save directory."""
+    save = tmp_path / "ckpt"
+    run_pretrain(
+        [*RUN, "--save", str(save), "--exit-interval", "3", *extra], nproc=2, expect=ExitCode.SAVED_AND_STOPPED
+    )
+    return save
+
+
+@pytest.fixture(scope="session")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """RUN stopped at iteration 3 with a checkpoint of every iteration (1, 2, 3), shared: tests that damage
+    or might write it take a ``copy_of`` it."""
+    return saved_run(tmp_path_factory.mktemp("saved"), "--save-interval", "1")
+
+
+def copy_of(saved: Path, tmp_path: Path) -> Path:
+    """A private copy of the shared checkpoints, for a test that damages or might write them."""
+    copy = tmp_path / "ckpt"
+    shutil.copytree(saved, copy)
+    return copy
