@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megatron_ext.config.arguments import parse_split
 from megatron_ext.data.sources import parse_blend
 from megatron_ext.data.tokenizers import Tokenizer
 
@@ -86,7 +87,7 @@ def tokenizer_identity(tokenizer: Tokenizer) -> dict[str, Any]:
 
 
 def data_identity(data: Any) -> dict[str, Any]:
-    """``{"mock", "split", "blends": {flag: [{"weight", "sha256", "prefix"}, ...]}}`` of the data flags
+    """``{"mock", "split", "split_shares", "blends": {flag: [{"weight", "sha256", "prefix"}, ...]}}`` of the data flags
     (``DataArgs``): each dataset by the SHA-256 of its ``.idx`` (its documents' sizes: another or a changed
     dataset has another), with its weight."""
     blends: dict[str, list[dict[str, Any]]] = {}
@@ -100,7 +101,9 @@ def data_identity(data: Any) -> dict[str, Any]:
             {"weight": weight, "sha256": sha256_of_files([Path(f"{prefix}.idx")]), "prefix": prefix}
             for weight, prefix in zip(weights, blend.prefixes, strict=True)
         ]
-    return {"mock": bool(data.mock_data), "split": data.split, "blends": blends}
+    weights = parse_split(data.split)
+    shares = [round(w / sum(weights), 12) for w in weights]  # '969,30,1' and '96.9/3/0.1' are one split
+    return {"mock": bool(data.mock_data), "split": data.split, "split_shares": shares, "blends": blends}
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,10 @@ def data_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str
     found = []
     if saved.get("mock") != current["mock"]:
         found.append(f"--mock-data: {'on' if saved.get('mock') else 'off'} → {'on' if current['mock'] else 'off'}")
-    if saved.get("split") != current["split"] and (saved.get("blends") or {}).get("data_path"):
+    same_split = (
+        saved.get("split_shares", saved.get("split")) == current["split_shares" if "split_shares" in saved else "split"]
+    )
+    if not same_split and (saved.get("blends") or {}).get("data_path"):
         found.append(f"--split {saved.get('split')} → {current['split']}")
     was, now = saved.get("blends") or {}, current["blends"]
     for name in DATA_FLAGS:

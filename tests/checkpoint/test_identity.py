@@ -99,6 +99,7 @@ def test_data_differences(tmp_path: Path) -> None:
     assert data_differences(saved, _data(tmp_path, "--data-path", "0.7", a, "0.3", b, "--split", "98,2,0")) == [
         "--split 969,30,1 → 98,2,0"
     ]
+    assert data_differences(saved, _data(tmp_path, "--data-path", "0.7", a, "0.3", b, "--split", "96.9/3/0.1")) == []
     assert data_differences(saved, _data(tmp_path, "--mock-data")) == [
         "--mock-data: off → on",
         "--data-path: 2 datasets → 0",
