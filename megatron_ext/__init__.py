@@ -8,6 +8,9 @@ One subpackage per product, each named for what it holds:
 * ``estimate``  the analytic models shared by ``--dry-run`` and the layout
                 calculator: parameters, FLOPs, memory, step time, hardware,
                 pipeline schedules (bubble, warm-up, simulation), search.
+* ``checkpoint`` checkpoints on disk without torch: the directory format,
+                the invariant that no run removes what it did not write, and
+                the tokenizer and data digests a checkpoint records.
 * ``training``  the runtime behind ``pretrain_gpt.py``: model, parallel state,
                 the loop, checkpoints, resilience, timers.
 * ``data``      corpus to indexed dataset: tokenizers, preprocessing, the

@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -253,11 +252,9 @@ def test_real_data_needs_a_tokenizer_and_is_passed_through(tmp_path: Path) -> No
 
 @pytest.mark.unit
 def test_refused_before_anything_starts(tmp_path: Path) -> None:
-    """A real (not dry) run with a broken layout stops at validation, within seconds."""
-    start = time.monotonic()
+    """A real (not dry) run with a broken layout stops at validation, before any process is launched."""
     proc = run_recipe(CPU_RECIPE, recipe_env(tmp_path, NNODES="1", GPUS_PER_NODE="3"))
     assert proc.returncode == ExitCode.INVALID, proc.stdout + proc.stderr
-    assert time.monotonic() - start < 60
     assert "world_size=3 is not divisible by tensor(1) × pipeline(2) = 2" in proc.stdout
     assert "megatron_ext.cli.launch" in proc.stdout  # the command it would have run is shown ...
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # ... but nothing trained
