@@ -38,9 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from preprocess_bench import run_measured, sha256  # noqa: E402
-
-from megatron_ext.data.corpus import build_corpus  # noqa: E402
+from preprocess_bench import prepare, run_measured, sha256  # noqa: E402
 
 
 def baseline_tree(rev: str, work: Path) -> Path:
@@ -108,17 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     corpus = work / f"corpus-{args.corpus_mb:g}mb.jsonl"
-    if not corpus.exists():
-        print(f"building {corpus} ...", flush=True)
-        build_corpus(corpus, target_mb=args.corpus_mb)
     model = Path(args.tokenizer_model) if args.tokenizer_model else work / f"sp{args.vocab_size}.model"
-    if not model.exists():
-        print(f"training {model} ...", flush=True)
-        subprocess.run(
-            [sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input", str(corpus), "--model-prefix",
-             str(model.with_suffix("")), "--vocab-size", str(args.vocab_size), "--byte-fallback"],
-            check=True,
-        )  # fmt: skip
+    prepare(corpus, corpus_mb=args.corpus_mb, model=model, vocab_size=args.vocab_size)
     document, control = long_document(corpus, args.document_mb, work / f"long-{args.document_mb:g}mb.jsonl")
 
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")

@@ -207,6 +207,20 @@ def shard(corpus: Path, n: int) -> list[Path]:
     return paths
 
 
+def prepare(corpus: Path, *, corpus_mb: float, model: Path, vocab_size: int) -> None:
+    """Build the corpus from this machine's text and train the SentencePiece model on it, unless they exist."""
+    if not corpus.exists():
+        print(f"building {corpus} ({corpus_mb} MB from this machine's text) ...", flush=True)
+        build_corpus(corpus, target_mb=corpus_mb)
+    if not model.exists():
+        print(f"training {model} ...", flush=True)
+        subprocess.run(
+            [sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input", str(corpus), "--model-prefix",
+             str(model.with_suffix("")), "--vocab-size", str(vocab_size), "--byte-fallback"],
+            check=True,
+        )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work-dir", default=str(REPO / "runs" / "bench"), help="Cache for corpus, tokenizer, outputs.")
@@ -244,26 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     corpus = Path(args.corpus) if args.corpus else work / f"corpus{args.corpus_mb:g}.jsonl"
-    if not corpus.exists():
-        print(f"building {corpus} ({args.corpus_mb} MB from this machine's text) ...", flush=True)
-        build_corpus(corpus, target_mb=args.corpus_mb)
     model = Path(args.tokenizer_model) if args.tokenizer_model else work / f"sp{args.vocab_size}.model"
-    if not model.exists():
-        print(f"training {model} ...", flush=True)
-        subprocess.run(
-            [
-                sys.executable,
-                str(REPO / "tools" / "train_tokenizer.py"),
-                "--input",
-                str(corpus),
-                "--model-prefix",
-                str(model.with_suffix("")),
-                "--vocab-size",
-                str(args.vocab_size),
-                "--byte-fallback",
-            ],
-            check=True,
-        )
+    prepare(corpus, corpus_mb=args.corpus_mb, model=model, vocab_size=args.vocab_size)
     size = corpus.stat().st_size
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     common = [
