@@ -13,6 +13,9 @@ One subpackage per product, each named for what it holds:
                 the tokenizer and data digests a checkpoint records.
 * ``training``  the runtime behind ``pretrain_gpt.py``: model, parallel state,
                 the loop, checkpoints, resilience, timers.
+* ``inference`` a checkpoint saved under any layout, opened in one process:
+                its model, tokenizer and tensors; sampling (``generate.py``).
+* ``huggingface`` ``transformers`` export and import of checkpoints.
 * ``data``      corpus to indexed dataset: tokenizers, preprocessing, the
                 ``.bin``/``.idx`` format, blends and their checks.
 * ``cli``       the command-line front ends (``tools/*.py`` and the console

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from megatron_ext.cli.launch import chosen_exit_code, local_command
-from megatron_ext.cli.launch import free_port as _free_port
+from megatron_ext.training.ports import free_port as _free_port
 
 REPO = Path(__file__).resolve().parent.parent
 PRETRAIN = REPO / "pretrain_gpt.py"

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import FrameType
 
 from megatron_ext.config.exit_codes import SIGNAL_BASE, ExitCode
+from megatron_ext.training.ports import free_port
 
 
 def _forward_to_workers(signum: int, _frame: FrameType | None) -> None:
@@ -36,13 +36,6 @@ def _forward_to_workers(signum: int, _frame: FrameType | None) -> None:
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
             child.send_signal(signum)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def local_command(script: str | Path, args: Sequence[str], *, nproc: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""Draw a pipeline timeline (``pipeline_schedule.Timeline``) as SVG and PNG, without plotting libraries.
+"""Draw a pipeline timeline (``estimate.schedule.Timeline``) as SVG and PNG, without plotting libraries.
 
 One row per pipeline rank; every forward (blue shades, one per model chunk)
 and backward pass (orange shades) is a box labelled with its microbatch;
