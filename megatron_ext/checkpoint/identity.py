@@ -28,17 +28,6 @@ from megatron_ext.data.tokenizers import Tokenizer
 TOKENIZER_FLAG = "--accept-tokenizer-change"
 DATA_FLAG = "--accept-data-change"
 
-HF_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
-"""The files of a Hugging Face tokenizer directory that decide its ids (those present are hashed)."""
-
 DATA_FLAGS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
 """The blends a run trains and evaluates on (``DataArgs`` fields)."""
 
@@ -55,25 +44,12 @@ def sha256_of_files(files: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def _tokenizer_files(tokenizer: Tokenizer) -> list[Path]:
-    """The files that define the tokenizer's ids ([] for NullTokenizer, whose ids are its vocabulary size)."""
-    model_file = getattr(tokenizer, "model_file", None)
-    if model_file:
-        return [Path(model_file)]
-    files = getattr(tokenizer, "files", None)
-    if files:
-        return [Path(f) for f in files]
-    directory = getattr(tokenizer, "directory", None)
-    if directory:
-        return [Path(directory) / name for name in HF_TOKENIZER_FILES if (Path(directory) / name).is_file()]
-    return []
-
-
 def _tokenizer_location(tokenizer: Tokenizer) -> str:
-    directory = getattr(tokenizer, "directory", None)
+    directory = getattr(tokenizer, "directory", None)  # a Hugging Face directory: named as given
     if directory:
         return str(directory)
-    return " + ".join(map(str, _tokenizer_files(tokenizer))) or f"no files (vocabulary {tokenizer.vocab_size:,})"
+    files = tokenizer.definition_files
+    return " + ".join(map(str, files)) or f"no files (vocabulary {tokenizer.vocab_size:,})"
 
 
 def tokenizer_identity(tokenizer: Tokenizer) -> dict[str, Any]:
@@ -81,7 +57,7 @@ def tokenizer_identity(tokenizer: Tokenizer) -> dict[str, Any]:
     return {
         "type": tokenizer.type_name,
         "vocab_size": tokenizer.vocab_size,
-        "sha256": sha256_of_files(_tokenizer_files(tokenizer)),
+        "sha256": sha256_of_files(tokenizer.definition_files),
         "location": _tokenizer_location(tokenizer),
     }
 

@@ -174,6 +174,12 @@ class Tokenizer(ABC):
             return np.asarray(self.tokenize(piece), dtype=np.int64)
 
     @property
+    def definition_files(self) -> list[Path]:
+        """The files whose contents decide the ids ([]: none, as for NullTokenizer, whose ids are its size);
+        a checkpoint records their digest (``checkpoint.identity``)."""
+        return []
+
+    @property
     def unique_identifiers(self) -> OrderedDict[str, Any]:
         """What identifies this tokenizer in Megatron-Core's dataset cache descriptions."""
         return OrderedDict(
@@ -313,6 +319,10 @@ class _SentencePieceBase(Tokenizer):
         # Piece ↔ id, as Megatron-LM builds it (later duplicates win, like its dict).
         self._vocab: dict[str, int] = {self.sp.id_to_piece(i): i for i in range(len(self.sp))}
         self.cut_rule, self.whole_reason = sentencepiece_cut_rule(self.sp, list(self._vocab))
+
+    @property
+    def definition_files(self) -> list[Path]:
+        return [Path(self.model_file)]
 
     @property
     def unique_identifiers(self) -> OrderedDict[str, Any]:
@@ -547,6 +557,10 @@ class GPT2BPETokenizer(Tokenizer):
         return self._eod
 
     @property
+    def definition_files(self) -> list[Path]:
+        return [Path(f) for f in self.files]
+
+    @property
     def unique_identifiers(self) -> OrderedDict[str, Any]:
         ids = super().unique_identifiers
         ids["vocab_file"], ids["merge_file"] = self.files
@@ -754,6 +768,22 @@ class HuggingFaceTokenizer(Tokenizer):
     @property
     def eod(self) -> int:
         return self._eod
+
+    DEFINITION_FILES = (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "tokenizer.model",
+        "vocab.json",
+        "merges.txt",
+    )
+    """The files a ``transformers`` tokenizer directory is made of (whichever it has): what decides its ids,
+    and what an export copies."""
+
+    @property
+    def definition_files(self) -> list[Path]:
+        return [Path(self.directory) / n for n in self.DEFINITION_FILES if (Path(self.directory) / n).is_file()]
 
     @property
     def unique_identifiers(self) -> OrderedDict[str, Any]:

@@ -26,18 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from megatron_ext.config.arguments import DataArgs
-from megatron_ext.data.tokenizers import Tokenizer
+from megatron_ext.data.tokenizers import HuggingFaceTokenizer, Tokenizer
 from megatron_ext.huggingface.architectures import TokenIds
 
-HF_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-)
+HF_TOKENIZER_FILES = HuggingFaceTokenizer.DEFINITION_FILES
 """The files a ``transformers`` tokenizer is made of (whichever it has)."""
 
 GPT2_EOS = "<|endoftext|>"

@@ -40,31 +40,36 @@ def _configure_logging(rank: int) -> None:
     logging.getLogger("megatron.core").setLevel(logging.WARNING)
 
 
-def _check_checkpoint_paths(cfg: TrainingConfig, *, probe: bool) -> str | None:
+def _check_checkpoint_paths(cfg: TrainingConfig, *, probe: bool) -> tuple[str | None, int | None]:
     """Before anything is built: refuse what would lose checkpoints (``on_disk``'s invariant) and a ``--save``
-    that cannot hold one (CheckpointError, ConfigError); returns the line on where checkpoints go, or None."""
+    that cannot hold one (CheckpointError, ConfigError). Returns the line on where checkpoints go (or None) and
+    the iteration the tracker under ``--load`` names (or None)."""
     run = cfg.run
-    start = 0
+    tracked = None
     if run.load:
         on_disk.check_load_directory(run.load, overwrite=run.overwrite_checkpoints)
         tracked = on_disk.read_tracker(run.load)
-        start = 0 if tracked is None or run.finetune else tracked
+    start = 0 if tracked is None or run.finetune else tracked
     if not run.save:
-        return None
+        return None, tracked
     on_disk.check_save_directory(run.save, start_iteration=start, overwrite=run.overwrite_checkpoints)
     needed = plan.checkpoint_bytes(cfg)
     save = Path(run.save)
     if run.dry_run and not save.absolute().parent.exists():
         # A rehearsal of a cluster's job on another machine: its --save is not here to check.
-        return (
+        where = (
             f"--save {save}: not on this machine (nor its parent), so not checked here (the run checks it at "
             f"start-up); about {on_disk.size_text(needed)} per checkpoint"
         )
+        return where, tracked
     problem, free = on_disk.save_path_problem(save, needed_bytes=needed, probe=probe)
     if problem is not None:
         raise ConfigError(problem)
     assert free is not None
-    return f"--save {run.save}: {on_disk.size_text(free)} free, about {on_disk.size_text(needed)} per checkpoint"
+    return (
+        f"--save {run.save}: {on_disk.size_text(free)} free, about {on_disk.size_text(needed)} per checkpoint",
+        tracked,
+    )
 
 
 def pretrain(
@@ -91,8 +96,8 @@ def pretrain(
         return ExitCode.INVALID
     cfg = checked.cfg
     try:
-        where = _check_checkpoint_paths(cfg, probe=rank == 0)
-        if cfg.run.load and on_disk.read_tracker(cfg.run.load) is not None:
+        where, tracked = _check_checkpoint_paths(cfg, probe=rank == 0)
+        if tracked is not None:
             # Reading the checkpoint's index takes torch; without a tracker there is nothing to read.
             from megatron_ext.training import checkpointing
 
