@@ -21,7 +21,7 @@ from megatron_ext.training.entry import pretrain
 if TYPE_CHECKING:
     import torch
 
-    from megatron_ext.config.arguments import TrainingConfig
+    from megatron_ext.config.training_config import TrainingConfig
     from megatron_ext.data.tokenizers import Tokenizer
     from megatron_ext.training.datasets import Datasets
 

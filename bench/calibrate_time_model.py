@@ -12,15 +12,35 @@ only evaluated. The residual table this prints is the one in ``docs/layout-model
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from megatron_ext.estimate.hardware import GpuProfile, get_profile
-from tests.estimate.published import ALL, CALIBRATION, PublishedRun, with_constants, worst
+
+
+def _published() -> ModuleType:
+    """``tests/estimate/published.py``, loaded from its path: the tables live beside the tests that check them,
+    and ``tests`` is not an installed package."""
+    path = Path(__file__).resolve().parent.parent / "tests" / "estimate" / "published.py"
+    spec = importlib.util.spec_from_file_location("tests.estimate.published", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING:
+    from tests.estimate.published import ALL, CALIBRATION, PublishedRun, with_constants, worst
+else:
+    _tables = _published()
+    ALL, CALIBRATION = _tables.ALL, _tables.CALIBRATION
+    with_constants, worst = _tables.with_constants, _tables.worst
 
 A100_GRID = {
     "compute_efficiency": [round(0.60 + 0.005 * i, 3) for i in range(41)],

@@ -50,10 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from megatron_ext.cli.launch import local_command
 
-from megatron_ext.cli.launch import local_command  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 PRETRAIN = REPO / "pretrain_gpt.py"
 WORKER = "--worker"

@@ -34,11 +34,9 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+from preprocess_bench import prepare, run_measured, sha256  # bench/ is sys.path[0] when this runs as a script
 
-from preprocess_bench import prepare, run_measured, sha256  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def baseline_tree(rev: str, work: Path) -> Path:

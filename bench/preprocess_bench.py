@@ -42,10 +42,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from megatron_ext.data.corpus import build_corpus
 
-from megatron_ext.data.corpus import build_corpus  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _secs(values: Any) -> str:
@@ -116,7 +115,6 @@ def tokenizer_alone(corpus: Path, model: Path, tokenizer_type: str, cores: int) 
     each encode their share with one batch call. Runs in a child process (keeps this one small)."""
     code = f"""
 import json, os, resource, sys, time
-sys.path.insert(0, {str(REPO)!r})
 from megatron_ext.data.tokenizers import build_tokenizer
 sp = build_tokenizer({tokenizer_type!r}, tokenizer_model={str(model)!r}).sp
 texts = [json.loads(line)["text"] for line in open({str(corpus)!r}, encoding="utf-8")]

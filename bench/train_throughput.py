@@ -45,12 +45,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from megatron_ext.cli.launch import local_command
+from megatron_ext.config.presets import PRESETS
+from megatron_ext.training.timing import COMPUTE_TIMERS
 
-from megatron_ext.cli.launch import local_command  # noqa: E402
-from megatron_ext.config.presets import PRESETS  # noqa: E402
-from megatron_ext.training.timing import COMPUTE_TIMERS  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 TINY = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64, "vocab_size": 1023}
 """A CPU-sized GPT so that the benchmark itself is exercised by the tests."""

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what the tests need (scripts/setup.sh: the Python environment and this
 # package; scripts/setup_system.sh: SLURM, munge and shellcheck from Debian's
-# packages), run the gates (ruff lint and format, mypy, shellcheck), then the
+# packages), run the gates (ruff lint and format, mypy, the import layers of
+# pyproject.toml's [tool.importlinter], shellcheck), then the
 # whole suite on CPU. Arguments go to one pytest run, e.g. `-m slurm`; GATES=0
 # skips the gates (for a quick local pytest run; CI always runs them).
 set -euo pipefail
@@ -12,10 +13,11 @@ cd "${repo}"
 py="${repo}/.venv/bin/python"
 
 if [[ "${GATES:-1}" != 0 ]]; then
-  echo "gates: ruff check, ruff format --check, mypy, shellcheck"
+  echo "gates: ruff check, ruff format --check, mypy, import layers, shellcheck"
   "${py}" -m ruff check --quiet .
   "${py}" -m ruff format --check --quiet .
   "${py}" -m mypy
+  "${repo}/.venv/bin/lint-imports" --no-cache --no-logo
   command -v shellcheck >/dev/null || {
     echo "shellcheck is missing: as root, bash scripts/setup_system.sh" >&2
     exit 1

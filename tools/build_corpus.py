@@ -1,9 +1,7 @@
 #!/usr/bin/env python3
-"""Build a real-text JSON Lines corpus from text already on this machine. (entry point: megatron_ext/cli/build_corpus.py; `--help` for the flags)."""
-
-import sys
+"""``python tools/build_corpus.py``, Megatron-LM's path for ``mcore-build-corpus`` (``megatron_ext.cli.build_corpus:main``): builds a real-text JSON Lines corpus from text already on this machine."""
 
 from megatron_ext.cli.build_corpus import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,9 +1,7 @@
 #!/usr/bin/env python3
-"""Inspect a Megatron indexed dataset: counts, length histogram, decoded documents, integrity. (entry point: megatron_ext/cli/inspect_dataset.py; `--help` for the flags)."""
-
-import sys
+"""``python tools/inspect_dataset.py``, Megatron-LM's path for ``mcore-inspect-dataset`` (``megatron_ext.cli.inspect_dataset:main``): inspects a Megatron indexed dataset."""
 
 from megatron_ext.cli.inspect_dataset import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,9 +1,7 @@
 #!/usr/bin/env python3
-"""Merge Megatron indexed datasets into one, in the order given. (entry point: megatron_ext/cli/merge_datasets.py; `--help` for the flags)."""
-
-import sys
+"""``python tools/merge_datasets.py``, Megatron-LM's path for ``mcore-merge-datasets`` (``megatron_ext.cli.merge_datasets:main``): merges Megatron indexed datasets into one."""
 
 from megatron_ext.cli.merge_datasets import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,9 +1,7 @@
 #!/usr/bin/env python3
-"""JSON Lines → Megatron indexed dataset (``PREFIX_KEY_document.bin/.idx``). (entry point: megatron_ext/cli/preprocess_data.py; `--help` for the flags)."""
-
-import sys
+"""``python tools/preprocess_data.py``, Megatron-LM's path for ``mcore-preprocess-data`` (``megatron_ext.cli.preprocess_data:main``): JSON Lines, Parquet or Arrow to a Megatron indexed dataset."""
 
 from megatron_ext.cli.preprocess_data import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

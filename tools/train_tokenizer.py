@@ -1,9 +1,7 @@
 #!/usr/bin/env python3
-"""Train a SentencePiece tokenizer (BPE or unigram) on JSON Lines, in bounded memory. (entry point: megatron_ext/cli/train_tokenizer.py; `--help` for the flags)."""
-
-import sys
+"""``python tools/train_tokenizer.py``, Megatron-LM's path for ``mcore-train-tokenizer`` (``megatron_ext.cli.train_tokenizer:main``): trains a SentencePiece tokenizer."""
 
 from megatron_ext.cli.train_tokenizer import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,7 +1,8 @@
-"""Checkpoints on disk, without torch: the directory format (``on_disk``) and the run's identity (``identity``).
+"""Checkpoints on disk, without torch: the directory format (``on_disk``), what ``common.pt`` records and the
+refusals that follow from it (``records``), and the run's identity (``identity``).
 
 Megatron-Core keeps the same split: ``dist_checkpointing/core.py`` holds the
 format, ``serialization.py`` the I/O. Here the I/O is
-``megatron_ext.training.checkpointing`` (torch and Megatron-Core); the planner,
-the entry's ``--dry-run`` and the tools read the format side alone.
+``megatron_ext.training.checkpointing`` (torch and Megatron-Core); the elastic
+planner, the entry's checks, ``--dry-run`` and the tools read the format side alone.
 """

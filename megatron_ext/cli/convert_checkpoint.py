@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_dependencies()
 
+    from megatron_ext.checkpoint.on_disk import CheckpointError
     from megatron_ext.huggingface.architectures import ConversionError
     from megatron_ext.huggingface.convert import OutputError, export_to_hf, import_from_hf, parse_size
-    from megatron_ext.training.checkpointing import CheckpointError
 
     try:
         if args.command == "to-hf":

@@ -28,28 +28,20 @@ import math
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from megatron_ext.checkpoint import on_disk
+from megatron_ext.checkpoint.records import SavedRun, per_rank_format_refusal
 from megatron_ext.cli.checkpoint_args import quiet_dependencies
 from megatron_ext.cli.recipe import calculator_args
-from megatron_ext.config.arguments import (
-    ConfigError,
-    TrainingConfig,
-    build_parser,
-    expand_preset,
-    parse_args,
-    replace_layout_flags,
-)
+from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.config.layout import LayoutError
+from megatron_ext.config.layout_flags import replace_layout_flags
+from megatron_ext.config.training_config import TrainingConfig, build_parser, expand_preset, parse_args
 from megatron_ext.estimate.hardware import PROFILES, get_profile
 from megatron_ext.estimate.relayout import POLICIES, AllocationPlan, RelayoutError, describe, gpus, plan_allocation
 from megatron_ext.estimate.search import Cluster
 from megatron_ext.estimate.workload import Workload
-
-if TYPE_CHECKING:
-    from megatron_ext.training.checkpointing import SavedRun
+from megatron_ext.parallel.layout import LayoutError
 
 NO_PROFILE = "none"
 """``--gpu none`` (CPU rehearsals): memory is not checked, layouts are ranked by ``RANKING_PROFILE``'s time model."""
@@ -142,8 +134,6 @@ def plan(args: argparse.Namespace, argv: list[str]) -> tuple[list[str], str]:
     result = planned(args.policy)
 
     if saved is not None and saved.config.layout.use_distributed_optimizer:
-        from megatron_ext.training.checkpointing import per_rank_format_refusal
-
         per_rank = not saved.config.run.dist_ckpt_optim_fully_reshardable
         why_not = per_rank_format_refusal(saved.layout_record, result.layout.layout) if per_rank else None
         if why_not is not None and args.policy != "dp":

@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_dependencies()
 
+    from megatron_ext.checkpoint.on_disk import CheckpointError
     from megatron_ext.inference.checkpoint import checked_tokenizer, load_model, one_process, open_checkpoint
     from megatron_ext.inference.generate import Sampling, generate
-    from megatron_ext.training.checkpointing import CheckpointError
     from megatron_ext.training.distributed import resolve_device
 
     temperature = args.temperature

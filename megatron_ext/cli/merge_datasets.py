@@ -22,7 +22,8 @@ from pathlib import Path
 
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser
-from megatron_ext.data.indexed import IndexedDatasetError, WriteError, merge_datasets
+from megatron_ext.data.atomic_files import WriteError
+from megatron_ext.data.indexed import IndexedDatasetError, merge_datasets
 
 
 def prefixes_of(inputs: list[str]) -> list[str]:

@@ -9,11 +9,18 @@ from pathlib import Path
 from typing import TextIO
 
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.config.layout import LayoutError
-from megatron_ext.estimate.pipeline import stage_imbalance
-from megatron_ext.estimate.schedule import PipelinePass, TimedPass, Timeline, schedule_order, simulate, validate
+from megatron_ext.estimate.pipeline_schedule import (
+    PipelinePass,
+    TimedPass,
+    Timeline,
+    schedule_order,
+    simulate,
+    validate,
+)
 from megatron_ext.estimate.schedule_comparison import in_flight_curve, runs_for_picture, schedule_label
 from megatron_ext.estimate.schedule_plot import MemoryStrip, write, write_comparison
+from megatron_ext.parallel.layout import LayoutError
+from megatron_ext.parallel.pipeline import stage_imbalance
 from megatron_ext.training.chrome_trace import load_timeline
 
 

@@ -26,7 +26,8 @@ from megatron_ext.config.exit_codes import SIGNAL_BASE, ExitCode
 from megatron_ext.config.flags import Parser, above, at_least
 from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, tokenizer_type_argument
 from megatron_ext.data import formats, preprocess
-from megatron_ext.data.indexed import WriteError
+from megatron_ext.data.atomic_files import WriteError
+from megatron_ext.data.preprocess_worker import TokenizerSpec
 from megatron_ext.data.tokenizers import TokenizerError
 
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return ExitCode.INVALID
-    spec = preprocess.TokenizerSpec(
+    spec = TokenizerSpec(
         tokenizer_type=args.tokenizer_type,
         tokenizer_model=args.tokenizer_model,
         vocab_file=args.vocab_file,

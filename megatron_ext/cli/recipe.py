@@ -34,10 +34,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from megatron_ext.config.arguments import GROUPS, expand_preset
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import flag_of, options, value_type
 from megatron_ext.config.runtime import TRACKER_FILENAME, serial_cuda_connections
+from megatron_ext.config.training_config import GROUPS, expand_preset
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def resolve(recipe_argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[st
 
 def _check(pretrain: list[str]) -> None:
     """Refuse values argparse would refuse (wrong type or choice), naming the flag, before anything launches."""
-    from megatron_ext.config.arguments import build_parser
+    from megatron_ext.config.training_config import build_parser
 
     parser = build_parser()
     parser.exit_on_error = False

@@ -1,26 +1,20 @@
-"""Command line and configuration: Megatron-LM's flag names, frozen dataclasses.
+"""The argument groups of ``pretrain_gpt.py``: Megatron-LM's flag names, one frozen dataclass per group.
 
-Every option is a field of one of the argument-group dataclasses below; the
-field's ``help`` metadata is its ``--help`` text and the flag is the field
-name with dashes (Megatron-LM's spelling). ``parse_args`` returns one frozen
-:class:`TrainingConfig`; nothing reads process-wide globals.
+Every option is a field of one of these dataclasses (``RunArgs``, the run's
+files and behaviour, is in ``run_args.py``); the field's ``help`` metadata is
+its ``--help`` text and the flag is the field name with dashes (Megatron-LM's
+spelling). A group checks its own values on creation; ``training_config``
+combines the groups into one frozen ``TrainingConfig``. Nothing reads
+process-wide globals.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from megatron_ext.config import schedule
-from megatron_ext.config.flags import Parser, add_options, bound_problems, flag_of, opt, to_argv
-from megatron_ext.config.layout import ParallelLayout
-from megatron_ext.config.megatron_lm import split_unknown
-from megatron_ext.config.presets import PRESETS, get_preset
+from megatron_ext.config.flags import bound_problems, opt
 from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, VOCAB_FILE_TOKENIZERS, tokenizer_type_problem
 
 
@@ -167,10 +161,22 @@ class ParallelArgs(_Options):
     """How the model and the batch are split over processes."""
 
     tensor_model_parallel_size: int = opt(
-        1, "Tensor-parallel size (keep it within a node).", estimate=True, short="--tp", env="TP", minimum=1
+        1,
+        "Tensor-parallel size (keep it within a node).",
+        estimate=True,
+        short="--tp",
+        env="TP",
+        minimum=1,
+        layout=True,
     )
     pipeline_model_parallel_size: int = opt(
-        1, "Pipeline-parallel size (stages across nodes).", estimate=True, short="--pp", env="PP", minimum=1
+        1,
+        "Pipeline-parallel size (stages across nodes).",
+        estimate=True,
+        short="--pp",
+        env="PP",
+        minimum=1,
+        layout=True,
     )
     context_parallel_size: int = opt(
         1,
@@ -180,12 +186,14 @@ class ParallelArgs(_Options):
         short="--cp",
         env="CP",
         minimum=1,
+        layout=True,
     )
     num_layers_per_virtual_pipeline_stage: int | None = opt(
         None,
         "Layers per virtual stage (even splits only): turns on the interleaved 1F1B schedule.",
         estimate=True,
         minimum=1,
+        layout=True,
     )
     virtual_pipeline_model_parallel_size: int | None = opt(
         None,
@@ -196,6 +204,7 @@ class ParallelArgs(_Options):
         short="--vp",
         env="VP",
         minimum=1,
+        layout=True,
     )
     decoder_first_pipeline_num_layers: int | None = opt(
         None,
@@ -203,6 +212,7 @@ class ParallelArgs(_Options):
         estimate=True,
         env="FIRST_STAGE_LAYERS",
         minimum=1,
+        layout=True,
     )
     decoder_last_pipeline_num_layers: int | None = opt(
         None,
@@ -210,18 +220,21 @@ class ParallelArgs(_Options):
         estimate=True,
         env="LAST_STAGE_LAYERS",
         minimum=1,
+        layout=True,
     )
     account_for_embedding_in_pipeline_split: bool = opt(
         False,
         "Count the embedding as a layer when splitting layers over pipeline stages.",
         estimate=True,
         env="ACCOUNT_FOR_EMBEDDING",
+        layout=True,
     )
     account_for_loss_in_pipeline_split: bool = opt(
         False,
         "Count the output layer and loss as a layer when splitting layers over pipeline stages.",
         estimate=True,
         env="ACCOUNT_FOR_LOSS",
+        layout=True,
     )
     pipeline_model_parallel_layout: str | None = opt(
         None,
@@ -229,6 +242,7 @@ class ParallelArgs(_Options):
         "t transformer layer, L loss, | between virtual stages); sets VP.",
         estimate=True,
         env="PIPELINE_LAYOUT",
+        layout=True,
     )
     microbatch_group_size_per_vp_stage: int | None = opt(
         None,
@@ -237,12 +251,21 @@ class ParallelArgs(_Options):
         estimate=True,
         env="MICROBATCH_GROUP_SIZE",
         minimum=1,
+        layout=True,
     )
     sequence_parallel: bool = opt(
-        False, "Sequence parallelism in the TP regions (needs TP > 1).", estimate=True, env="SEQUENCE_PARALLEL"
+        False,
+        "Sequence parallelism in the TP regions (needs TP > 1).",
+        estimate=True,
+        env="SEQUENCE_PARALLEL",
+        layout=True,
     )
     use_distributed_optimizer: bool = opt(
-        False, "Shard optimizer state over data-parallel ranks.", estimate=True, env="DISTRIBUTED_OPTIMIZER"
+        False,
+        "Shard optimizer state over data-parallel ranks.",
+        estimate=True,
+        env="DISTRIBUTED_OPTIMIZER",
+        layout=True,
     )
     overlap_grad_reduce: bool = opt(False, "Overlap the gradient reduce-scatter with backward.", estimate=True)
     overlap_param_gather: bool = opt(
@@ -251,6 +274,10 @@ class ParallelArgs(_Options):
     world_size: int | None = opt(
         None, "World size for --dry-run (default: $WORLD_SIZE, or 1). Ignored in real runs.", minimum=1
     )
+
+    def _relations(self) -> None:
+        if self.overlap_param_gather and not self.use_distributed_optimizer:
+            raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -493,488 +520,3 @@ class DataArgs(_Options):
             raise ConfigError("--valid-data-path/--test-data-path need --train-data-path")
         if self.mock_data and (self.data_path or per_split):
             raise ConfigError("--mock-data and a data path are mutually exclusive; drop one")
-
-
-CHECKPOINT_FORMATS = {
-    "torch": "Megatron-LM's legacy format (one file per rank, loadable only under the layout that wrote it)",
-    "torch_dcp": "PyTorch's own distributed checkpoint, not Megatron-Core's",
-    "fsdp_dtensor": "Megatron-FSDP's format (this project does not use FSDP)",
-}
-"""Megatron-LM's other ``--ckpt-format`` values and why they are refused."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunArgs(_Options):
-    train_iters: int = opt(10, "Optimizer steps to train (or give --train-samples).", env="TRAIN_ITERS", minimum=0)
-    train_samples: int | None = opt(
-        None,
-        "Samples (sequences) to train on, instead of --train-iters: the iterations follow from the global batch "
-        "and its ramp-up, and the --lr-*-samples flags give the schedule.",
-        minimum=1,
-    )
-    log_interval: int = opt(1, "Log every this many iterations.", env="LOG_INTERVAL", minimum=1)
-    eval_interval: int = opt(
-        0, "Evaluate every this many iterations (0: only at the end if --eval-iters).", env="EVAL_INTERVAL", minimum=0
-    )
-    eval_iters: int = opt(0, "Batches per evaluation (0 disables evaluation).", env="EVAL_ITERS", minimum=0)
-    save: str | None = opt(None, "Directory to save checkpoints into.")
-    load: str | None = opt(None, "Directory to load a checkpoint from.")
-    save_interval: int = opt(0, "Save every this many iterations (0: only at the end).", env="SAVE_INTERVAL", minimum=0)
-    exit_interval: int = opt(
-        0, "Save a checkpoint and stop (exit code 75) after an iteration divisible by this (0: never).", minimum=0
-    )
-    exit_duration_in_mins: float | None = opt(
-        None, "Save and stop (exit code 75) once the longest-running rank has trained this many minutes.", minimum=0
-    )
-    exit_signal_handler: bool = opt(
-        False, "On SIGTERM, SIGUSR1 or SIGUSR2: finish the iteration, save, stop with exit code 75."
-    )
-    async_save: bool = opt(
-        False,
-        "Write checkpoints in the background (Megatron-Core's async dist-checkpointing); the tracker "
-        "names a checkpoint only once its files are complete.",
-    )
-    keep_last_checkpoints: int = opt(0, "Keep only the newest K complete checkpoints under --save (0: all).", minimum=0)
-    strict_load: bool = opt(
-        False,
-        "Fail when --load holds no checkpoint instead of starting fresh.",
-        aliases=["--exit-on-missing-checkpoint"],
-    )
-    max_consecutive_skipped: int = opt(
-        3,
-        "Tolerate this many non-finite losses in a row (fp16: overflows at the minimum loss scale); one more "
-        "stops the run with an error (exit code 4).",
-        minimum=0,
-    )
-    no_load_optim: bool = opt(False, "Do not load optimizer state from --load.")
-    manual_gc: bool = opt(
-        False,
-        "Turn Python's garbage collector off and collect at set points instead, so that ranks do not pause at "
-        "different times.",
-    )
-    manual_gc_interval: int = opt(
-        0, "With --manual-gc: collect every this many iterations (0: only at start and around evaluations).", minimum=0
-    )
-    no_manual_gc_eval: bool = opt(
-        False, "With --manual-gc: do not collect around evaluations.", aliases=["--disable-manual-gc-eval"]
-    )
-    empty_unused_memory_level: int = opt(
-        0,
-        "Release PyTorch's cached GPU memory: 1 after each forward-backward, 2 also after each optimizer step.",
-        choices=[0, 1, 2],
-    )
-    ckpt_format: str = opt(
-        "torch_dist",
-        "Checkpoint format: torch_dist (Megatron-Core's distributed checkpoint, loadable under any layout) is the "
-        "one written and read here.",
-    )
-    dist_ckpt_optim_fully_reshardable: bool = opt(
-        False,
-        "Save the distributed optimizer's state per parameter, loadable under any TP, PP, VP and DP; it is "
-        "gathered over the data-parallel ranks at every save. Default (Megatron-LM's): each rank writes its "
-        "own shard in parallel, loadable under another DP only.",
-    )
-    distrib_optim_fully_reshardable_mem_efficient: bool = opt(
-        False, "With --dist-ckpt-optim-fully-reshardable: gather on one rank over gloo (less memory, slower)."
-    )
-    override_opt_param_scheduler: bool = opt(
-        False,
-        "On --load, take the learning-rate schedule from this run's flags, not from the checkpoint.",
-        flag="--override-opt_param-scheduler",
-        aliases=["--override-opt-param-scheduler"],
-    )
-    use_checkpoint_opt_param_scheduler: bool = opt(
-        False,
-        "On --load, keep the checkpoint's learning-rate schedule whatever this run's flags say. Without "
-        "either flag a schedule that differs from the checkpoint's is an error.",
-        flag="--use-checkpoint-opt_param-scheduler",
-        aliases=["--use-checkpoint-opt-param-scheduler"],
-    )
-    no_checkpoint_checksums: bool = opt(
-        False, "Do not compute (on save) or verify (on load) the CRC-32 of every checkpoint file."
-    )
-    no_load_rng: bool = opt(False, "Do not load RNG state from --load.")
-    finetune: bool = opt(False, "Load only the model from --load and start at iteration 0.")
-    overwrite_checkpoints: bool = opt(
-        False,
-        "Start even though --load or --save holds finished checkpoints this run cannot account for (no tracker, "
-        "or checkpoints beyond the iteration it starts from), replacing them as training reaches their "
-        "iterations. Without it such a run stops before training and says what it found.",
-    )
-    accept_tokenizer_change: bool = opt(
-        False,
-        "Resume (or --finetune) from a checkpoint trained with another tokenizer: the checkpoint records its "
-        "tokenizer's SHA-256, and a different one is refused without this flag.",
-    )
-    accept_data_change: bool = opt(
-        False,
-        "Resume from a checkpoint on other training data: the checkpoint records every dataset's index "
-        "SHA-256, the blend's weights and --split, and a difference is refused without this flag.",
-    )
-    tensorboard_dir: str | None = opt(None, "Write TensorBoard scalars here.", env="TENSORBOARD_DIR")
-    log_params_norm: bool = opt(
-        False,
-        "Log the L2 norm of the model's weights at every logged iteration (each weight counted once: the same "
-        "under any layout).",
-    )
-    metrics_file: str | None = opt(
-        None, "Append one JSON object per logged iteration (JSON Lines).", env="METRICS_FILE"
-    )
-    timeline: str | None = opt(
-        None,
-        "Write the start and end of every forward and backward pass of every rank, for the last few steps, "
-        "to this JSON file (a Chrome trace: chrome://tracing or Perfetto; tools/plot_schedule.py --timeline).",
-        env="TIMELINE",
-    )
-    straggler_margin: float = opt(
-        0.1,
-        "Name a rank as a straggler, in the log and the metrics file, when its compute time per microbatch "
-        "exceeds the median of the other ranks of its pipeline stage by more than this fraction in "
-        "--straggler-windows consecutive log windows.",
-        above=0,
-    )
-    straggler_windows: int = opt(
-        3,
-        "Consecutive log windows a rank must be slower than its peers by --straggler-margin before it is named "
-        "as a straggler.",
-        minimum=1,
-    )
-    profile: bool = opt(
-        False,
-        "Profile iterations --profile-step-start+1 to --profile-step-end on --profile-ranks: CUDA profiler API and "
-        "NVTX ranges for nsys (GPU), or PyTorch's profiler with --use-pytorch-profiler.",
-    )
-    use_pytorch_profiler: bool = opt(
-        False, "With --profile: PyTorch's profiler, one trace per profiled rank in --tensorboard-dir (CPU too)."
-    )
-    profile_step_start: int = opt(10, "With --profile: iterations done before the first profiled one.", minimum=0)
-    profile_step_end: int = opt(12, "With --profile: the last profiled iteration.", minimum=1)
-    profile_ranks: tuple[int, ...] = opt((0,), "With --profile: the global ranks to profile.")
-    record_memory_history: bool = opt(
-        False,
-        "Record CUDA allocations from the start; the last rank writes a snapshot to --memory-snapshot-path at "
-        "every logged iteration (GPU).",
-    )
-    memory_snapshot_path: str = opt("snapshot.pickle", "With --record-memory-history: the snapshot file.")
-    dry_run: bool = opt(False, "Validate and print the plan; create no process group; exit 0 if valid.")
-    device: str = opt(
-        "auto", "Where to run: cuda, cpu, or auto (cuda when available).", choices=["auto", "cuda", "cpu"], env="DEVICE"
-    )
-    distributed_timeout_minutes: int = opt(
-        10,
-        "Timeout of collective operations: how long ranks wait for a peer that died without closing its "
-        "connections (a lost node) before the run fails.",
-        env="COLLECTIVE_TIMEOUT_MINUTES",
-        minimum=1,
-    )
-    timing_log_level: int = opt(
-        0,
-        "Megatron-Core timers: 0 none, 1 the step (forward-backward, optimizer), 2 also every microbatch's "
-        "forward/backward compute and pipeline send/receive waits, which gives the measured pipeline bubble "
-        "(synchronises the GPU around each; costs a little speed).",
-        choices=[0, 1, 2],
-    )
-
-    def _relations(self) -> None:
-        self._profile_relations()
-        if (self.manual_gc_interval or self.no_manual_gc_eval) and not self.manual_gc:
-            raise ConfigError("--manual-gc-interval and --no-manual-gc-eval apply only with --manual-gc")
-        if self.ckpt_format != "torch_dist":
-            why = CHECKPOINT_FORMATS.get(self.ckpt_format, "not a checkpoint format Megatron-LM knows")
-            raise ConfigError(
-                f"--ckpt-format {self.ckpt_format}: {why}; this project saves and loads torch_dist checkpoints "
-                "(drop the flag or give torch_dist)"
-            )
-
-    def _profile_relations(self) -> None:
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        profiling = ("use_pytorch_profiler", "profile_step_start", "profile_step_end", "profile_ranks")
-        changed = [f"--{n.replace('_', '-')}" for n in profiling if getattr(self, n) != defaults[n]]
-        if changed and not self.profile:
-            raise ConfigError(f"{', '.join(changed)} apply only with --profile")
-        if self.memory_snapshot_path != defaults["memory_snapshot_path"] and not self.record_memory_history:
-            raise ConfigError("--memory-snapshot-path applies only with --record-memory-history")
-        if self.profile and self.profile_step_end <= self.profile_step_start:
-            raise ConfigError(
-                f"--profile-step-end {self.profile_step_end} must be after --profile-step-start "
-                f"{self.profile_step_start}"
-            )
-        if self.use_pytorch_profiler and self.tensorboard_dir is None:
-            raise ConfigError("--use-pytorch-profiler writes its traces into --tensorboard-dir; give one")
-        if self.device == "cpu" and self.profile and not self.use_pytorch_profiler:
-            raise ConfigError("--profile without --use-pytorch-profiler needs a GPU (nsys); add --use-pytorch-profiler")
-        if self.device == "cpu" and self.record_memory_history:
-            raise ConfigError("--record-memory-history records CUDA allocations; it needs a GPU")
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainingConfig:
-    """The whole, validated configuration of one run."""
-
-    model: ModelArgs
-    parallel: ParallelArgs
-    batch: BatchArgs
-    optim: OptimizerArgs
-    data: DataArgs
-    run: RunArgs
-    layout: ParallelLayout
-    adjustments: tuple[str, ...] = ()
-    """Flags changed the way Megatron-LM changes them, each with why (printed by the run and by --dry-run)."""
-    tokenizer_vocab_size: int | None = None
-    """The tokenizer's vocabulary before padding (filled in by ``data.preflight``; None: the null tokenizer's)."""
-    checkpoint_padded_vocab_size: int | None = None
-    """The padded vocabulary of the checkpoint under ``--load``, kept instead of this run's padding
-    (``training.checkpointing.keep_checkpoint_vocabulary``): the padding depends on TP, and rows the
-    checkpoint does not have would enter every softmax with fresh random weights."""
-
-    @property
-    def padded_vocab_size(self) -> int:
-        """The checkpoint's padded vocabulary when resuming, else the vocabulary padded to a multiple of
-        make_vocab_size_divisible_by × TP (Megatron)."""
-        if self.checkpoint_padded_vocab_size is not None:
-            return self.checkpoint_padded_vocab_size
-        return pad_vocab_size(
-            self.vocab_size,
-            self.model.make_vocab_size_divisible_by,
-            self.layout.tensor_model_parallel_size,
-        )
-
-    @property
-    def vocab_size(self) -> int:
-        """Unpadded vocabulary: the tokenizer's (the null tokenizer adds one id, end of document)."""
-        if self.tokenizer_vocab_size is not None:
-            return self.tokenizer_vocab_size
-        return (self.model.vocab_size or 0) + 1
-
-
-def pad_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
-    multiple = divisible_by * tensor_parallel
-    return ((vocab_size + multiple - 1) // multiple) * multiple
-
-
-GROUPS: dict[str, type] = {
-    "model": ModelArgs,
-    "parallel": ParallelArgs,
-    "batch": BatchArgs,
-    "optim": OptimizerArgs,
-    "data": DataArgs,
-    "run": RunArgs,
-}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        description="Pretrain a GPT with Megatron-Core (TP × interleaved PP × DP).",
-        allow_abbrev=False,
-    )
-    for group_name, cls in GROUPS.items():
-        group = parser.add_argument_group(group_name, cls.__doc__)
-        if cls is ModelArgs:
-            group.add_argument(
-                "--model",
-                dest=_PRESET,
-                default=argparse.SUPPRESS,
-                choices=list(PRESETS),
-                help="A model preset: expands to its shape flags; flags given after --model override them.",
-            )
-        add_options(group, cls, dataclasses.fields(cls), dest=group_name + ".{name}")
-    return parser
-
-
-_PRESET = "preset"
-
-
-def preset_argv(name: str) -> list[str]:
-    """The pretrain_gpt.py flags of preset ``name`` (``--model NAME`` expands to these)."""
-    shape = ModelArgs(**get_preset(name).model_flags())
-    return to_argv(shape, always=("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"))
-
-
-def expand_preset(argv: Sequence[str]) -> list[str]:
-    """``argv`` with ``--model NAME`` replaced by the preset's flags, placed first so later flags win."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--model", choices=list(PRESETS))
-    known, rest = pre.parse_known_args(list(argv))
-    return [*preset_argv(known.model), *rest] if known.model else list(argv)
-
-
-def parse_args(argv: Sequence[str], *, world_size: int | None = None, default_world_size: int = 1) -> TrainingConfig:
-    """Parse and validate (pure, see ``make_config``). Raises ConfigError or LayoutError with every problem named."""
-    parser = build_parser()
-    namespace, extras = parser.parse_known_args(expand_preset(argv))
-    refused, unknown = split_unknown(extras)
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if refused:
-        raise ConfigError(
-            "Megatron-LM flags this project refuses (every Megatron-LM flag and what happens to it: "
-            "docs/megatron-lm-flags.md):\n" + "\n".join(f"  {flag}: {why}" for flag, why in refused)
-        )
-    given: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
-    for dest, value in vars(namespace).items():
-        if dest == _PRESET:
-            continue
-        group, name = dest.split(".", 1)
-        given[group][name] = tuple(value) if isinstance(value, list) else value
-    return make_config(world_size=world_size, default_world_size=default_world_size, **given)
-
-
-LAYOUT_FLAGS = frozenset(
-    {f.name for f in dataclasses.fields(ParallelArgs)}
-    & (
-        {f.name for f in dataclasses.fields(ParallelLayout)} - {"world_size"}
-        | {"num_layers_per_virtual_pipeline_stage"}
-    )
-)
-"""The ParallelArgs the layout takes, by name: a new layout flag is a field of both and flows through."""
-
-
-def layout_args(
-    layout: ParallelLayout, *, overlap_grad_reduce: bool = False, overlap_param_gather: bool = False
-) -> ParallelArgs:
-    """The ParallelArgs that give ``layout`` (and the overlap switches, which are not layout).
-
-    VP is spelled as layers per virtual stage when the split is even (every Megatron-LM version knows that
-    flag), as virtual stages per rank when it is not, and not at all with a layout string (which sets it).
-    """
-    from_layout = {name: getattr(layout, name) for name in LAYOUT_FLAGS if hasattr(layout, name)}
-    per_chunk = layout.layers_per_virtual_stage if layout.interleaved and not layout.uneven else None
-    if per_chunk is not None or layout.pipeline_model_parallel_layout is not None:
-        from_layout["virtual_pipeline_model_parallel_size"] = None
-    return ParallelArgs(
-        **from_layout,
-        num_layers_per_virtual_pipeline_stage=per_chunk,
-        overlap_grad_reduce=overlap_grad_reduce,
-        overlap_param_gather=overlap_param_gather,
-    )
-
-
-def replace_layout_flags(argv: Sequence[str], layout: ParallelLayout) -> list[str]:
-    """``argv`` (a pretrain_gpt.py command line) with its layout flags and micro-batch size replaced by those of
-    ``layout``, every other argument kept in order: how a launcher moves a run to another layout."""
-    fields = [f for f in dataclasses.fields(ParallelArgs) if f.name in LAYOUT_FLAGS]
-    micro = next(f for f in dataclasses.fields(BatchArgs) if f.name == "micro_batch_size")
-    strip = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    group = strip.add_argument_group("layout")
-    add_options(group, ParallelArgs, fields)
-    add_options(group, BatchArgs, [micro])
-    _, kept = strip.parse_known_args(list(argv))
-    new = to_argv(
-        layout_args(layout),
-        only=LAYOUT_FLAGS,
-        always=("tensor_model_parallel_size", "pipeline_model_parallel_size"),
-    )
-    return [*kept, *new, flag_of(micro), str(layout.micro_batch_size)]
-
-
-def model_layout_facts(model: ModelArgs) -> dict[str, int]:
-    """What the layout rules need to know of the model (layers, heads, groups, MLP width, sequence)."""
-    return {
-        "num_layers": model.num_layers,
-        "num_attention_heads": model.num_attention_heads,
-        "num_query_groups": model.effective_num_query_groups,
-        "ffn_hidden_size": model.effective_ffn_hidden_size,
-        "seq_length": model.seq_length,
-    }
-
-
-def context_parallel_refusal(cp: int, why: str) -> ConfigError:
-    """Context parallelism refused where Megatron-Core's attention cannot split the sequence (its own attention
-    asserts CP 1): before launch from the flags, at start-up from the device and the installed packages."""
-    return ConfigError(
-        f"--context-parallel-size {cp} needs Transformer Engine's attention, {why}; use CP 1 (split long sequences "
-        "over TP with --sequence-parallel), or run on GPUs with Transformer Engine"
-    )
-
-
-def megatron_lm_adjustments(parallel: ParallelArgs) -> tuple[ParallelArgs, tuple[str, ...]]:
-    """The flags Megatron-LM's ``validate_args`` changes instead of refusing, changed the same way, each with why
-    (``pretrain_gpt.py`` and the calculator)."""
-    notes = []
-    if parallel.sequence_parallel and parallel.tensor_model_parallel_size == 1:
-        # Megatron-LM's Llama examples rely on it: --sequence-parallel is given whatever the TP.
-        parallel = dataclasses.replace(parallel, sequence_parallel=False)
-        notes.append("--sequence-parallel turned off: it needs tensor parallelism, and TP is 1 (as Megatron-LM)")
-    return parallel, tuple(notes)
-
-
-def build_layout(
-    model: ModelArgs, parallel: ParallelArgs, batch: BatchArgs, *, world_size: int, gpus_per_node: int | None = None
-) -> ParallelLayout:
-    """The layout of these flags (LayoutError if invalid): pretrain_gpt.py, --dry-run and the calculator build it here."""
-    flags = {name: getattr(parallel, name) for name in LAYOUT_FLAGS}
-    return ParallelLayout.from_flags(
-        world_size=world_size,
-        **flags,
-        micro_batch_size=batch.micro_batch_size,
-        global_batch_size=batch.global_batch_size,
-        **model_layout_facts(model),
-        gpus_per_node=gpus_per_node,
-    )
-
-
-def make_config(
-    *, world_size: int | None = None, default_world_size: int = 1, **groups: dict[str, Any]
-) -> TrainingConfig:
-    """Build a TrainingConfig from per-group keyword dicts (as parse_args does). Pure: no files, no environment.
-
-    The world size is ``world_size``, else ``--world-size``, else ``default_world_size`` (the launcher's
-    ``WORLD_SIZE``, which the caller reads). The tokenizer's vocabulary is filled in by
-    ``megatron_ext.data.preflight``, which opens the files.
-    """
-    data_given = groups.get("data", {})
-    if "tokenizer_type" not in data_given and data_given.get("vocab_file") and data_given.get("merge_file"):
-        # What Megatron-LM's GPT examples mean by giving only the two files.
-        groups = {**groups, "data": {**data_given, "tokenizer_type": "GPT2BPETokenizer"}}
-    built = {name: cls(**groups.get(name, {})) for name, cls in GROUPS.items()}
-    model: ModelArgs = built["model"]
-    parallel: ParallelArgs = built["parallel"]
-    batch: BatchArgs = built["batch"]
-    optim: OptimizerArgs = built["optim"]
-    run: RunArgs = built["run"]
-    data: DataArgs = built["data"]
-
-    if world_size is None:
-        world_size = parallel.world_size or default_world_size
-    if parallel.overlap_param_gather and not parallel.use_distributed_optimizer:
-        raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
-    if not data.mock_data and not data.data_path and not data.train_data_path:
-        raise ConfigError("no training data: give --mock-data or --data-path PREFIX [...]")
-    if data.mock_data and model.vocab_size is None and data.tokenizer_type == "NullTokenizer":
-        model = dataclasses.replace(model, vocab_size=1023)
-    if run.override_opt_param_scheduler and run.use_checkpoint_opt_param_scheduler:
-        raise ConfigError(
-            "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler contradict each other; give one"
-        )
-    if run.distrib_optim_fully_reshardable_mem_efficient and not run.dist_ckpt_optim_fully_reshardable:
-        raise ConfigError(
-            "--distrib-optim-fully-reshardable-mem-efficient only applies with --dist-ckpt-optim-fully-reshardable"
-        )
-    problems = schedule.unit_problems(optim, run, batch, train_iters_given="train_iters" in groups.get("run", {}))
-    if problems:
-        raise ConfigError("; ".join(problems))
-
-    if parallel.context_parallel_size > 1 and (model.transformer_impl == "local" or run.device == "cpu"):
-        why = "--transformer-impl local" if model.transformer_impl == "local" else "--device cpu"
-        raise context_parallel_refusal(parallel.context_parallel_size, f"which {why} does not build")
-    parallel, adjustments = megatron_lm_adjustments(parallel)
-    layout = build_layout(model, parallel, batch, world_size=world_size)
-    batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
-    problems = schedule.ramp_problems(batch, layout)
-    if problems:
-        raise ConfigError("\n".join(problems))
-    if run.train_samples is not None:
-        run = dataclasses.replace(run, train_iters=schedule.training_iterations(run, batch, layout))
-    problems = schedule.lr_problems(schedule.lr_steps(optim, run, layout.global_batch_size))
-    if problems:
-        raise ConfigError("; ".join(problems))
-    return TrainingConfig(
-        adjustments=adjustments,
-        model=model,
-        parallel=parallel,
-        batch=batch,
-        optim=optim,
-        data=data,
-        run=run,
-        layout=layout,
-    )

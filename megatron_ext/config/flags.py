@@ -1,10 +1,12 @@
 """The flag table: every option is a dataclass field, and this module turns fields into flags and back.
 
 A field made with :func:`opt` carries its ``--help`` text, its Megatron-LM
-flag spelling and two roles:
+flag spelling and its roles:
 
 * ``estimate=True``: the layout calculator models it, so ``tools/layout.py``
   offers the flag and puts it in the ``pretrain_gpt.py`` command line it emits;
+* ``layout=True``: ``ParallelLayout`` takes it (``config.layout_flags`` maps it
+  both ways);
 * ``env="NAME"``: a recipe sets it from the environment variable ``NAME``
   (``megatron_ext.cli.recipe``).
 
@@ -74,6 +76,7 @@ def opt(
     flag: str | None = None,
     aliases: Sequence[str] = (),
     estimate: bool = False,
+    layout: bool = False,
     short: str | None = None,
     env: str | None = None,
     minimum: float | None = None,
@@ -85,7 +88,8 @@ def opt(
 
     ``flag`` and ``aliases`` override the flag's name (default: the field name
     with dashes); ``estimate`` marks what the layout calculator models, with an
-    optional ``short`` alias there (``--tp``); ``env`` names the recipe variable.
+    optional ``short`` alias there (``--tp``); ``layout`` marks a flag that ``ParallelLayout`` takes
+    (``config.layout_flags``); ``env`` names the recipe variable.
     ``minimum``/``maximum`` bound the value inclusively, ``above``/``below``
     exclusively (``bound_problems`` checks them for every tool that takes the flag).
     """
@@ -95,6 +99,7 @@ def opt(
         "flag": flag,
         "aliases": tuple(aliases),
         "estimate": estimate,
+        "layout": layout,
         "short": short,
         "env": env,
         "minimum": minimum,

@@ -13,8 +13,9 @@ import dataclasses
 import importlib.util
 from dataclasses import dataclass
 
-from megatron_ext.config import schedule
-from megatron_ext.config.arguments import ConfigError, TrainingConfig
+from megatron_ext.config import iterations
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.data import sources
 from megatron_ext.data.indexed import IndexedDatasetFiles
 from megatron_ext.data.tokenizers import Tokenizer
@@ -63,7 +64,7 @@ def empty_split_problems(cfg: TrainingConfig) -> list[str]:
     )
 
     matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(cfg.data.split))
-    needed = schedule.split_samples(cfg.run, cfg.batch, cfg.layout)
+    needed = iterations.split_samples(cfg.run, cfg.batch, cfg.layout)
     problems = []
     for prefix in sources.parse_blend(cfg.data.data_path).prefixes:
         documents = IndexedDatasetFiles.open(prefix).num_documents

@@ -7,16 +7,10 @@ How the work is split (why it is fast):
   range that the worker reads itself, so no text crosses a process boundary;
   ``.gz``/``.zst`` text is decompressed by the parent and Parquet/Arrow rows
   are sent as one Arrow IPC message per chunk.
-* A worker decodes the chunk at once, parses each line with the stdlib
-  ``json`` (or converts the rows' strings), checks it, and encodes all texts of the chunk in one native call
-  (SentencePiece's batch encoder returns int32 buffers). It sends back one
-  flat token array and one length array per JSON key: a few pickled buffers
-  per chunk instead of a Python list per document.
-* A document longer than :data:`LONG_DOCUMENT_CHARS` is tokenized a piece at
-  a time (:meth:`~megatron_ext.data.tokenizers.Tokenizer.tokenize_pieces`,
-  cut only where the ids are provably those of the whole), each piece's ids
-  converted to the token dtype as they come: the tokenizer's working memory
-  does not grow with the document.
+* A worker parses, checks and tokenizes a chunk in a few native calls and
+  sends back one flat token array and one length array per JSON key; long
+  documents are tokenized a piece at a time
+  (:mod:`megatron_ext.data.preprocess_worker`).
 * The parent takes results in input order, appends tokens to the ``.bin``
   and spills lengths and document boundaries to temporary files
   (:class:`~megatron_ext.data.indexed.IndexedWriter`). At most ``2 × workers + 2``
@@ -36,14 +30,12 @@ index is written; order is kept with ``--partitions``).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import multiprocessing as mp
 import multiprocessing.connection
 import os
 import signal
 import sys
-import traceback
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -53,23 +45,19 @@ from typing import Any, NoReturn
 import numpy as np
 
 from megatron_ext.data import formats
+from megatron_ext.data.atomic_files import HELD_SIGNALS, WriteError, stage_file
 from megatron_ext.data.formats import Chunk, InputError, InputFile
-from megatron_ext.data.indexed import (
-    HELD_SIGNALS,
-    IndexedWriter,
-    WriteError,
-    optimal_dtype,
-    publish_all,
-    stage_all,
-    stage_file,
+from megatron_ext.data.indexed import IndexedWriter, optimal_dtype, publish_all, stage_all
+from megatron_ext.data.preprocess_worker import (
+    MAX_EXAMPLES,
+    REASONS,
+    ChunkResult,
+    TokenizerSpec,
+    WorkerInputs,
+    worker_main,
 )
 from megatron_ext.data.progress import Progress
-from megatron_ext.data.tokenizers import PIECE_CHARS, Tokenizer, build_tokenizer
-
-REASONS = ("invalid_utf8", "not_json", "missing_key", "non_string", "tokenize_error")
-"""Why a line is bad (the keys of the report's ``skipped`` counts)."""
-
-_MAX_EXAMPLES = 20
+from megatron_ext.data.tokenizers import Tokenizer
 
 
 class PreprocessError(InputError):
@@ -86,26 +74,6 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
         super().__init__(message)
         self.signum = signum
-
-
-@dataclass(frozen=True)
-class TokenizerSpec:
-    """Everything needed to rebuild the tokenizer in a worker."""
-
-    tokenizer_type: str
-    tokenizer_model: str | None = None
-    vocab_file: str | None = None
-    merge_file: str | None = None
-    vocab_size: int | None = None
-
-    def build(self) -> Tokenizer:
-        return build_tokenizer(
-            self.tokenizer_type,
-            tokenizer_model=self.tokenizer_model,
-            vocab_file=self.vocab_file,
-            merge_file=self.merge_file,
-            vocab_size=self.vocab_size,
-        )
 
 
 @dataclass(frozen=True)
@@ -126,19 +94,6 @@ class Options:
     """One of ``formats.FORMATS`` for every input (default: each file's name says)."""
     output_per_file: bool = False
     """One dataset per input file and key, ``{output_prefix}_{name}_{key}_document`` (see ``formats.output_labels``)."""
-
-
-@dataclass
-class ChunkResult:
-    seq: int
-    lines: int
-    nbytes: int
-    tokens: dict[str, np.ndarray]
-    lengths: dict[str, np.ndarray]
-    empty: dict[str, int]
-    skipped: Counter[str] = field(default_factory=Counter)
-    examples: list[tuple[int, str, str]] = field(default_factory=list)
-    """(record index in the chunk, reason, detail) of bad records, first few only."""
 
 
 @dataclass
@@ -188,53 +143,7 @@ def plan_chunks(files: Sequence[InputFile], keys: Sequence[str], chunk_bytes: in
         position += file.size
 
 
-# ------------------------------------------------------------------ worker
-_W: dict[str, Any] = {}
-
-
-def _set_parent_death_signal() -> None:
-    """Linux: die with the parent, so a ``kill -9`` of the tool leaves no orphan workers."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _worker_init(spec: TokenizerSpec, files: list[str], opts: Options, dtype: Any) -> None:
-    # Stopping is the parent's job (it kills us with SIGKILL; we die with it by PR_SET_PDEATHSIG): a
-    # Ctrl-C, hang-up or scancel that signals the whole process group must not look like a crashed worker.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
-    _set_parent_death_signal()
-    if _W.get("spec") != spec:  # inherited through fork when possible
-        _W["tokenizer"] = spec.build()
-        _W["spec"] = spec
-    _W.update(files=files, opts=opts, dtype=dtype)
-
-
-def _picklable(exc: BaseException) -> BaseException:
-    """``exc`` if it survives pickling, else a RuntimeError with its text."""
-    try:
-        from multiprocessing.reduction import ForkingPickler
-
-        ForkingPickler.loads(ForkingPickler.dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-
-
-def _worker_main(tasks: Any, results: Any, spec: TokenizerSpec, files: list[str], opts: Options, dtype: Any) -> None:
-    """A worker: chunks from its own queue, one result (or the exception) per chunk on its own pipe."""
-    try:
-        _worker_init(spec, files, opts, dtype)
-        while (chunk := tasks.get()) is not None:
-            results.send(("ok", process_chunk(chunk)))
-    except BaseException as exc:  # sent to the parent, which raises it
-        with contextlib.suppress(Exception):
-            results.send(("error", _picklable(exc), traceback.format_exc()))
-
-
+# ------------------------------------------------------------------ workers
 def _death_message(pid: int, exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         num = -exitcode
@@ -273,15 +182,27 @@ class WorkerPool:
     them by ``seq``.
     """
 
-    def __init__(self, ctx: Any, workers: int, files: list[Path], init: tuple[Any, ...], per_worker: int = 2) -> None:
+    def __init__(
+        self,
+        ctx: Any,
+        workers: int,
+        files: list[Path],
+        inputs: WorkerInputs,
+        tokenizer: Tokenizer | None = None,
+        per_worker: int = 2,
+    ) -> None:
+        """Start ``workers`` processes in ``ctx``, each given ``inputs`` once. ``tokenizer`` (the parent's)
+        is shared with forked processes, which then need not build their own; a spawned process
+        builds it from ``inputs.spec`` (a tokenizer is never pickled)."""
         self.files = files
         self.per_worker = per_worker
         self.workers: list[_Worker] = []
+        shared = tokenizer if ctx.get_start_method() == "fork" else None
         try:
             for _ in range(workers):
                 tasks = ctx.Queue()  # its feeder thread: the parent never blocks on a full pipe
                 receive, send = ctx.Pipe(duplex=False)
-                process = ctx.Process(target=_worker_main, args=(tasks, send, *init), daemon=True)
+                process = ctx.Process(target=worker_main, args=(tasks, send, inputs, shared), daemon=True)
                 process.start()
                 send.close()  # the worker holds the only write end: EOF as soon as it dies
                 self.workers.append(_Worker(process, tasks, receive))
@@ -373,165 +294,6 @@ class WorkerPool:
             w.tasks.close()
             w.results.close()
         self.workers = []
-
-
-LONG_DOCUMENT_CHARS = 4 * PIECE_CHARS
-"""Texts longer than this are tokenized a piece at a time (:meth:`Tokenizer.tokenize_pieces`), with the
-ids of the whole text: the tokenizer's working memory is then that of one piece, whatever the length."""
-
-
-def _failure(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc}"[:200]
-
-
-def _outside(high: int, low: int, vocab_size: int) -> str | None:
-    """Why ids from ``low`` to ``high`` do not fit the vocabulary, or None when they do."""
-    if high < vocab_size and low >= 0:
-        return None
-    return f"token id {high if high >= vocab_size else low} is outside the vocabulary [0, {vocab_size})"
-
-
-def _tokenize_long(tokenizer: Tokenizer, text: str, vocab_size: int, dtype: Any) -> tuple[list[np.ndarray], str | None]:
-    """A long text's ids, piece by piece, each converted to the output ``dtype`` as it comes (halving
-    what int32 ids would hold); or no ids and why they do not fit the vocabulary (the same reason as
-    for the whole text: the extremes of all its ids)."""
-    parts: list[np.ndarray] = []
-    high, low = -1, 0
-    for ids in tokenizer.tokenize_pieces(text):
-        if ids.size:
-            high, low = max(high, int(ids.max())), min(low, int(ids.min()))
-        if _outside(high, low, vocab_size) is None:
-            parts.append(ids.astype(dtype))
-        else:
-            parts = []  # keep reading: the reason names the extremes of the whole text
-    return parts, _outside(high, low, vocab_size)
-
-
-def _tokenize_checked(
-    tokenizer: Tokenizer, texts: list[str], vocab_size: int, dtype: Any
-) -> tuple[list[list[np.ndarray]], dict[int, str]]:
-    """Encode a batch: each text's ids as a list of arrays (one; several, already of ``dtype``, for a
-    text longer than :data:`LONG_DOCUMENT_CHARS`). On failure find the texts that fail (index → reason;
-    they get no array) and encode the rest."""
-    failures: dict[int, str] = {}
-    out: list[list[np.ndarray]] = [[] for _ in texts]
-    short = [i for i, text in enumerate(texts) if len(text) <= LONG_DOCUMENT_CHARS]
-    try:
-        arrays = tokenizer.tokenize_batch([texts[i] for i in short])
-    except Exception:
-        arrays = []
-        for i in short:
-            try:
-                arrays.append(np.asarray(tokenizer.tokenize(texts[i]), dtype=np.int64))
-            except Exception as exc:
-                failures[i] = _failure(exc)
-                arrays.append(np.zeros(0, dtype=np.int32))
-    for i, arr in zip(short, arrays, strict=True):
-        why = _outside(int(arr.max()), int(arr.min()), vocab_size) if arr.size else None
-        if why is not None:
-            failures[i] = why
-        elif i not in failures:
-            out[i] = [arr]
-    for i, text in enumerate(texts):
-        if len(text) > LONG_DOCUMENT_CHARS:
-            try:
-                parts, why = _tokenize_long(tokenizer, text, vocab_size, dtype)
-            except Exception as exc:
-                parts, why = [], _failure(exc)
-            if why is None:
-                out[i] = parts
-            else:
-                failures[i] = why
-    return out, failures
-
-
-def process_chunk(chunk: Chunk) -> ChunkResult:
-    """Parse, check and encode one chunk (runs in a worker)."""
-    opts: Options = _W["opts"]
-    tokenizer: Tokenizer = _W["tokenizer"]
-    dtype = _W["dtype"]
-    keys = opts.json_keys
-    records = formats.records(chunk, _W["files"][chunk.file_id], keys)
-
-    skipped: Counter[str] = Counter()
-    examples: list[tuple[int, str, str]] = []
-    line_of_doc: list[int] = []
-    texts: list[list[str]] = [[] for _ in keys]
-    for n, (got, reason, detail) in enumerate(records):
-        if got is None:
-            skipped[reason] += 1
-            if len(examples) < _MAX_EXAMPLES:
-                examples.append((n, reason, detail))
-            if not opts.skip_bad_lines:
-                break  # the parent stops at the first bad line
-            continue
-        line_of_doc.append(n)
-        for k, text in enumerate(got):
-            texts[k].append(text)
-    lines = len(records)
-    records.clear()  # then the texts are referenced from ``texts`` alone, and freed key by key below
-    got = None
-
-    result = ChunkResult(
-        seq=chunk.seq,
-        lines=lines,
-        nbytes=chunk.end - chunk.start,
-        tokens={},
-        lengths={},
-        empty={},
-        skipped=skipped,
-    )
-    if skipped and not opts.skip_bad_lines:
-        result.examples = examples
-        return result
-
-    vocab_size = tokenizer.vocab_size
-    per_key: list[list[list[np.ndarray]]] = []
-    bad_docs: dict[int, str] = {}
-    for k in range(len(keys)):
-        arrays, failures = _tokenize_checked(tokenizer, texts[k], vocab_size, dtype)
-        texts[k] = []
-        for i, why in failures.items():
-            bad_docs.setdefault(i, f"key {keys[k]!r}: {why}")
-        per_key.append(arrays)
-    if bad_docs:
-        for i in sorted(bad_docs):
-            skipped["tokenize_error"] += 1
-            if len(examples) < _MAX_EXAMPLES:
-                examples.append((line_of_doc[i], "tokenize_error", bad_docs[i]))
-        if not opts.skip_bad_lines:
-            examples.sort()
-            result.examples = examples[:1]
-            return result
-    examples.sort()
-    result.examples = examples
-
-    eod = np.array([tokenizer.eod], dtype=np.int32)
-    for k, key in enumerate(keys):
-        pieces: list[np.ndarray] = []
-        lengths = np.zeros(len(per_key[k]), dtype=np.int64)
-        empty = 0
-        for i, parts in enumerate(per_key[k]):
-            if i in bad_docs:
-                lengths[i] = -1
-                continue
-            size = sum(part.size for part in parts)
-            if size == 0:
-                empty += 1  # no tokens: a document boundary with no sequence, as Megatron-LM writes it
-                continue
-            pieces.extend(parts)
-            if opts.append_eod:
-                pieces.append(eod)
-            lengths[i] = size + opts.append_eod
-        per_key[k] = []
-        lengths = lengths[lengths >= 0]
-        # One pass into the output dtype (ids are checked against the vocabulary, which that dtype holds).
-        tokens = np.concatenate(pieces, dtype=dtype, casting="unsafe") if pieces else np.zeros(0, dtype=dtype)
-        del pieces
-        result.tokens[key] = tokens
-        result.lengths[key] = lengths
-        result.empty[key] = empty
-    return result
 
 
 # ------------------------------------------------------------------ parent
@@ -634,7 +396,7 @@ def run(spec: TokenizerSpec, opts: Options, report: Path | None = None) -> Summa
     datasets and published right after them (see :func:`report_path`).
 
     Raises :class:`~megatron_ext.data.formats.InputError` for bad input (strict
-    mode), :class:`~megatron_ext.data.indexed.WriteError` when the output's
+    mode), :class:`~megatron_ext.data.atomic_files.WriteError` when the output's
     filesystem refuses a write (full, read-only, not permitted) and
     :class:`Interrupted`/``KeyboardInterrupt`` when stopped; in all these
     cases nothing is left at the output paths, nor any temporary file of the run.
@@ -659,7 +421,7 @@ def run(spec: TokenizerSpec, opts: Options, report: Path | None = None) -> Summa
         )
 
     _stopped.clear()
-    # The signals that stop a run are those held while outputs are named (indexed.HELD_SIGNALS).
+    # The signals that stop a run are those held while outputs are named (atomic_files.HELD_SIGNALS).
     old_handlers = {s: signal.signal(s, _raise_on_signal) for s in HELD_SIGNALS}
     pool: WorkerPool | None = None
     staged_report: Path | None = None
@@ -667,9 +429,16 @@ def run(spec: TokenizerSpec, opts: Options, report: Path | None = None) -> Summa
         if opts.workers > 1:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        _W.update(tokenizer=tokenizer, spec=spec)  # inherited by forked workers
         paths = [f.path for f in files]
-        pool = WorkerPool(ctx, opts.workers, paths, (spec, [str(p) for p in paths], opts, dtype))
+        inputs = WorkerInputs(
+            spec=spec,
+            files=tuple(str(p) for p in paths),
+            json_keys=tuple(opts.json_keys),
+            skip_bad_lines=opts.skip_bad_lines,
+            append_eod=opts.append_eod,
+            dtype=dtype,
+        )
+        pool = WorkerPool(ctx, opts.workers, paths, inputs, tokenizer)
         summary = _drive(pool, files, opts, outputs, progress)
         pool.close()
         pool = None
@@ -742,7 +511,7 @@ def _drive(pool: WorkerPool, files: list[InputFile], opts: Options, outputs: _Ou
                     f"{file.where(first + n)}: {detail}. Nothing was written. Fix or remove the {what}, or pass "
                     f"--skip-bad-lines to skip bad {what}s and count them"
                 )
-            if len(examples) < _MAX_EXAMPLES:
+            if len(examples) < MAX_EXAMPLES:
                 place = {"row": first + n} if file.table else {"line": first + n + 1}
                 examples.append({"file": str(file.path), **place, "reason": reason, "detail": detail})
         skipped.update(result.skipped)
@@ -789,7 +558,7 @@ def _drive(pool: WorkerPool, files: list[InputFile], opts: Options, outputs: _Ou
 def write_report(summary: Summary, path: Path) -> None:
     """The run's counts as JSON, written atomically (:func:`run` does this itself when given ``report``).
 
-    A refusal of the filesystem is a :class:`~megatron_ext.data.indexed.WriteError`; nothing is left behind.
+    A refusal of the filesystem is a :class:`~megatron_ext.data.atomic_files.WriteError`; nothing is left behind.
     """
     staged = stage_file(path, (json.dumps(summary.to_json(), indent=2) + "\n").encode())
     try:

@@ -50,9 +50,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from megatron_ext.config.layout import ParallelLayout
-from megatron_ext.estimate.pipeline import in_flight_passes
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.layout import ParallelLayout
+from megatron_ext.parallel.pipeline import in_flight_passes
 
 
 def unfused_attention(workload: Workload) -> bool:

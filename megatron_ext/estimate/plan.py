@@ -5,8 +5,8 @@ Used by ``--dry-run`` and printed at the start of every run.
 
 from __future__ import annotations
 
-from megatron_ext.config import schedule
-from megatron_ext.config.arguments import TrainingConfig, pad_vocab_size
+from megatron_ext.config import iterations
+from megatron_ext.config.training_config import TrainingConfig, pad_vocab_size
 from megatron_ext.estimate.memory import checkpoint_bytes_per_parameter
 from megatron_ext.estimate.shapes import ParameterCounts
 from megatron_ext.estimate.shapes import parameter_counts as model_parameter_counts
@@ -52,13 +52,13 @@ def describe(cfg: TrainingConfig) -> list[str]:
         f"parameters: {counts.total:,} in total, {counts.max_per_rank:,} on the most loaded rank",
     ]
     run = cfg.run
-    samples = schedule.trained_samples(cfg.batch, layout, run.train_iters)
+    samples = iterations.trained_samples(cfg.batch, layout, run.train_iters)
     asked = f"--train-samples {run.train_samples:,} → " if run.train_samples is not None else ""
     lines.append(
         f"training: {asked}{run.train_iters:,} iterations = {samples:,} samples = {samples * cfg.model.seq_length:,} "
         "tokens"
     )
-    ramped = list(schedule.ramp(cfg.batch, layout))
+    ramped = list(iterations.ramp(cfg.batch, layout))
     if ramped:
         sizes = [*sorted(set(ramped)), layout.global_batch_size]
         shown = " → ".join(map(str, sizes)) if len(sizes) <= 5 else f"{sizes[0]} → {sizes[1]} → … → {sizes[-1]}"

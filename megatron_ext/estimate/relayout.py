@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_ext.config.factors import divisors
-from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.estimate.search import Cluster, LayoutEstimate, evaluate, search_like
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.factors import divisors
+from megatron_ext.parallel.layout import ParallelLayout
 
 POLICIES = ("any", "dp")
 """``any``: the best layout for the new GPUs; ``dp``: the same model-parallel layout, another DP."""

@@ -1,6 +1,6 @@
 """One pipeline under GPipe, 1F1B, interleaved 1F1B and interleaved 1F1B with the best microbatch group.
 
-Each schedule's order (``schedule.py``) is simulated pass by pass with the
+Each schedule's order (``pipeline_schedule.py``) is simulated pass by pass with the
 same per-chunk times, so uneven stages, the output layer on the last stage
 and the point-to-point transfers count as they do on the timeline rather than
 through a closed form:
@@ -11,7 +11,7 @@ through a closed form:
   (Narayanan et al. 2021, §2.2).
 * **exposed p2p**: what the transfers add to the simulated step. 1F1B (and
   GPipe here) send synchronously, interleaved 1F1B overlaps them
-  (``schedule.simulate``'s ``blocking_p2p``).
+  (``pipeline_schedule.simulate``'s ``blocking_p2p``).
 * **activations in flight**: the most (microbatch, chunk) passes a rank holds
   at once, read off its order: ``m`` for GPipe, ``p − r`` microbatches on rank
   ``r`` for 1F1B, the warm-up plus one interleaved (``pipeline.in_flight_passes``);
@@ -37,12 +37,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_ext.config.factors import divisors
-from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.estimate.flops import layer_forward_flops
 from megatron_ext.estimate.memory import estimate_memory
-from megatron_ext.estimate.pipeline import valid_group_sizes
-from megatron_ext.estimate.schedule import (
+from megatron_ext.estimate.pipeline_schedule import (
     PipelinePass,
     Timeline,
     gpipe_order,
@@ -55,6 +52,9 @@ from megatron_ext.estimate.schedule import (
 from megatron_ext.estimate.search import LayoutEstimate, evaluate
 from megatron_ext.estimate.step_time import p2p_bandwidth, p2p_message_bytes, unit_times
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.factors import divisors
+from megatron_ext.parallel.layout import ParallelLayout
+from megatron_ext.parallel.pipeline import valid_group_sizes
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-group")
 """The schedules compared, in the order they are shown."""

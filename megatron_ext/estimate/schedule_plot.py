@@ -1,4 +1,4 @@
-"""Draw a pipeline timeline (``estimate.schedule.Timeline``) as SVG and PNG, without plotting libraries.
+"""Draw a pipeline timeline (``estimate.pipeline_schedule.Timeline``) as SVG and PNG, without plotting libraries.
 
 One row per pipeline rank; every forward (blue shades, one per model chunk)
 and backward pass (orange shades) is a box labelled with its microbatch;
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from megatron_ext.estimate.schedule import Timeline
+from megatron_ext.estimate.pipeline_schedule import Timeline
 
 Color = tuple[int, int, int]
 

@@ -25,15 +25,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_ext.config.arguments import BatchArgs, OptimizerArgs, layout_args, model_layout_facts
-from megatron_ext.config.factors import divisors
+from megatron_ext.config.arguments import BatchArgs, OptimizerArgs
 from megatron_ext.config.flags import options, to_argv
-from megatron_ext.config.layout import ParallelLayout
-from megatron_ext.config.stages import SPLIT_FIELDS, balanced_splits
+from megatron_ext.config.layout_flags import layout_args, model_layout_facts
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.memory import MemoryEstimate, estimate_memory
 from megatron_ext.estimate.step_time import StepTimeEstimate, estimate_step_time, unit_times
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.factors import divisors
+from megatron_ext.parallel.layout import ParallelLayout
+from megatron_ext.parallel.stages import SPLIT_FIELDS, balanced_splits
 
 DEFAULT_MEMORY_HEADROOM = 0.10
 """Share of GPU memory kept free for what the model does not count: CUDA context, NCCL buffers, fragmentation."""

@@ -79,7 +79,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.estimate.flops import (
     attention_core_forward_flops,
     flops_per_step,
@@ -88,8 +87,9 @@ from megatron_ext.estimate.flops import (
 )
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.memory import unfused_attention
-from megatron_ext.estimate.pipeline import pipeline_bubble, stage_imbalance
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.layout import ParallelLayout
+from megatron_ext.parallel.pipeline import pipeline_bubble, stage_imbalance
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_ext.config.arguments import ModelArgs, TrainingConfig, pad_vocab_size
+from megatron_ext.config.arguments import ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.training_config import TrainingConfig, pad_vocab_size
 from megatron_ext.estimate.shapes import ParameterCounts, parameter_counts
 
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -37,9 +38,13 @@ class Workload:
     @classmethod
     def of_config(cls, cfg: TrainingConfig) -> Workload:
         """The workload of a run's configuration (what ``pretrain_gpt.py`` trains with these flags)."""
-        optim, parallel = cfg.optim, cfg.parallel
+        return cls.of_flags(cfg.model, cfg.optim, cfg.parallel)
+
+    @classmethod
+    def of_flags(cls, model: ModelArgs, optim: OptimizerArgs, parallel: ParallelArgs) -> Workload:
+        """The workload of ``pretrain_gpt.py``'s argument groups, each already checked on its own."""
         return cls(
-            model=cfg.model,
+            model=model,
             precision="bf16" if optim.bf16 else "fp16" if optim.fp16 else "fp32",
             recompute_granularity=optim.recompute_granularity or "none",
             recompute_method=optim.recompute_method or "uniform",

@@ -35,7 +35,8 @@ from typing import Any
 import torch
 
 from megatron_ext.checkpoint.identity import RunIdentity
-from megatron_ext.config.arguments import ConfigError, make_config
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.training_config import make_config
 from megatron_ext.huggingface.architectures import ConversionError, TokenIds, architecture, hf_config, model_flags
 from megatron_ext.huggingface.tokenizer_files import read_tokenizer_flags, write_tokenizer
 from megatron_ext.huggingface.weights import LAYERS, Rule, is_model_tensor, rules

@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from megatron_ext.checkpoint.identity import TOKENIZER_FLAG, tokenizer_difference, tokenizer_identity
-from megatron_ext.config.arguments import GROUPS, ConfigError, TrainingConfig, make_config
+from megatron_ext.checkpoint.on_disk import CheckpointError
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.training_config import GROUPS, TrainingConfig, make_config
 from megatron_ext.data.tokenizers import Tokenizer, TokenizerError, build_tokenizer
 from megatron_ext.training import checkpointing, distributed
-from megatron_ext.training.checkpointing import CheckpointError
 
 RUN_LENGTH = ("train_iters", "train_samples", "eval_interval", "eval_iters")
 """The run options that size the datasets."""

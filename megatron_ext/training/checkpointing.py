@@ -21,7 +21,6 @@ at every save). The regular optimizer's state is always per parameter.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import random
@@ -36,13 +35,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from megatron_ext.checkpoint import on_disk
+from megatron_ext.checkpoint import on_disk, records
 from megatron_ext.checkpoint.identity import (
-    DATA_FLAG,
-    TOKENIZER_FLAG,
     RunIdentity,
-    data_differences,
-    tokenizer_difference,
 )
 from megatron_ext.checkpoint.on_disk import (
     CHECKSUMS_FILENAME,
@@ -52,9 +47,7 @@ from megatron_ext.checkpoint.on_disk import (
     read_tracker,
     resolve_iteration,
 )
-from megatron_ext.config.arguments import GROUPS, TrainingConfig, make_config
-from megatron_ext.config.factors import divisors
-from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.training.model import unwrap
 
 __all__ = [
@@ -313,30 +306,8 @@ def padded_vocab_of(path: Path) -> int | None:
 
 
 def keep_checkpoint_vocabulary(cfg: TrainingConfig) -> TrainingConfig:
-    """``cfg`` with the padded vocabulary of the checkpoint under ``--load``, if there is one.
-
-    Megatron pads the vocabulary to a multiple of ``--make-vocab-size-divisible-by``
-    × TP, so another TP would pad it differently; the checkpoint's padding is
-    kept whenever the new TP divides it. Rows added beyond it would take part in
-    every softmax (a zero row still adds ``exp(0)``), so they cannot be made
-    inert: a TP that does not divide it is refused with the sizes and what works.
-    """
-    if not cfg.run.load:
-        return cfg
-    saved = saved_padded_vocab_size(cfg.run.load)
-    if saved is None or saved == cfg.padded_vocab_size or saved < cfg.vocab_size:
-        return cfg  # nothing to keep, or another vocabulary: load_checkpoint names the mismatch
-    tp = cfg.layout.tp
-    if saved % tp:
-        working = [t for t in divisors(saved) if t <= 8 and cfg.model.num_attention_heads % t == 0]
-        raise CheckpointError(
-            f"{cfg.run.load}: the checkpoint's padded vocabulary ({saved:,} rows for {cfg.vocab_size:,} tokens) "
-            f"is not divisible by tensor({tp}), and extra rows would change every softmax; resume under TP in "
-            f"{working}. For checkpoints that move between TP 1, 2, 4 and 8, train with "
-            f"--make-vocab-size-divisible-by {cfg.model.make_vocab_size_divisible_by * 8} (padding to a multiple "
-            "that each of them divides)"
-        )
-    return dataclasses.replace(cfg, checkpoint_padded_vocab_size=saved)
+    """``cfg`` keeping the padded vocabulary of the checkpoint under ``--load`` (``records.keep_vocabulary``)."""
+    return records.keep_vocabulary(cfg, saved_padded_vocab_size(cfg.run.load)) if cfg.run.load else cfg
 
 
 def _check_shapes(path: Path, model_sd: dict[str, Any], saved: dict[str, Any]) -> None:
@@ -370,17 +341,6 @@ def _check_shapes(path: Path, model_sd: dict[str, Any], saved: dict[str, Any]) -
         )
 
 
-def _optimizer_metadata(cfg: TrainingConfig) -> dict[str, Any]:
-    """Megatron-Core's sharded-state-dict metadata for the optimizer format chosen by the flags."""
-    run = cfg.run
-    return {
-        "distrib_optim_sharding_type": "fully_reshardable"
-        if run.dist_ckpt_optim_fully_reshardable
-        else "dp_reshardable",
-        "distrib_optim_fully_reshardable_mem_efficient": run.distrib_optim_fully_reshardable_mem_efficient,
-    }
-
-
 def _optimizer_has_state(optimizer: Any, *, device: torch.device) -> bool:
     """Whether every rank's optimizer has taken a step (torch's Adam creates its state then).
 
@@ -397,15 +357,6 @@ def _optimizer_has_state(optimizer: Any, *, device: torch.device) -> bool:
     return bool(flag.item())
 
 
-def _arguments_record(cfg: TrainingConfig) -> dict[str, Any]:
-    """The run's arguments by group (as Megatron-LM keeps ``args``), with the tokenizer's vocabulary: what a
-    one-process reader (``megatron_ext.inference``, the Hugging Face export) rebuilds the model and tokenizer
-    from. Plain values only, so that ``torch.load(weights_only=True)`` reads them."""
-    record: dict[str, Any] = {name: dataclasses.asdict(getattr(cfg, name)) for name in GROUPS}
-    record["tokenizer_vocab_size"] = cfg.tokenizer_vocab_size
-    return record
-
-
 def saved_common(path: Path) -> dict[str, Any]:
     """``common.pt`` of one checkpoint directory: the iteration, the run's arguments, layout and identity."""
     from megatron.core import dist_checkpointing
@@ -418,86 +369,9 @@ def saved_common(path: Path) -> dict[str, Any]:
     return common if isinstance(common, dict) else {}
 
 
-@dataclass(frozen=True)
-class SavedRun:
-    """What a checkpoint says of the run that wrote it: its configuration, layout included."""
-
-    config: TrainingConfig
-    """The run's configuration at the world size it ran on (``config.layout``: its layout)."""
-    layout_record: dict[str, Any]
-    """The layout as recorded (``common.pt`` ``"layout"``), for ``per_rank_format_refusal``."""
-
-
-def saved_run(path: Path) -> SavedRun | None:
-    """The configuration a checkpoint was written with (None: saved before the records were kept)."""
-    common = saved_common(path)
-    args, layout = common.get("args"), common.get("layout")
-    if not isinstance(args, dict) or not isinstance(layout, dict):
-        return None
-    parallel = args["parallel"]
-    world = layout["tp"] * parallel.get("context_parallel_size", 1) * layout["pp"] * layout["dp"]
-    try:
-        # Fields this version does not have are left out; those it added take their defaults.
-        known = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in GROUPS.items()}
-        groups: dict[str, Any] = {name: {k: v for k, v in args[name].items() if k in known[name]} for name in GROUPS}
-        config = make_config(world_size=world, **groups)
-    except (ValueError, KeyError) as exc:  # a record this version cannot rebuild
-        raise CheckpointError(f"{path}/common.pt: the saved arguments do not rebuild the run's layout: {exc}") from exc
-    return SavedRun(config=config, layout_record=layout)
-
-
-def _common_state(
-    cfg: TrainingConfig, *, iteration: int, consumed_samples: int, identity: RunIdentity | None
-) -> dict[str, Any]:
-    """What every save records besides tensors and optimizer (one rank's copy; ``common.pt``)."""
-    return {
-        "iteration": iteration,
-        "consumed_samples": consumed_samples,
-        "layout": _layout_record(cfg),
-        "vocab_size": cfg.vocab_size,
-        "args": _arguments_record(cfg),
-        "identity": identity.as_record() if identity is not None else None,
-        "checkpoint_version": 3.0,
-    }
-
-
-def _layout_record(cfg: TrainingConfig) -> dict[str, Any]:
-    layout = cfg.layout
-    return {
-        "tp": layout.tp,
-        "pp": layout.pp,
-        "vp": layout.vp,
-        "dp": layout.dp,
-        "distributed_optimizer": layout.use_distributed_optimizer,
-        "stages": _stage_record(layout),
-    }
-
-
-def _stage_record(layout: ParallelLayout) -> list[list[int]]:
-    """Transformer layers of every [pipeline rank][virtual stage]: what a per-rank optimizer shard covers."""
-    return [[chunk.num_layers for chunk in rank] for rank in layout.stages]
-
-
-def per_rank_format_refusal(saved_layout: dict[str, Any], layout: ParallelLayout) -> str | None:
-    """Why a per-rank (``dp_reshardable``) distributed-optimizer state cannot load under ``layout``, or None.
-
-    Each rank's shard is a flat buffer over its chunks' parameters: it survives a change of DP only.
-    Checkpoints written before the stage split was recorded compare TP, PP and VP.
-    """
-    changed = [k for k in ("tp", "pp", "vp") if saved_layout.get(k) != getattr(layout, k)]
-    if changed:
-        was = " × ".join(f"{k.upper()} {saved_layout.get(k)}" for k in changed)
-        now = " × ".join(f"{k.upper()} {getattr(layout, k)}" for k in changed)
-    elif saved_layout.get("stages", _stage_record(layout)) != _stage_record(layout):
-        was = f"layers per pipeline rank and virtual stage {saved_layout['stages']}"
-        now = f"{_stage_record(layout)}"
-    else:
-        return None
-    return (
-        f"its distributed-optimizer state was saved per rank (loadable under another DP only) with {was}, "
-        f"and this run has {now}. Resume once with the saved layout and --dist-ckpt-optim-fully-reshardable, "
-        "or pass --no-load-optim to load only the model"
-    )
+def saved_run(path: Path) -> records.SavedRun | None:
+    """The configuration a checkpoint was written with (``records.saved_run`` of its ``common.pt``)."""
+    return records.saved_run(path, saved_common(path))
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
@@ -568,7 +442,7 @@ def save_checkpoint(
 
     model_sd = _model_sharded_state_dict(chunks)
     state: dict[str, Any] = dict(model_sd)
-    metadata = _optimizer_metadata(cfg)
+    metadata = records.optimizer_metadata(cfg)
     # No optimizer state before the first successful step: a seed checkpoint, or
     # a run whose steps were all skipped (non-finite losses, fp16 overflows).
     has_optimizer = _optimizer_has_state(optimizer, device=next(chunks[0].parameters()).device)
@@ -578,7 +452,7 @@ def save_checkpoint(
     state["optimizer_format"] = metadata["distrib_optim_sharding_type"]
     state["opt_param_scheduler"] = scheduler.state_dict()
     state["rng_state"] = _rng_sharded_object(cfg)
-    state.update(_common_state(cfg, iteration=iteration, consumed_samples=consumed_samples, identity=identity))
+    state.update(records.common_state(cfg, iteration=iteration, consumed_samples=consumed_samples, identity=identity))
 
     def publish() -> None:
         # Runs on every rank once all files are written (also for async saves).
@@ -641,7 +515,7 @@ def save_weights(root: str | Path, model: torch.nn.Module, cfg: TrainingConfig, 
     _on_rank0(lambda: on_disk.start_save(root, 0, overwrite=False), what=f"cannot start checkpoint {target}")
     state: dict[str, Any] = _model_sharded_state_dict([model])
     state.update(has_optimizer_state=False, rng_state=_rng_sharded_object(cfg))
-    state.update(_common_state(cfg, iteration=0, consumed_samples=0, identity=identity))
+    state.update(records.common_state(cfg, iteration=0, consumed_samples=0, identity=identity))
     try:
         dist_checkpointing.save(state, str(target))
         dist.barrier()
@@ -658,34 +532,6 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
     saved = _check_files(path)
     _verify_checksums(path)
     return saved
-
-
-def _check_identity(path: Path, common: dict[str, Any], identity: RunIdentity, run: Any) -> None:
-    """Refuse another tokenizer, or (resuming mid-run, not --finetune) other training data, than the
-    checkpoint's. A checkpoint that has consumed no data (a seed, an import) may go on with any."""
-    saved = common.get("identity")
-    if saved is None:
-        log.warning("%s records no tokenizer or data digests (saved by an older version): they are not checked", path)
-        return
-    tokenizer = tokenizer_difference(saved["tokenizer"], identity.tokenizer)
-    if tokenizer is not None:
-        if not run.accept_tokenizer_change:
-            raise CheckpointError(
-                f"{path}: {tokenizer}. Use the saved run's tokenizer, or pass {TOKENIZER_FLAG} to go on with this "
-                "one deliberately"
-            )
-        log.warning("%s: %s (%s)", path, tokenizer, TOKENIZER_FLAG)
-    if run.finetune or not common.get("consumed_samples"):
-        return
-    changes = data_differences(saved["data"], identity.data)
-    if changes:
-        if not run.accept_data_change:
-            raise CheckpointError(
-                f"{path}: this run's training data is not the checkpoint's: {'; '.join(changes)}. Resume on the "
-                f"saved run's data, pass {DATA_FLAG} to continue on this data deliberately, or --finetune to start "
-                "a new run from its weights"
-            )
-        log.warning("%s: training data changed (%s): %s", path, DATA_FLAG, "; ".join(changes))
 
 
 def load_checkpoint(
@@ -730,7 +576,7 @@ def load_checkpoint(
             f"{cfg.vocab_size:,}; use the tokenizer (or --vocab-size) of the saved run"
         )
     if identity is not None:
-        _check_identity(path, common, identity, run)
+        records.check_identity(path, common, identity, run)
     model_sd = _model_sharded_state_dict(chunks)
     request: dict[str, Any] = dict(model_sd)
     load_optim = not (run.no_load_optim or run.finetune) and bool(common.get("has_optimizer_state", True))
@@ -746,7 +592,7 @@ def load_checkpoint(
         )
     saved_format = common.get("optimizer_format", "fully_reshardable")
     if load_optim and cfg.layout.use_distributed_optimizer and saved_format == "dp_reshardable":
-        refusal = per_rank_format_refusal(saved_layout, cfg.layout)
+        refusal = records.per_rank_format_refusal(saved_layout, cfg.layout)
         if refusal:
             raise CheckpointError(f"{path}: {refusal}")
     if load_optim:

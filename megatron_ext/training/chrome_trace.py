@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from megatron_ext.estimate.schedule import PipelinePass, TimedPass
+from megatron_ext.estimate.pipeline_schedule import PipelinePass, TimedPass
 
 
 def write_trace(path: Path, ranks: list[dict[str, Any]]) -> None:

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from megatron_ext.config import schedule
-from megatron_ext.config.arguments import TrainingConfig
+from megatron_ext.config import iterations
+from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.data import sources as data_sources
 from megatron_ext.data.tokenizers import Tokenizer
 
@@ -65,7 +65,7 @@ def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:
         # Valid and test splits no step reads (no --eval-iters) are not built: Megatron-Core would still
         # index them, and an empty one (a small corpus's 0.1% test split) would loop forever.
         train, *evaluated = config.split_matrix
-        _, *sizes = schedule.split_samples(cfg.run, cfg.batch, cfg.layout)
+        _, *sizes = iterations.split_samples(cfg.run, cfg.batch, cfg.layout)
         config.split_matrix = [train, *(part if size else None for part, size in zip(evaluated, sizes, strict=True))]
     return config
 
@@ -84,7 +84,7 @@ def build_datasets(cfg: TrainingConfig, tokenizer: Tokenizer) -> Datasets:
     config = dataset_config(cfg, tokenizer)
     cls = MockGPTDataset if cfg.data.mock_data else GPTDataset
     train, valid, test = BlendedMegatronDatasetBuilder(
-        cls, schedule.split_samples(cfg.run, cfg.batch, cfg.layout), lambda: True, config
+        cls, iterations.split_samples(cfg.run, cfg.batch, cfg.layout), lambda: True, config
     ).build()
     if train is None or len(train) == 0:
         raise data_sources.DataError(

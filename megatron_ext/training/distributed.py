@@ -40,8 +40,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.runtime import serial_cuda_connections
+from megatron_ext.parallel.layout import ParallelLayout
 from megatron_ext.training.ports import free_port
 
 log = logging.getLogger(__name__)

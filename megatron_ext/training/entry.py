@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_ext.checkpoint import on_disk
-from megatron_ext.config.arguments import ConfigError, TrainingConfig, parse_args
+from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.config.layout import LayoutError
+from megatron_ext.config.training_config import TrainingConfig, parse_args
 from megatron_ext.data.preflight import preflight
 from megatron_ext.estimate import plan
+from megatron_ext.parallel.layout import LayoutError
 
 if TYPE_CHECKING:
     from megatron_ext.training.loop import DatasetsProvider, ForwardStep, ModelProvider

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from megatron_ext.config.arguments import RunArgs
+from megatron_ext.config.run_args import RunArgs
 
 
 def _empty_cuda_cache() -> None:

@@ -14,7 +14,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,10 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_ext.checkpoint.identity import RunIdentity
-from megatron_ext.config import schedule
-from megatron_ext.config.arguments import ConfigError, TrainingConfig
+from megatron_ext.config import iterations
+from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.data.tokenizers import Tokenizer
 from megatron_ext.estimate import plan
 from megatron_ext.estimate.flops import flops_per_step
@@ -33,8 +33,7 @@ from megatron_ext.estimate.hardware import peak_flops_for
 from megatron_ext.training import checkpointing, distributed, resilience, timing
 from megatron_ext.training.datasets import Datasets, chunk_iterators
 from megatron_ext.training.housekeeping import Housekeeping
-from megatron_ext.training.lr_schedule import scheduler_arguments
-from megatron_ext.training.metrics import MetricsWriter
+from megatron_ext.training.metrics import LogWindow, MetricsWriter, StepResult
 from megatron_ext.training.model import (
     build_model_chunks,
     check_context_parallel,
@@ -42,6 +41,7 @@ from megatron_ext.training.model import (
     parameter_norm,
     unwrap,
 )
+from megatron_ext.training.optimizer_scheduler import scheduler_arguments
 from megatron_ext.training.profiling import Profiler
 from megatron_ext.training.stage_timing import StageTimer
 from megatron_ext.training.stragglers import StragglerWatch
@@ -116,49 +116,6 @@ def _run_identity(cfg: TrainingConfig, tokenizer: Tokenizer) -> RunIdentity | No
     box = [RunIdentity.of(tokenizer, cfg.data) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-@dataclass
-class StepResult:
-    loss: float
-    """Token-mean loss over the global batch (NaN when not finite)."""
-    grad_norm: float | None
-    skipped: bool
-    """No update: a non-finite loss, or (fp16) gradients overflowed at this loss scale."""
-    lr: float
-    """Learning rate this step used."""
-    decoupled_lr: float | None = None
-    """With --decoupled-lr: the embedding and output layer's learning rate this step used."""
-
-    @property
-    def non_finite(self) -> bool:
-        return not math.isfinite(self.loss)
-
-
-@dataclass
-class LogWindow:
-    """The iterations since the last logged one (Megatron-LM averages the loss over them)."""
-
-    iterations: int = 0
-    samples: int = 0
-    seconds: float = 0.0
-    """Training-step time only (evaluation and saving are timed apart)."""
-    loss_sum: float = 0.0
-    finite_losses: int = 0
-    skipped: int = 0
-
-    def add(self, result: StepResult, seconds: float, samples: int) -> None:
-        self.iterations += 1
-        self.samples += samples
-        self.seconds += seconds
-        self.skipped += int(result.skipped)
-        if not result.non_finite:
-            self.loss_sum += result.loss
-            self.finite_losses += 1
-
-    @property
-    def mean_loss(self) -> float:
-        return self.loss_sum / self.finite_losses if self.finite_losses else math.nan
 
 
 def _param_group_overrides(config: Any) -> Any:
@@ -247,7 +204,7 @@ class Trainer:
         )
         self.scheduler = OptimizerParamScheduler(self.optimizer, **scheduler_arguments(cfg))
         # Megatron-Core's calculator, held here instead of in its process-wide slot.
-        self.microbatches = schedule.microbatch_calculator(cfg.batch, layout, rank=ctx.rank)
+        self.microbatches = iterations.microbatch_calculator(cfg.batch, layout, rank=ctx.rank)
         self.housekeeping = Housekeeping(cfg.run, on_gpu=ctx.device.type == "cuda")
 
         config = get_model_config(self.chunks[0])

@@ -1,9 +1,10 @@
-"""Per-iteration metrics: console lines, a JSON Lines file, TensorBoard."""
+"""Per-iteration metrics: what one step did (``StepResult``), the window between logged iterations (``LogWindow``), and where they go (console lines, a JSON Lines file, TensorBoard)."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -47,3 +48,46 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+@dataclass
+class StepResult:
+    loss: float
+    """Token-mean loss over the global batch (NaN when not finite)."""
+    grad_norm: float | None
+    skipped: bool
+    """No update: a non-finite loss, or (fp16) gradients overflowed at this loss scale."""
+    lr: float
+    """Learning rate this step used."""
+    decoupled_lr: float | None = None
+    """With --decoupled-lr: the embedding and output layer's learning rate this step used."""
+
+    @property
+    def non_finite(self) -> bool:
+        return not math.isfinite(self.loss)
+
+
+@dataclass
+class LogWindow:
+    """The iterations since the last logged one (Megatron-LM averages the loss over them)."""
+
+    iterations: int = 0
+    samples: int = 0
+    seconds: float = 0.0
+    """Training-step time only (evaluation and saving are timed apart)."""
+    loss_sum: float = 0.0
+    finite_losses: int = 0
+    skipped: int = 0
+
+    def add(self, result: StepResult, seconds: float, samples: int) -> None:
+        self.iterations += 1
+        self.samples += samples
+        self.seconds += seconds
+        self.skipped += int(result.skipped)
+        if not result.non_finite:
+            self.loss_sum += result.loss
+            self.finite_losses += 1
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.finite_losses if self.finite_losses else math.nan

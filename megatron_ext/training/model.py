@@ -10,8 +10,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from megatron_ext.config.arguments import TrainingConfig, context_parallel_refusal
-from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.config.layout_flags import context_parallel_refusal
+from megatron_ext.config.training_config import TrainingConfig
+from megatron_ext.parallel.layout import ParallelLayout
 
 
 def params_dtype(cfg: TrainingConfig) -> torch.dtype:

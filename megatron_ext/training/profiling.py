@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from megatron_ext.config.arguments import ConfigError, RunArgs
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.run_args import RunArgs
 
 log = logging.getLogger("megatron_ext")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from megatron_ext.estimate.schedule import PipelinePass
+from megatron_ext.estimate.pipeline_schedule import PipelinePass
 
 
 class _MarkBackward(torch.autograd.Function):

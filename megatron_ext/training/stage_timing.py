@@ -46,8 +46,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron_ext.estimate.pipeline import stage_imbalance
-from megatron_ext.estimate.schedule import PipelinePass, TimedPass
+from megatron_ext.estimate.pipeline_schedule import PipelinePass, TimedPass
+from megatron_ext.parallel.pipeline import stage_imbalance
 from megatron_ext.training.chrome_trace import write_trace
 
 TIMELINE_STEPS = 8

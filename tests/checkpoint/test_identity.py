@@ -18,7 +18,7 @@ from megatron_ext.checkpoint.identity import (
     tokenizer_difference,
     tokenizer_identity,
 )
-from megatron_ext.config.arguments import parse_args
+from megatron_ext.config.training_config import parse_args
 from megatron_ext.data.tokenizers import GPTSentencePieceTokenizer, NullTokenizer
 
 pytestmark = pytest.mark.unit

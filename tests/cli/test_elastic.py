@@ -8,10 +8,10 @@ import shlex
 
 import pytest
 
+from megatron_ext.checkpoint.records import SavedRun
 from megatron_ext.cli import elastic
-from megatron_ext.config.arguments import parse_args
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.training.checkpointing import SavedRun
+from megatron_ext.config.training_config import parse_args
 
 pytestmark = pytest.mark.unit
 

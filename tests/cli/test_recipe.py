@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from megatron_ext.cli.recipe import RecipeError, calculator_args, resolve, table_variables, variables
-from megatron_ext.config.arguments import parse_args
 from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.training_config import parse_args
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit

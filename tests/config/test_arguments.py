@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from megatron_ext.config.arguments import ConfigError, build_parser, pad_vocab_size, parse_args
-from megatron_ext.config.layout import LayoutError
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.training_config import build_parser, pad_vocab_size, parse_args
+from megatron_ext.parallel.layout import LayoutError
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +28,7 @@ def test_parse_full_layout() -> None:
     assert cfg.layout.dp == 2 and cfg.layout.vp == 2 and cfg.layout.num_microbatches == 4
     assert cfg.model.effective_ffn_hidden_size == 320  # int(4·128·2/3 / 64) · 64
     assert cfg.optim.bf16 and cfg.layout.use_distributed_optimizer
-    assert cfg.optim.lr_decay_iters is None  # the decay defaults to the whole run (config.schedule.lr_steps)
+    assert cfg.optim.lr_decay_iters is None  # the decay defaults to the whole run (config.iterations.lr_steps)
 
 
 def test_world_size_from_the_launcher_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:

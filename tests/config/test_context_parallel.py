@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_ext.config.arguments import ConfigError, parse_args
-from megatron_ext.config.layout import LayoutError, ParallelLayout
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.memory import estimate_memory
 from megatron_ext.estimate.search import Cluster, evaluate
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.layout import LayoutError, ParallelLayout
 from megatron_ext.training.model import check_context_parallel
 from tests.estimate.test_memory import gpt, layout
 

@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from megatron_ext.cli.layout import build_parser as calculator_parser
-from megatron_ext.config.arguments import GROUPS, ModelArgs, build_parser, expand_preset, parse_args, preset_argv
+from megatron_ext.cli.calculator import build_parser as calculator_parser
+from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.flags import flag_of, options, to_argv
 from megatron_ext.config.presets import PRESETS
+from megatron_ext.config.training_config import GROUPS, build_parser, expand_preset, parse_args, preset_argv
 from megatron_ext.estimate.search import pretrain_flags
 from megatron_ext.estimate.workload import Workload
 from tests.conftest import REPO
@@ -81,12 +82,23 @@ def test_model_preset_expands_and_later_flags_win() -> None:
 
 
 def test_config_and_the_recipe_resolver_import_no_torch() -> None:
-    """Pure: a login node (or the recipes' launcher) resolves a command line without torch or files."""
-    code = (
-        "import sys; import megatron_ext.config.arguments, megatron_ext.cli.recipe, megatron_ext.estimate.search; "
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'numpy')); "
-        "print(bad); sys.exit(1 if bad else 0)"
+    """Pure: a login node (or the recipes' launcher) resolves a command line without torch or files; the
+    checkpoint format, the elastic planner and the entry's checks read checkpoints without torch."""
+    pure = (
+        "megatron_ext.parallel.layout, megatron_ext.config.training_config, megatron_ext.cli.recipe, "
+        "megatron_ext.estimate.search"
     )
+    format_side = (
+        "megatron_ext.checkpoint.on_disk, megatron_ext.checkpoint.records, megatron_ext.cli.elastic, "
+        "megatron_ext.training.entry"
+    )
+    code = (
+        f"import sys; import {pure}; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'numpy')); "
+        f"import {format_side}; "
+        "bad += sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -99,7 +111,8 @@ def test_option_fields_all_have_help() -> None:
 
 def test_every_layout_flag_is_modelled_by_the_calculator() -> None:
     """A ParallelArgs field that the layout takes (by name) must also be one the calculator reads and emits."""
-    from megatron_ext.config.arguments import LAYOUT_FLAGS, ParallelArgs
+    from megatron_ext.config.arguments import ParallelArgs
+    from megatron_ext.config.layout_flags import LAYOUT_FLAGS
 
     modelled = {f.name for f in options(ParallelArgs, estimate=True)}
     assert {"tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel"} <= LAYOUT_FLAGS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_ext.config.layout import LayoutError, ParallelLayout
+from megatron_ext.parallel.layout import LayoutError, ParallelLayout
 
 
 def make(**kw: object) -> ParallelLayout:

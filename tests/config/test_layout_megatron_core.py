@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from megatron_ext.config.arguments import ConfigError, ModelArgs, OptimizerArgs, pad_vocab_size, parse_args
-from megatron_ext.config.layout import LayoutError, ParallelLayout
+from megatron_ext.config.arguments import ConfigError, ModelArgs, OptimizerArgs
+from megatron_ext.config.training_config import pad_vocab_size, parse_args
+from megatron_ext.parallel.layout import LayoutError, ParallelLayout
 
 pytestmark = pytest.mark.distributed  # a one-process gloo group, as tests/training/test_attention.py
 

@@ -11,19 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from megatron_ext.config import megatron_lm
-from megatron_ext.config.arguments import ConfigError, parse_args
+from megatron_ext.config import megatron_lm, megatron_lm_table
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.training_config import parse_args
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
 
 
 def test_every_megatron_lm_flag_is_classified_once() -> None:
-    table = megatron_lm.classification()
+    table = megatron_lm_table.classification()
     assert len(table) == len(megatron_lm.megatron_lm_flags()) > 600
     unclassified = sorted(flag for flag, (kind, _) in table.items() if not kind)
     assert not unclassified, f"classify these Megatron-LM flags in megatron_ext/config/megatron_lm.py: {unclassified}"
-    honoured = megatron_lm.honoured_flags()
+    honoured = megatron_lm_table.honoured_flags()
     # A refusal rule must not cover a flag the parser takes, nor an "already so" switch.
     assert not [f for f in megatron_lm.megatron_lm_flags() if f in honoured and any(
         r.covers(f, megatron_lm.megatron_lm_flags()[f]) for r in megatron_lm.REFUSALS)]  # fmt: skip
@@ -41,8 +42,8 @@ def test_every_refusal_rule_is_used() -> None:
 
 def test_the_docs_table_is_current() -> None:
     doc = (REPO / "docs" / "megatron-lm-flags.md").read_text()
-    assert doc == megatron_lm.markdown_table(), (
-        "regenerate: python -m megatron_ext.config.megatron_lm > docs/megatron-lm-flags.md"
+    assert doc == megatron_lm_table.markdown_table(), (
+        "regenerate: python -m megatron_ext.config.megatron_lm_table > docs/megatron-lm-flags.md"
     )
 
 

@@ -22,11 +22,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatron_ext.cli.layout import main as calculator
-from megatron_ext.config.arguments import ConfigError, parse_args
+from megatron_ext.cli.calculator import main as calculator
+from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.config.layout import LayoutError
+from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate import plan
+from megatron_ext.parallel.layout import LayoutError
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_ext.config.arguments import ConfigError, parse_args, parse_split
+from megatron_ext.config.arguments import ConfigError, parse_split
+from megatron_ext.config.training_config import parse_args
 from tests.conftest import run_script
 
 pytestmark = pytest.mark.unit

@@ -1,6 +1,6 @@
 """Uneven pipeline stages: our placement arithmetic against Megatron-Core's, and the rules' messages.
 
-``ParallelLayout.stages`` (``megatron_ext/config/stages.py``) predicts the
+``ParallelLayout.stages`` (``megatron_ext/parallel/stages.py``) predicts the
 layers, embedding and loss of every (pipeline rank, virtual stage) without
 torch; the calculator, ``--dry-run`` and the run's own check read it. Here it
 must equal what Megatron-Core 0.16 builds: ``get_num_layers_to_build`` and
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from megatron_ext.config.layout import LayoutError, ParallelLayout
-from megatron_ext.config.stages import StageSplit, balanced_layout, expand_layout, split_problems, stages, suggest
+from megatron_ext.parallel.layout import LayoutError, ParallelLayout
+from megatron_ext.parallel.stages import StageSplit, balanced_layout, expand_layout, split_problems, stages, suggest
 
 pytestmark = pytest.mark.unit
 

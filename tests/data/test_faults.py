@@ -21,7 +21,8 @@ import pytest
 
 from megatron_ext.cli import merge_datasets, preprocess_data
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.data.indexed import IndexedDatasetFiles, IndexedWriter, WriteError, stage_file
+from megatron_ext.data.atomic_files import WriteError, stage_file
+from megatron_ext.data.indexed import IndexedDatasetFiles, IndexedWriter
 from tests.data.helpers import tool
 from tests.filesystems import read_only_filesystem, small_filesystem
 

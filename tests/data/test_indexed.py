@@ -181,7 +181,7 @@ def test_several_keys_are_published_all_or_nothing(
 ) -> None:
     """A rename that fails half-way through publishing undoes the renames before it: no key is published,
     an older dataset at the same paths is put back byte for byte, and no temporary is left."""
-    import megatron_ext.data.indexed as indexed
+    import megatron_ext.data.atomic_files as atomic_files
 
     if older:
         commit_all(two_writers(tmp_path, seed=1))
@@ -195,10 +195,10 @@ def test_several_keys_are_published_all_or_nothing(
             raise OSError(28, "No space left on device")
         real_replace(src, dst)
 
-    monkeypatch.setattr(indexed.os, "replace", failing_replace)
-    with pytest.raises(indexed.WriteError, match=r"ds_title_document\.bin: no space left on device \(ENOSPC\)"):
+    monkeypatch.setattr(atomic_files.os, "replace", failing_replace)
+    with pytest.raises(atomic_files.WriteError, match=r"ds_title_document\.bin: no space left on device \(ENOSPC\)"):
         commit_all(two_writers(tmp_path, seed=2))
-    monkeypatch.setattr(indexed.os, "replace", real_replace)
+    monkeypatch.setattr(atomic_files.os, "replace", real_replace)
     assert snapshot(tmp_path) == before
     assert leftovers(tmp_path) == []
 
@@ -242,7 +242,7 @@ def test_stop_signals_are_held_while_outputs_are_named(
 def test_stale_temporaries_only_of_dead_runs_on_this_host(tmp_path: Path) -> None:
     """On a shared filesystem another host's temporary is never removed (its PID means nothing here);
     this host's are removed when their PID is dead, kept while it is alive."""
-    from megatron_ext.data.indexed import _OWNER
+    from megatron_ext.data.atomic_files import _OWNER
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -270,7 +270,7 @@ def test_stale_temporaries_only_of_dead_runs_on_this_host(tmp_path: Path) -> Non
 def test_without_o_tmpfile_temporaries_name_host_and_pid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the filesystem has no O_TMPFILE (NFS, some Lustre), the partial files are named
     ``.NAME.tmp-HOST…-PID`` while written; commit and discard leave none."""
-    from megatron_ext.data.indexed import _OWNER
+    from megatron_ext.data.atomic_files import _OWNER
 
     real_open = os.open
 

@@ -24,10 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatron_ext.data.preprocess import LONG_DOCUMENT_CHARS
+from megatron_ext.data.cut_rules import GPT2_PATTERN, LLAMA3_PATTERN
+from megatron_ext.data.preprocess_worker import LONG_DOCUMENT_CHARS
 from megatron_ext.data.tokenizers import (
-    GPT2_PATTERN,
-    LLAMA3_PATTERN,
     PIECE_CHARS,
     GPT2BPETokenizer,
     GPTSentencePieceTokenizer,
@@ -219,7 +218,7 @@ def _without_transformers(monkeypatch: pytest.MonkeyPatch, backend: str) -> None
 def test_pieces_are_cut_at_places_only_and_put_back_together_give_the_text(drop: bool) -> None:
     import re
 
-    from megatron_ext.data.tokenizers import CutRule
+    from megatron_ext.data.cut_rules import CutRule
 
     rule = CutRule(re.compile("(?<=[a-z]) (?=[a-z])"), drop=drop)
     text = "ab cd  ef gh\u2581ij kl " * 20 + "mn"

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from megatron_ext.data.cut_rules import GPT2_PATTERN, gpt2_pattern
 from megatron_ext.data.tokenizers import (
-    GPT2_PATTERN,
     GPT2BPETokenizer,
     GPTSentencePieceTokenizer,
     HuggingFaceTokenizer,
@@ -19,7 +19,6 @@ from megatron_ext.data.tokenizers import (
     TokenizerError,
     build_tokenizer,
     bytes_to_unicode,
-    gpt2_pattern,
 )
 from tests.data.helpers import shared_data
 

@@ -22,9 +22,10 @@ from hypothesis import strategies as st
 
 from megatron_ext.cli import inspect_dataset, merge_datasets, preprocess_data
 from megatron_ext.cli.recipe import RecipeError, resolve
-from megatron_ext.config.arguments import ConfigError, parse_args
+from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.config.layout import LayoutError
+from megatron_ext.config.training_config import parse_args
+from megatron_ext.parallel.layout import LayoutError
 
 pytestmark = pytest.mark.unit
 

@@ -23,11 +23,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_ext.config.arguments import ModelArgs, model_layout_facts
-from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.config.arguments import ModelArgs
+from megatron_ext.config.layout_flags import model_layout_facts
 from megatron_ext.estimate.hardware import GpuProfile, get_profile
 from megatron_ext.estimate.search import Cluster, LayoutEstimate, evaluate
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.layout import ParallelLayout
 
 
 @dataclass(frozen=True, kw_only=True)

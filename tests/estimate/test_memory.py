@@ -6,19 +6,20 @@ import math
 
 import pytest
 
-from megatron_ext.config.arguments import ModelArgs, make_config
-from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.config.arguments import ModelArgs
+from megatron_ext.config.training_config import make_config
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.memory import (
     bytes_per_parameter,
     estimate_memory,
     layer_activations,
 )
-from megatron_ext.estimate.pipeline import in_flight_passes
 from megatron_ext.estimate.plan import parameter_counts
 from megatron_ext.estimate.search import Cluster, evaluate
 from megatron_ext.estimate.step_time import estimate_step_time
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.layout import ParallelLayout
+from megatron_ext.parallel.pipeline import in_flight_passes
 
 pytestmark = pytest.mark.unit
 
@@ -312,7 +313,7 @@ def test_agrees_with_megatron_lm_without_sequence_parallel_up_to_its_5_percent_m
 def test_parameters_per_rank_equal_the_plan_of_pretrain_gpt(flags: str) -> None:
     argv = [*flags.split(), "--seq-length", "64", "--vocab-size", "1000", "--global-batch-size", "16"]
     groups: dict[str, dict[str, object]] = {"model": {}, "parallel": {}, "batch": {}, "data": {"mock_data": True}}
-    from megatron_ext.config.arguments import build_parser
+    from megatron_ext.config.training_config import build_parser
 
     for dest, value in vars(build_parser().parse_args(argv)).items():
         group, name = dest.split(".", 1)

@@ -16,9 +16,7 @@ import pytest
 
 from megatron_ext.cli.launch import local_command
 from megatron_ext.cli.plot_schedule import main as run
-from megatron_ext.config.layout import LayoutError
-from megatron_ext.estimate.pipeline import warmup_passes
-from megatron_ext.estimate.schedule import PipelinePass, schedule_order, schedule_table, simulate
+from megatron_ext.estimate.pipeline_schedule import PipelinePass, schedule_order, schedule_table, simulate
 from megatron_ext.estimate.schedule_plot import (
     BACKWARD_COLORS,
     FORWARD_COLORS,
@@ -29,6 +27,8 @@ from megatron_ext.estimate.schedule_plot import (
     render_png,
     render_svg,
 )
+from megatron_ext.parallel.layout import LayoutError
+from megatron_ext.parallel.pipeline import warmup_passes
 from megatron_ext.training.schedule_trace import load_trace
 from tests.conftest import REPO, _env
 

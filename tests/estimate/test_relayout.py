@@ -8,15 +8,16 @@ from typing import Any
 
 import pytest
 
-from megatron_ext.cli.layout import main as calculator
-from megatron_ext.config.arguments import ModelArgs, model_layout_facts
+from megatron_ext.cli.calculator import main as calculator
+from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.config.layout_flags import model_layout_facts
 from megatron_ext.config.presets import get_preset
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.relayout import RelayoutError, relayout
 from megatron_ext.estimate.search import Cluster, search
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.layout import ParallelLayout
 
 pytestmark = pytest.mark.unit
 
@@ -123,7 +124,8 @@ def test_the_calculator_replans_from_the_flags_the_job_ran_with() -> None:
 
 def test_layout_flags_are_replaced_and_every_other_argument_kept() -> None:
     """How a launcher moves a command line to another layout: the parser rebuilds exactly the new layout."""
-    from megatron_ext.config.arguments import parse_args, replace_layout_flags
+    from megatron_ext.config.layout_flags import replace_layout_flags
+    from megatron_ext.config.training_config import parse_args
 
     argv = [
         "--model", "gpt-tiny", "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2",

@@ -9,15 +9,15 @@ import re
 
 import pytest
 
-from megatron_ext.cli.layout import main as layout_tool
+from megatron_ext.cli.calculator import main as layout_tool
 from megatron_ext.cli.plot_schedule import main as plot_tool
-from megatron_ext.config.arguments import ModelArgs, model_layout_facts, parse_args
+from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.config.layout import ParallelLayout
+from megatron_ext.config.layout_flags import model_layout_facts
 from megatron_ext.config.presets import get_preset
+from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate.hardware import get_profile
-from megatron_ext.estimate.pipeline import in_flight_passes, valid_group_sizes
-from megatron_ext.estimate.schedule import (
+from megatron_ext.estimate.pipeline_schedule import (
     gpipe_order,
     messages_sent,
     peak_in_flight,
@@ -34,6 +34,8 @@ from megatron_ext.estimate.schedule_comparison import (
 from megatron_ext.estimate.schedule_plot import MEMORY_COLOR
 from megatron_ext.estimate.search import Cluster, evaluate
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.layout import ParallelLayout
+from megatron_ext.parallel.pipeline import in_flight_passes, valid_group_sizes
 
 pytestmark = pytest.mark.unit
 

@@ -8,15 +8,15 @@ import random
 
 import pytest
 
-from megatron_ext.cli.layout import main as calculator
+from megatron_ext.cli.calculator import main as calculator
 from megatron_ext.config.arguments import ModelArgs
-from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.memory import estimate_memory
-from megatron_ext.estimate.pipeline import pipeline_bubble
-from megatron_ext.estimate.schedule import simulate
+from megatron_ext.estimate.pipeline_schedule import simulate
 from megatron_ext.estimate.search import Cluster, evaluate, search
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.layout import ParallelLayout
+from megatron_ext.parallel.pipeline import pipeline_bubble
 
 pytestmark = pytest.mark.unit
 

@@ -26,14 +26,14 @@ import itertools
 import pytest
 
 from megatron_ext.config.arguments import ModelArgs
-from megatron_ext.config.layout import ParallelLayout
 from megatron_ext.config.presets import get_preset
 from megatron_ext.estimate.hardware import get_profile
-from megatron_ext.estimate.pipeline import warmup_passes
-from megatron_ext.estimate.schedule import PipelinePass, schedule_order, simulate
+from megatron_ext.estimate.pipeline_schedule import PipelinePass, schedule_order, simulate
 from megatron_ext.estimate.search import Cluster, evaluate, search
 from megatron_ext.estimate.step_time import pipeline_p2p_exposed
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.layout import ParallelLayout
+from megatron_ext.parallel.pipeline import warmup_passes
 
 pytestmark = pytest.mark.unit
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext.checkpoint.on_disk import read_tracker
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.training.checkpointing import read_tracker
 from tests.conftest import REPO, read_metrics, train_losses
 from tests.recipes.slurm_cluster import ClusterUnavailable, SlurmCluster, check_available, running_cluster
 from tests.recipes.test_recipes import recipe_env, run_recipe

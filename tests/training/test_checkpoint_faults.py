@@ -23,8 +23,8 @@ from megatron_ext.checkpoint.on_disk import (
     checkpoint_dir,
     read_tracker,
 )
-from megatron_ext.config.arguments import parse_args
 from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate.plan import checkpoint_bytes
 from tests.conftest import REPO, _env, run_pretrain, run_script
 from tests.filesystems import read_only_filesystem, small_filesystem

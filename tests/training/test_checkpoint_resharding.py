@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext.checkpoint.on_disk import read_tracker
+from megatron_ext.checkpoint.records import per_rank_format_refusal
 from megatron_ext.cli.plot_schedule import main as plot_schedule
-from megatron_ext.config.layout import ParallelLayout
-from megatron_ext.training.checkpointing import per_rank_format_refusal, read_tracker
+from megatron_ext.parallel.layout import ParallelLayout
 from megatron_ext.training.chrome_trace import load_timeline
 from tests.conftest import (
     ITERS,

@@ -8,7 +8,7 @@ import signal
 import pytest
 import torch
 
-from megatron_ext.config.arguments import parse_args
+from megatron_ext.config.training_config import parse_args
 from megatron_ext.training.datasets import make_iterator
 
 pytestmark = pytest.mark.unit

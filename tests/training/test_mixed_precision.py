@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext.checkpoint.on_disk import read_tracker
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.training.checkpointing import read_tracker
 from tests.conftest import TINY_MODEL, read_metrics, run_pretrain, train_losses
 
 pytestmark = pytest.mark.distributed

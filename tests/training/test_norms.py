@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron_ext.config.arguments import parse_args
+from megatron_ext.config.training_config import parse_args
 from megatron_ext.training.model import transformer_config_arguments
 from megatron_ext.training.norms import TorchNorm, ZeroCenteredLayerNorm, ZeroCenteredRMSNorm
 

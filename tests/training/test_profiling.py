@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_ext.config.arguments import ConfigError, RunArgs
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.run_args import RunArgs
 from megatron_ext.training.profiling import Profiler
 
 pytestmark = pytest.mark.unit

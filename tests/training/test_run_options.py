@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_ext.config.arguments import ConfigError, parse_args
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.training_config import parse_args
 from megatron_ext.training.housekeeping import Housekeeping
-from megatron_ext.training.lr_schedule import scheduler_arguments
+from megatron_ext.training.optimizer_scheduler import scheduler_arguments
 
 pytestmark = pytest.mark.unit
 

@@ -2,7 +2,7 @@
 
 A large vocabulary makes the last stage (the output layer and cross entropy)
 the slowest under an even split. Each run measures its stages
-(``stage_timing``); the per-stage model (``config/stages.py``
+(``stage_timing``); the per-stage model (``parallel/stages.py``
 ``balanced_splits``), given the layer and output costs measured in the even
 run on this machine, picks an uneven split, and that split's measured
 imbalance must be lower. The GPU model's own costs do not transfer to a CPU
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_ext.config.stages import balanced_splits
+from megatron_ext.parallel.stages import balanced_splits
 from tests.conftest import read_metrics, run_pretrain
 
 pytestmark = pytest.mark.distributed

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_ext.config.arguments import ConfigError, RunArgs, parse_args
+from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.megatron_lm import ALREADY, refusal
+from megatron_ext.config.run_args import RunArgs
+from megatron_ext.config.training_config import parse_args
 from megatron_ext.training.stage_timing import HOST_VALUES, StageCost, host_name, host_values, stage_cost
 from megatron_ext.training.stragglers import (
     DEFAULT_MARGIN,

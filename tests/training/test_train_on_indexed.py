@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megatron_ext.config.arguments import ConfigError, TrainingConfig, parse_args
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.training_config import TrainingConfig, parse_args
 from megatron_ext.data import sources as data_sources
 from megatron_ext.data.indexed import IndexedDatasetFiles, IndexedWriter
 from megatron_ext.data.preflight import preflight

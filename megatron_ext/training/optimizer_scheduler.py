@@ -2,7 +2,7 @@
 
 As Megatron-LM's ``get_optimizer_param_scheduler`` computes them: the
 scheduler counts samples, so iteration counts are multiplied by the global
-batch (``config.schedule.lr_steps`` has the formulas), and a checkpoint's
+batch (``config.iterations.lr_steps`` has the formulas), and a checkpoint's
 schedule state means the same in both kinds of run. The per-group peak and
 final rates of ``--decoupled-lr`` are the optimizer's parameter groups'
 (Megatron-Core's ``get_megatron_optimizer``).
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from megatron_ext.config.arguments import TrainingConfig
-from megatron_ext.config.schedule import lr_steps
+from megatron_ext.config.iterations import lr_steps
+from megatron_ext.config.training_config import TrainingConfig
 
 
 def scheduler_arguments(cfg: TrainingConfig) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The order in which Megatron-Core's pipeline schedules run forward and backward passes, and its timeline.
 
-The warm-up count and the bubble formula live in ``pipeline.py``.
+The warm-up count and the bubble formula live in ``megatron_ext.parallel.pipeline``.
 
 Derived from ``megatron/core/pipeline_parallel/schedules.py`` (Megatron-Core
 0.16) and checked against a recorded CPU run of it
@@ -45,8 +45,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from megatron_ext.config.layout import ParallelLayout
-from megatron_ext.estimate.pipeline import bubble_fraction, warmup_passes
+from megatron_ext.parallel.layout import ParallelLayout
+from megatron_ext.parallel.pipeline import bubble_fraction, warmup_passes
 
 
 @dataclass(frozen=True)

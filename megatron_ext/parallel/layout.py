@@ -18,10 +18,10 @@ from dataclasses import MISSING, dataclass, fields
 from functools import cached_property
 from typing import Any
 
-from megatron_ext.config.factors import divisors, nearest_multiples
-from megatron_ext.config.stages import SPLIT_FIELDS, Stage, StageSplit, expand_layout, rank_rows, split_problems
-from megatron_ext.config.stages import stages as stages_of
-from megatron_ext.estimate.pipeline import bubble_fraction, valid_group_sizes
+from megatron_ext.parallel.factors import divisors, nearest_multiples
+from megatron_ext.parallel.pipeline import bubble_fraction, valid_group_sizes
+from megatron_ext.parallel.stages import SPLIT_FIELDS, Stage, StageSplit, expand_layout, rank_rows, split_problems
+from megatron_ext.parallel.stages import stages as stages_of
 
 
 class LayoutError(ValueError):
@@ -83,79 +83,71 @@ class ParallelLayout:
     def from_flags(
         cls,
         *,
+        world_size: int,
+        num_layers: int,
+        num_attention_heads: int,
         global_batch_size: int | None,
+        micro_batch_size: int = 1,
+        tensor_model_parallel_size: int = 1,
+        pipeline_model_parallel_size: int = 1,
+        context_parallel_size: int = 1,
+        virtual_pipeline_model_parallel_size: int | None = None,
         num_layers_per_virtual_pipeline_stage: int | None = None,
-        **kwargs: object,
+        pipeline_model_parallel_layout: str | None = None,
+        decoder_first_pipeline_num_layers: int | None = None,
+        decoder_last_pipeline_num_layers: int | None = None,
+        account_for_embedding_in_pipeline_split: bool = False,
+        account_for_loss_in_pipeline_split: bool = False,
+        microbatch_group_size_per_vp_stage: int | None = None,
+        sequence_parallel: bool = False,
+        use_distributed_optimizer: bool = False,
+        num_query_groups: int | None = None,
+        ffn_hidden_size: int | None = None,
+        seq_length: int | None = None,
+        gpus_per_node: int | None = None,
     ) -> ParallelLayout:
-        """Build from Megatron-LM style flags.
+        """Build from Megatron-LM's flags, each by its field name (LayoutError if a rule is broken).
 
-        Resolves ``--num-layers-per-virtual-pipeline-stage`` and
-        ``--pipeline-model-parallel-layout`` into VP, and a missing global batch
-        into micro-batch × DP, with Megatron-LM's rules (``arguments.py``): at
-        most one of the three ways to give VP, and layers per virtual stage only
-        with an even split.
+        Resolves the three ways to give VP (``virtual_stages``) and a missing
+        global batch into micro-batch × DP, with Megatron-LM's rules
+        (``arguments.py``); everything else is the field of the same name.
         """
-        problems: list[str] = []
-        pp = int(kwargs.get("pipeline_model_parallel_size", 1) or 1)  # type: ignore[call-overload]
-        vp = kwargs.get("virtual_pipeline_model_parallel_size")
-        num_layers = int(kwargs["num_layers"])  # type: ignore[call-overload]
-        layout = kwargs.get("pipeline_model_parallel_layout")
-        given = [
-            flag
-            for flag, value in (
-                ("--num-layers-per-virtual-pipeline-stage", num_layers_per_virtual_pipeline_stage),
-                ("--num-virtual-stages-per-pipeline-rank", vp),
-                ("--pipeline-model-parallel-layout", layout),
-            )
-            if value is not None
-        ]
-        if len(given) > 1:
-            problems.append(f"{' and '.join(given)} each set the virtual pipeline size; give one of them")
-        elif layout is not None:
-            try:
-                entries = len(expand_layout(str(layout)))
-            except ValueError as exc:
-                problems.append(str(exc))
-            else:
-                if entries % pp == 0:
-                    vp = entries // pp
-                # otherwise problems() names the stage count
-        elif num_layers_per_virtual_pipeline_stage is not None:
-            per_chunk = num_layers_per_virtual_pipeline_stage
-            if kwargs.get("decoder_first_pipeline_num_layers") is not None or (
-                kwargs.get("decoder_last_pipeline_num_layers") is not None
-            ):
-                problems.append(
-                    "--num-layers-per-virtual-pipeline-stage assumes an even split; with "
-                    "--decoder-first/last-pipeline-num-layers give --num-virtual-stages-per-pipeline-rank instead"
-                )
-            else:
-                # The account-for flags count the embedding / loss as layers here too (Megatron-LM).
-                slots = num_layers + sum(
-                    bool(kwargs.get(k))
-                    for k in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
-                )
-                if per_chunk < 1 or slots % pp or (slots // pp) % per_chunk:
-                    per_rank = f"{slots // pp}" if slots % pp == 0 else "not whole"
-                    choices = divisors(slots // pp) if slots % pp == 0 else "the divisors of layers per stage"
-                    problems.append(
-                        f"num_layers_per_virtual_pipeline_stage={per_chunk} does not divide the layers per "
-                        f"pipeline stage ({slots} / pipeline({pp}) = {per_rank}); choose one of {choices}"
-                    )
-                else:
-                    vp = slots // pp // per_chunk
-        if problems:
-            raise LayoutError(problems)
+        pp = pipeline_model_parallel_size
+        vp = virtual_stages(
+            num_layers=num_layers,
+            pp=pp,
+            per_rank=virtual_pipeline_model_parallel_size,
+            layers_per_chunk=num_layers_per_virtual_pipeline_stage,
+            layout=pipeline_model_parallel_layout,
+            uneven=decoder_first_pipeline_num_layers is not None or decoder_last_pipeline_num_layers is not None,
+            extra_slots=int(account_for_embedding_in_pipeline_split) + int(account_for_loss_in_pipeline_split),
+        )
         if global_batch_size is None:
-            world = int(kwargs["world_size"])  # type: ignore[call-overload]
-            tp = int(kwargs.get("tensor_model_parallel_size", 1) or 1)  # type: ignore[call-overload]
-            cp = int(kwargs.get("context_parallel_size", 1) or 1)  # type: ignore[call-overload]
-            dp = max(world // (tp * cp * pp), 1)
-            global_batch_size = int(kwargs.get("micro_batch_size", 1) or 1) * dp  # type: ignore[call-overload]
-        if vp is not None and int(vp) <= 1:  # type: ignore[call-overload]
-            vp = None
-        kwargs["virtual_pipeline_model_parallel_size"] = vp
-        return cls(global_batch_size=global_batch_size, **kwargs)  # type: ignore[arg-type]
+            dp = max(world_size // (tensor_model_parallel_size * context_parallel_size * pp), 1)
+            global_batch_size = micro_batch_size * dp
+        return cls(
+            world_size=world_size,
+            tensor_model_parallel_size=tensor_model_parallel_size,
+            pipeline_model_parallel_size=pp,
+            context_parallel_size=context_parallel_size,
+            virtual_pipeline_model_parallel_size=vp,
+            decoder_first_pipeline_num_layers=decoder_first_pipeline_num_layers,
+            decoder_last_pipeline_num_layers=decoder_last_pipeline_num_layers,
+            account_for_embedding_in_pipeline_split=account_for_embedding_in_pipeline_split,
+            account_for_loss_in_pipeline_split=account_for_loss_in_pipeline_split,
+            pipeline_model_parallel_layout=pipeline_model_parallel_layout,
+            microbatch_group_size_per_vp_stage=microbatch_group_size_per_vp_stage,
+            sequence_parallel=sequence_parallel,
+            use_distributed_optimizer=use_distributed_optimizer,
+            micro_batch_size=micro_batch_size,
+            global_batch_size=global_batch_size,
+            num_layers=num_layers,
+            num_attention_heads=num_attention_heads,
+            num_query_groups=num_query_groups,
+            ffn_hidden_size=ffn_hidden_size,
+            seq_length=seq_length,
+            gpus_per_node=gpus_per_node,
+        )
 
     @classmethod
     def check(cls, **values: Any) -> tuple[ParallelLayout, list[str]]:
@@ -238,7 +230,7 @@ class ParallelLayout:
 
     @property
     def bubble_fraction(self) -> float:
-        """Pipeline bubble relative to ideal compute, (p − 1)/(v·m): ``estimate.pipeline.bubble_fraction``."""
+        """Pipeline bubble relative to ideal compute, (p − 1)/(v·m): ``parallel.pipeline.bubble_fraction``."""
         return bubble_fraction(pp=self.pp, vp=self.vp, num_microbatches=self.num_microbatches)
 
     @property
@@ -465,3 +457,67 @@ class ParallelLayout:
                 f"({self.rank_layers(first)} layers{' each' if last > first else ''})"
             )
         return lines
+
+
+def virtual_stages(
+    *,
+    num_layers: int,
+    pp: int,
+    per_rank: int | None,
+    layers_per_chunk: int | None,
+    layout: str | None,
+    uneven: bool,
+    extra_slots: int,
+) -> int | None:
+    """VP from whichever of Megatron-LM's three flags gives it (None: not interleaved); LayoutError if the flags clash.
+
+    ``--num-virtual-stages-per-pipeline-rank`` (``per_rank``) is VP itself; a
+    ``--pipeline-model-parallel-layout`` string sets it to its stages over PP;
+    ``--num-layers-per-virtual-pipeline-stage`` (``layers_per_chunk``) divides
+    the layers per stage, counting the embedding and loss as layers when the
+    account-for flags are given (``extra_slots``), and needs an even split
+    (``uneven``: first/last stage layers given). At most one of the three
+    (Megatron-LM's ``validate_args``).
+    """
+    problems: list[str] = []
+    vp = per_rank
+    given = [
+        flag
+        for flag, value in (
+            ("--num-layers-per-virtual-pipeline-stage", layers_per_chunk),
+            ("--num-virtual-stages-per-pipeline-rank", per_rank),
+            ("--pipeline-model-parallel-layout", layout),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:
+        problems.append(f"{' and '.join(given)} each set the virtual pipeline size; give one of them")
+    elif layout is not None:
+        try:
+            entries = len(expand_layout(layout))
+        except ValueError as exc:
+            problems.append(str(exc))
+        else:
+            if entries % pp == 0:
+                vp = entries // pp
+            # otherwise problems() names the stage count
+    elif layers_per_chunk is not None:
+        if uneven:
+            problems.append(
+                "--num-layers-per-virtual-pipeline-stage assumes an even split; with "
+                "--decoder-first/last-pipeline-num-layers give --num-virtual-stages-per-pipeline-rank instead"
+            )
+        else:
+            slots = num_layers + extra_slots
+            if layers_per_chunk < 1 or slots % pp or (slots // pp) % layers_per_chunk:
+                per_stage = f"{slots // pp}" if slots % pp == 0 else "not whole"
+                choices = divisors(slots // pp) if slots % pp == 0 else "the divisors of layers per stage"
+                problems.append(
+                    f"num_layers_per_virtual_pipeline_stage={layers_per_chunk} does not divide the layers per "
+                    f"pipeline stage ({slots} / pipeline({pp}) = {per_stage}); choose one of {choices}"
+                )
+            else:
+                vp = slots // pp // layers_per_chunk
+    if problems:
+        raise LayoutError(problems)
+    return vp if vp is not None and vp > 1 else None

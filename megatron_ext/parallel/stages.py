@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_ext.config.factors import divisors, nearest_multiples
+from megatron_ext.parallel.factors import divisors, nearest_multiples
 
 SPLIT_FIELDS = (
     "decoder_first_pipeline_num_layers",

@@ -10,14 +10,15 @@ import sys
 
 import pytest
 
-from megatron_ext.cli.layout import main as run
-from megatron_ext.config.arguments import ModelArgs, parse_args
+from megatron_ext.cli.calculator import main as run
+from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.config.layout import LayoutError, ParallelLayout
+from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate.hardware import get_profile
-from megatron_ext.estimate.pipeline import valid_group_sizes
 from megatron_ext.estimate.search import Cluster, pretrain_flags, search
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.layout import LayoutError, ParallelLayout
+from megatron_ext.parallel.pipeline import valid_group_sizes
 from tests.conftest import PRETRAIN, REPO, _env
 
 pytestmark = pytest.mark.unit

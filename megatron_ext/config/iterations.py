@@ -21,10 +21,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from megatron_ext.config.layout import LayoutError, ParallelLayout
+from megatron_ext.parallel.layout import LayoutError, ParallelLayout
 
 if TYPE_CHECKING:
-    from megatron_ext.config.arguments import BatchArgs, OptimizerArgs, RunArgs
+    from megatron_ext.config.arguments import BatchArgs, OptimizerArgs
+    from megatron_ext.config.run_args import RunArgs
 
 RAMPUP = "--rampup-batch-size"
 

@@ -19,7 +19,7 @@ Warm-up and in-flight counts are those of Megatron-Core's schedules
 rank ``r`` runs ``min(m, p − r − 1)`` warm-up forward passes under 1F1B and
 ``min(m·v, 2·(p − r − 1) + (v − 1)·n)`` chunk passes interleaved (``n`` the
 microbatch group size, ``p`` by default), and so holds
-one more than that at its peak. ``schedule.py`` turns these into the full order
+one more than that at its peak. ``pipeline_schedule.py`` turns these into the full order
 of passes and a simulated timeline.
 """
 
@@ -83,6 +83,6 @@ def pipeline_bubble(stages: Sequence[float], *, vp: int) -> float:
     ``(p − 1)/(v·m)`` of the ideal ``m·T`` (Narayanan et al. 2021, §2.2); with
     uneven stages the slowest runs ``m`` times back to back and the others
     add their time once to fill and drain (``tests/estimate/test_stage_model.py``
-    checks it against ``schedule.simulate`` with per-stage times).
+    checks it against ``pipeline_schedule.simulate`` with per-stage times).
     """
     return (sum(stages) - max(stages)) / vp

@@ -1,0 +1,196 @@
+"""One run's whole configuration: ``TrainingConfig``, built from the command line (``parse_args``) or from
+per-group values (``make_config``), with every rule between the groups checked. Pure: no files, no environment."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from megatron_ext.config import iterations
+from megatron_ext.config.arguments import BatchArgs, ConfigError, DataArgs, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.flags import Parser, add_options, to_argv
+from megatron_ext.config.layout_flags import build_layout, context_parallel_refusal, megatron_lm_adjustments
+from megatron_ext.config.megatron_lm import split_unknown
+from megatron_ext.config.presets import PRESETS, get_preset
+from megatron_ext.config.run_args import RunArgs
+from megatron_ext.parallel.layout import ParallelLayout
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingConfig:
+    """The whole, validated configuration of one run."""
+
+    model: ModelArgs
+    parallel: ParallelArgs
+    batch: BatchArgs
+    optim: OptimizerArgs
+    data: DataArgs
+    run: RunArgs
+    layout: ParallelLayout
+    adjustments: tuple[str, ...] = ()
+    """Flags changed the way Megatron-LM changes them, each with why (printed by the run and by --dry-run)."""
+    tokenizer_vocab_size: int | None = None
+    """The tokenizer's vocabulary before padding (filled in by ``data.preflight``; None: the null tokenizer's)."""
+    checkpoint_padded_vocab_size: int | None = None
+    """The padded vocabulary of the checkpoint under ``--load``, kept instead of this run's padding
+    (``training.checkpointing.keep_checkpoint_vocabulary``): the padding depends on TP, and rows the
+    checkpoint does not have would enter every softmax with fresh random weights."""
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """The checkpoint's padded vocabulary when resuming, else the vocabulary padded to a multiple of
+        make_vocab_size_divisible_by × TP (Megatron)."""
+        if self.checkpoint_padded_vocab_size is not None:
+            return self.checkpoint_padded_vocab_size
+        return pad_vocab_size(
+            self.vocab_size,
+            self.model.make_vocab_size_divisible_by,
+            self.layout.tensor_model_parallel_size,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        """Unpadded vocabulary: the tokenizer's (the null tokenizer adds one id, end of document)."""
+        if self.tokenizer_vocab_size is not None:
+            return self.tokenizer_vocab_size
+        return (self.model.vocab_size or 0) + 1
+
+
+def pad_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
+    multiple = divisible_by * tensor_parallel
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+GROUPS: dict[str, type] = {
+    "model": ModelArgs,
+    "parallel": ParallelArgs,
+    "batch": BatchArgs,
+    "optim": OptimizerArgs,
+    "data": DataArgs,
+    "run": RunArgs,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        description="Pretrain a GPT with Megatron-Core (TP × interleaved PP × DP).",
+        allow_abbrev=False,
+    )
+    for group_name, cls in GROUPS.items():
+        group = parser.add_argument_group(group_name, cls.__doc__)
+        if cls is ModelArgs:
+            group.add_argument(
+                "--model",
+                dest=_PRESET,
+                default=argparse.SUPPRESS,
+                choices=list(PRESETS),
+                help="A model preset: expands to its shape flags; flags given after --model override them.",
+            )
+        add_options(group, cls, dataclasses.fields(cls), dest=group_name + ".{name}")
+    return parser
+
+
+_PRESET = "preset"
+
+
+def preset_argv(name: str) -> list[str]:
+    """The pretrain_gpt.py flags of preset ``name`` (``--model NAME`` expands to these)."""
+    shape = ModelArgs(**get_preset(name).model_flags())
+    return to_argv(shape, always=("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"))
+
+
+def expand_preset(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--model NAME`` replaced by the preset's flags, placed first so later flags win."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--model", choices=list(PRESETS))
+    known, rest = pre.parse_known_args(list(argv))
+    return [*preset_argv(known.model), *rest] if known.model else list(argv)
+
+
+def parse_args(argv: Sequence[str], *, world_size: int | None = None, default_world_size: int = 1) -> TrainingConfig:
+    """Parse and validate (pure, see ``make_config``). Raises ConfigError or LayoutError with every problem named."""
+    parser = build_parser()
+    namespace, extras = parser.parse_known_args(expand_preset(argv))
+    refused, unknown = split_unknown(extras)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if refused:
+        raise ConfigError(
+            "Megatron-LM flags this project refuses (every Megatron-LM flag and what happens to it: "
+            "docs/megatron-lm-flags.md):\n" + "\n".join(f"  {flag}: {why}" for flag, why in refused)
+        )
+    given: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
+    for dest, value in vars(namespace).items():
+        if dest == _PRESET:
+            continue
+        group, name = dest.split(".", 1)
+        given[group][name] = tuple(value) if isinstance(value, list) else value
+    return make_config(world_size=world_size, default_world_size=default_world_size, **given)
+
+
+def make_config(
+    *, world_size: int | None = None, default_world_size: int = 1, **groups: dict[str, Any]
+) -> TrainingConfig:
+    """Build a TrainingConfig from per-group keyword dicts (as parse_args does). Pure: no files, no environment.
+
+    The world size is ``world_size``, else ``--world-size``, else ``default_world_size`` (the launcher's
+    ``WORLD_SIZE``, which the caller reads). The tokenizer's vocabulary is filled in by
+    ``megatron_ext.data.preflight``, which opens the files.
+    """
+    data_given = groups.get("data", {})
+    if "tokenizer_type" not in data_given and data_given.get("vocab_file") and data_given.get("merge_file"):
+        # What Megatron-LM's GPT examples mean by giving only the two files.
+        groups = {**groups, "data": {**data_given, "tokenizer_type": "GPT2BPETokenizer"}}
+    built = {name: cls(**groups.get(name, {})) for name, cls in GROUPS.items()}
+    model: ModelArgs = built["model"]
+    parallel: ParallelArgs = built["parallel"]
+    batch: BatchArgs = built["batch"]
+    optim: OptimizerArgs = built["optim"]
+    run: RunArgs = built["run"]
+    data: DataArgs = built["data"]
+
+    if world_size is None:
+        world_size = parallel.world_size or default_world_size
+    if not data.mock_data and not data.data_path and not data.train_data_path:
+        raise ConfigError("no training data: give --mock-data or --data-path PREFIX [...]")
+    if data.mock_data and model.vocab_size is None and data.tokenizer_type == "NullTokenizer":
+        model = dataclasses.replace(model, vocab_size=1023)
+    if run.override_opt_param_scheduler and run.use_checkpoint_opt_param_scheduler:
+        raise ConfigError(
+            "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler contradict each other; give one"
+        )
+    if run.distrib_optim_fully_reshardable_mem_efficient and not run.dist_ckpt_optim_fully_reshardable:
+        raise ConfigError(
+            "--distrib-optim-fully-reshardable-mem-efficient only applies with --dist-ckpt-optim-fully-reshardable"
+        )
+    problems = iterations.unit_problems(optim, run, batch, train_iters_given="train_iters" in groups.get("run", {}))
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+    if parallel.context_parallel_size > 1 and (model.transformer_impl == "local" or run.device == "cpu"):
+        why = "--transformer-impl local" if model.transformer_impl == "local" else "--device cpu"
+        raise context_parallel_refusal(parallel.context_parallel_size, f"which {why} does not build")
+    parallel, adjustments = megatron_lm_adjustments(parallel)
+    layout = build_layout(model, parallel, batch, world_size=world_size)
+    batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
+    problems = iterations.ramp_problems(batch, layout)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    if run.train_samples is not None:
+        run = dataclasses.replace(run, train_iters=iterations.training_iterations(run, batch, layout))
+    problems = iterations.lr_problems(iterations.lr_steps(optim, run, layout.global_batch_size))
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return TrainingConfig(
+        adjustments=adjustments,
+        model=model,
+        parallel=parallel,
+        batch=batch,
+        optim=optim,
+        data=data,
+        run=run,
+        layout=layout,
+    )
