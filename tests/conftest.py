@@ -15,6 +15,8 @@ import pytest
 
 from megatron_ext.cli.launch import chosen_exit_code, local_command
 from megatron_ext.training.ports import free_port as _free_port
+from tests import waits
+from tests.waits import QUICK_S, RUN_S, STOP_S, tail
 
 REPO = Path(__file__).resolve().parent.parent
 PRETRAIN = REPO / "pretrain_gpt.py"
@@ -37,12 +39,13 @@ def launch_command(args: list[str], *, nproc: int) -> list[str]:
     return local_command(PRETRAIN, args, nproc=nproc)
 
 
-def spawn_ranks(args: list[str], *, nproc: int, timeout: int) -> subprocess.CompletedProcess[str]:
+def spawn_ranks(args: list[str], *, nproc: int, timeout: float) -> subprocess.CompletedProcess[str]:
     """pretrain_gpt.py as ``nproc`` processes that read their rank from the environment, as under
     ``LAUNCHER=srun`` (recipes/common.sh) — without torchrun's agent, whose start-up costs every run
     about 2 s. Their output is interleaved into one stdout and one stderr, and the exit code is the one
     the failing ranks chose (as ``megatron_ext.cli.launch`` reports it). The launcher's own behaviour
-    (exit codes, signals) is tested through ``launch_command``."""
+    (exit codes, signals) is tested through ``launch_command``. Ranks still running after ``timeout`` s
+    are killed and the test fails with the command and the tail of their output."""
     port = str(_free_port())
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         ranks = []
@@ -66,9 +69,15 @@ def spawn_ranks(args: list[str], *, nproc: int, timeout: int) -> subprocess.Comp
                     if r.poll() is None:
                         r.kill()
                 for r in ranks:
-                    r.wait()
+                    r.wait(timeout=STOP_S)
                 if now > deadline:
-                    raise subprocess.TimeoutExpired([str(PRETRAIN), *args], timeout)
+                    out.seek(0)
+                    err.seek(0)
+                    pytest.fail(
+                        f"{nproc} rank(s) of pretrain_gpt.py did not finish in {timeout:.0f} s (killed; exit codes "
+                        f"{[r.returncode for r in ranks]}): {' '.join(args)}\n"
+                        f"--- stdout ---\n{tail(out.read())}\n--- stderr ---\n{tail(err.read())}"
+                    )
                 break
             time.sleep(0.05)
         failed = [r.returncode for r in ranks if r.returncode != 0]
@@ -79,7 +88,7 @@ def spawn_ranks(args: list[str], *, nproc: int, timeout: int) -> subprocess.Comp
 
 
 def run_pretrain(
-    args: list[str], *, nproc: int = 1, timeout: int = 300, expect: int | None = 0
+    args: list[str], *, nproc: int = 1, timeout: float = RUN_S, expect: int | None = 0
 ) -> subprocess.CompletedProcess[str]:
     """Run pretrain_gpt.py with ``nproc`` CPU processes; check the exit code unless ``expect`` is None."""
     proc = spawn_ranks(args, nproc=nproc, timeout=timeout)
@@ -91,16 +100,9 @@ def run_pretrain(
     return proc
 
 
-def run_script(args: list[str], *, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+def run_script(args: list[str], *, timeout: float = QUICK_S) -> subprocess.CompletedProcess[str]:
     """Run pretrain_gpt.py as a plain process (no launcher), e.g. for --dry-run."""
-    return subprocess.run(
-        [sys.executable, str(PRETRAIN), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_env(),
-        cwd=REPO,
-    )
+    return waits.run([sys.executable, str(PRETRAIN), *args], timeout=timeout, env=_env(), cwd=REPO)
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -13,17 +13,23 @@ from pathlib import Path
 
 import pytest
 
+from tests.waits import QUICK_S, STOP_S
+
 
 def _mount(target: Path, options: str) -> None:
     proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], capture_output=True, text=True, check=False
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=QUICK_S,
     )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip()}")
 
 
 def _umount(target: Path) -> None:
-    subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)
+    subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False, timeout=STOP_S)
 
 
 @contextlib.contextmanager
@@ -47,7 +53,7 @@ def read_only_filesystem(target: Path, *, contents: dict[str, bytes] | None = No
         for name, data in (contents or {}).items():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             (target / name).write_bytes(data)
-        subprocess.run(["mount", "-o", "remount,ro", str(target)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "remount,ro", str(target)], check=True, capture_output=True, timeout=QUICK_S)
         yield target
     finally:
         _umount(target)

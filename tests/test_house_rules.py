@@ -50,3 +50,60 @@ def test_the_floors_in_the_map_are_the_checked_ones() -> None:
             f"docs/architecture.md does not list floor {floor}"
         )
     assert Path(REPO / "scripts" / "test.sh").read_text().count("lint-imports") == 1
+
+
+TESTS = REPO / "tests"
+SUBPROCESS_WAITS = frozenset({"run", "check_output", "check_call", "call"})
+"""``subprocess`` functions that wait for the command to end."""
+METHOD_WAITS = frozenset({"wait", "communicate", "wait_procs"})
+"""Waits on anything: ``Popen.wait``/``.communicate``, ``psutil.Process.wait``, ``psutil.wait_procs``."""
+
+
+def unbounded_waits(source: str) -> list[tuple[int, str]]:
+    """(line, call) of each wait in ``source`` that has no ``timeout=`` keyword."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        name, owner = node.func.attr, node.func.value
+        is_wait = name in METHOD_WAITS or (
+            name in SUBPROCESS_WAITS and isinstance(owner, ast.Name) and owner.id == "subprocess"
+        )
+        if is_wait and not any(k.arg == "timeout" for k in node.keywords):
+            found.append((node.lineno, f"{ast.unparse(node.func)}(...)"))
+    return sorted(found)
+
+
+def test_the_unbounded_wait_finder_finds_them() -> None:
+    source = (
+        "subprocess.run(cmd, check=True)\n"
+        "subprocess.run(\n    cmd,\n    capture_output=True,\n    timeout=QUICK_S,\n)\n"
+        "out = subprocess.check_output(cmd)\n"
+        "proc.wait()\n"
+        "ranks[0].wait(timeout=STOP_S)\n"
+        "proc.communicate(input)\n"
+        "psutil.wait_procs(procs)\n"
+        "waits.run(cmd, timeout=RUN_S)\n"
+        "runner.run(cmd)\n"
+    )
+    assert unbounded_waits(source) == [
+        (1, "subprocess.run(...)"),
+        (7, "subprocess.check_output(...)"),
+        (8, "proc.wait(...)"),
+        (10, "proc.communicate(...)"),
+        (11, "psutil.wait_procs(...)"),
+    ]
+
+
+def test_every_wait_in_the_tests_is_bounded() -> None:
+    """A test on a busy machine may be slow, never stuck: every subprocess call, ``.wait`` and ``.communicate``
+    in tests/ names its ``timeout=``, one of tests/waits.py's bounds (a command killed at its bound fails the
+    test with what it waited for, instead of hanging the suite)."""
+    unbounded = [
+        f"{path.relative_to(REPO)}:{line}: {call}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for line, call in unbounded_waits(path.read_text(encoding="utf-8"))
+    ]
+    assert not unbounded, "waits without timeout= (bound them with a constant of tests/waits.py):\n" + "\n".join(
+        unbounded
+    )

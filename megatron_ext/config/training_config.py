@@ -25,11 +25,14 @@ class TrainingConfig:
 
     model: ModelArgs
     parallel: ParallelArgs
+    """The parallelism flags as given (the checkpoint records them; the overlap switches are read here). The
+    layout they give is ``layout``: read TP, PP, VP, DP and the stage split there, never here."""
     batch: BatchArgs
     optim: OptimizerArgs
     data: DataArgs
     run: RunArgs
     layout: ParallelLayout
+    """The validated layout of ``parallel``, ``batch`` and the model (``layout_flags.build_layout``)."""
     adjustments: tuple[str, ...] = ()
     """Flags changed the way Megatron-LM changes them, each with why (printed by the run and by --dry-run)."""
     tokenizer_vocab_size: int | None = None

@@ -1,6 +1,6 @@
 """Evaluate one layout, or enumerate and rank every valid one, for a GPU count.
 
-Every rule comes from ``ParallelLayout`` (``layout.py``); this module only
+Every rule comes from ``ParallelLayout`` (``parallel/layout.py``); this module only
 generates candidates, asks the layout whether each is valid, and attaches the
 memory (``memory_model.py``) and step-time (``step_time.py``) estimates.
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from megatron_ext.parallel.factors import divisors, nearest_multiples
 from megatron_ext.parallel.pipeline import bubble_fraction, valid_group_sizes
-from megatron_ext.parallel.stages import SPLIT_FIELDS, Stage, StageSplit, expand_layout, rank_rows, split_problems
+from megatron_ext.parallel.stages import Stage, StageSplit, expand_layout, rank_rows, split_problems
 from megatron_ext.parallel.stages import stages as stages_of
 
 
@@ -110,7 +110,7 @@ class ParallelLayout:
 
         Resolves the three ways to give VP (``virtual_stages``) and a missing
         global batch into micro-batch × DP, with Megatron-LM's rules
-        (``arguments.py``); everything else is the field of the same name.
+        (Megatron-LM's ``arguments.py``); everything else is the field of the same name.
         """
         pp = pipeline_model_parallel_size
         vp = virtual_stages(
@@ -241,11 +241,15 @@ class ParallelLayout:
     @cached_property
     def split(self) -> StageSplit:
         """The flags that place the layers."""
-        return StageSplit.of(
+        return StageSplit(
             num_layers=self.num_layers,
             pp=self.pp,
             vp=self.vp,
-            flags={name: getattr(self, name) for name in SPLIT_FIELDS},
+            first=self.decoder_first_pipeline_num_layers,
+            last=self.decoder_last_pipeline_num_layers,
+            account_for_embedding=self.account_for_embedding_in_pipeline_split,
+            account_for_loss=self.account_for_loss_in_pipeline_split,
+            layout=self.pipeline_model_parallel_layout,
         )
 
     @property

@@ -1,7 +1,7 @@
 """Record which (microbatch, model chunk) forward and backward pass a real run executes, in order.
 
 ``ScheduleRecorder.wrap`` wraps the ``forward_step`` given to
-``megatron_ext.training.loop.pretrain``: Megatron-Core's schedule calls it once per
+``megatron_ext.training.entry.pretrain``: Megatron-Core's schedule calls it once per
 forward pass after setting the microbatch index on the chunk's layers
 (``set_current_microbatch``), so the wrapper logs ``F`` with that index and the
 chunk's ``vp_stage``, and threads the output through an identity autograd

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import waits
 from tests.conftest import REPO, _env
+from tests.waits import RUN_S
 
 pytestmark = pytest.mark.distributed
 
@@ -21,7 +22,7 @@ def test_two_variants_side_by_side_on_cpu(tmp_path: Path) -> None:
     cmd += ["--variant", "sdpa=--attention-backend=auto", "--variant", "mcore=--attention-backend local"]
     cmd += ["--json", str(out), "--"]
     cmd += "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --global-batch-size 8".split()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO)
+    proc = waits.run(cmd, timeout=RUN_S, env=_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())["results"]
     assert [r["variant"] for r in results] == ["sdpa", "mcore"]

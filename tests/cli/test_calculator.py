@@ -20,6 +20,7 @@ from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import LayoutError, ParallelLayout
 from megatron_ext.parallel.pipeline import valid_group_sizes
 from tests.conftest import PRETRAIN, REPO, _env
+from tests.waits import QUICK_S
 
 pytestmark = pytest.mark.unit
 
@@ -143,11 +144,11 @@ def test_dry_run_and_calculator_print_the_same_error() -> None:
     flags = f"{SHAPE_13B} --tensor-model-parallel-size 8 --pipeline-model-parallel-size 3 --global-batch-size 96 --bf16"
     dry = subprocess.run(
         [sys.executable, str(PRETRAIN), *flags.split(), "--mock-data", "--dry-run", "--world-size", "48"],
-        capture_output=True, text=True, env=_env(), cwd=REPO, timeout=120,
+        capture_output=True, text=True, env=_env(), cwd=REPO, timeout=QUICK_S,
     )  # fmt: skip
     tool = subprocess.run(
         [sys.executable, str(LAYOUT_TOOL), "--gpus", "48", "--gpu", "a100-80g", *flags.split()],
-        capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60,
+        capture_output=True, text=True, env=_env(), cwd=REPO, timeout=QUICK_S,
     )  # fmt: skip
     assert dry.returncode == tool.returncode == 2
     error = [line for line in dry.stderr.splitlines() if line.startswith(("error:", "  - "))]
@@ -188,7 +189,7 @@ def test_bad_cluster_and_model_input_is_named() -> None:
 def test_unknown_flags_are_rejected_not_ignored() -> None:
     proc = subprocess.run(
         [sys.executable, str(LAYOUT_TOOL), "--gpus", "8", "--model", "gpt3-126m", "--lr", "3e-4"],
-        capture_output=True, text=True, cwd=REPO, timeout=60,
+        capture_output=True, text=True, cwd=REPO, timeout=QUICK_S,
     )  # fmt: skip
     assert proc.returncode == 2
     assert "unrecognized arguments: --lr 3e-4" in proc.stderr
@@ -299,7 +300,7 @@ def check_layout_record(record: dict) -> None:
 
 def test_the_recipes_command_exits_0_with_one_layout_in_json() -> None:
     proc = subprocess.run([sys.executable, str(LAYOUT_TOOL), *RECIPE_COMMAND.split()], capture_output=True, text=True,
-                          cwd=REPO, timeout=60)  # fmt: skip
+                          cwd=REPO, timeout=QUICK_S)  # fmt: skip
     assert proc.returncode == ExitCode.OK, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["mode"] == "evaluate" and doc["errors"] == []
@@ -328,7 +329,7 @@ def test_valid_layout_that_does_not_fit_exits_3_and_says_by_how_much() -> None:
     proc = subprocess.run(
         [sys.executable, str(LAYOUT_TOOL), "--gpus", "64", "--gpu", "a100-40g", "--model", "gpt3-175b", "--bf16",
          "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "8"],
-        capture_output=True, text=True, cwd=REPO, timeout=60,
+        capture_output=True, text=True, cwd=REPO, timeout=QUICK_S,
     )  # fmt: skip
     assert proc.returncode == ExitCode.DOES_NOT_FIT
     assert "error: the layout is valid but needs an estimated" in proc.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import run_script
+from tests.waits import QUICK_S
 
 pytestmark = pytest.mark.unit
 
@@ -65,7 +66,7 @@ def test_world_size_from_environment_variable() -> None:
         text=True,
         env=env,
         cwd=os.path.dirname(PRETRAIN),
-        timeout=120,
+        timeout=QUICK_S,
     )
     assert proc.returncode == 2
     assert "world_size=6 is not divisible by tensor(1) × pipeline(4) = 4" in proc.stderr

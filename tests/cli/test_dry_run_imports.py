@@ -16,6 +16,7 @@ import pytest
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.runtime import TRACKER_FILENAME
 from tests.conftest import PRETRAIN, REPO, _env
+from tests.waits import QUICK_S
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +28,7 @@ def dry_run(args: list[str]) -> tuple[subprocess.CompletedProcess[str], set[str]
     """Run pretrain_gpt.py as the recipes do; also the top-level packages it imported (``-X importtime``)."""
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", str(PRETRAIN), *args],
-        capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO,
+        capture_output=True, text=True, timeout=QUICK_S, env=_env(), cwd=REPO,
     )  # fmt: skip
     imported = {
         line.rsplit("|", 1)[1].strip().split(".")[0]

@@ -12,6 +12,7 @@ import pytest
 import tomllib
 
 from tests.conftest import REPO
+from tests.waits import QUICK_S
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +34,7 @@ def test_a_console_script_runs_after_setup() -> None:
     if not script.exists():
         pytest.skip("the package is not installed in this interpreter (bash scripts/setup.sh installs it)")
     proc = subprocess.run(
-        [str(script), "--gpus", "8", "--model", "gpt3-126m", "--json"], capture_output=True, text=True
+        [str(script), "--gpus", "8", "--model", "gpt3-126m", "--json"], capture_output=True, text=True, timeout=QUICK_S
     )
     assert proc.returncode == 0, proc.stderr
     assert '"fitting_layouts"' in proc.stdout

@@ -11,6 +11,7 @@ from megatron_ext.cli.recipe import RecipeError, calculator_args, resolve, table
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.training_config import parse_args
 from tests.conftest import REPO
+from tests.waits import QUICK_S
 
 pytestmark = pytest.mark.unit
 
@@ -85,10 +86,12 @@ def test_shell_output_is_quoted_and_carries_the_exit_codes() -> None:
     env = {"PATH": "/usr/bin:/bin", "EXTRA_ARGS": "--seed 3", "CHECKPOINT_DIR": "/path with space/ckpt"}
     proc = subprocess.run(
         [sys.executable, "-m", "megatron_ext.cli.recipe", "--", *TINY],
-        capture_output=True, text=True, cwd=REPO, env=env,
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=QUICK_S,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     script = proc.stdout + 'printf "%s\\n" "${pretrain_args[@]}"; echo "$EXIT_SAVED_AND_STOPPED $TRACKER_FILENAME"'
-    shown = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
+    shown = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, check=True, timeout=QUICK_S
+    ).stdout.splitlines()
     assert "/path with space/ckpt" in shown
     assert shown[-1] == f"{int(ExitCode.SAVED_AND_STOPPED)} latest_checkpointed_iteration.txt"

@@ -17,6 +17,7 @@ from megatron_ext.config.training_config import GROUPS, build_parser, expand_pre
 from megatron_ext.estimate.search import pretrain_flags
 from megatron_ext.estimate.workload import Workload
 from tests.conftest import REPO
+from tests.waits import QUICK_S
 
 pytestmark = pytest.mark.unit
 
@@ -99,7 +100,7 @@ def test_config_and_the_recipe_resolver_import_no_torch() -> None:
         "bad += sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')); "
         "print(bad); sys.exit(1 if bad else 0)"
     )  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=QUICK_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -15,6 +15,7 @@ from megatron_ext.config import megatron_lm, megatron_lm_table
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.training_config import parse_args
 from tests.conftest import REPO
+from tests.waits import QUICK_S
 
 pytestmark = pytest.mark.unit
 
@@ -199,7 +200,7 @@ def _launch_script(name: str, *args: str, **env: str) -> subprocess.CompletedPro
         ["bash", str(REPO / "examples" / "megatron-lm" / name), "/nonexistent/checkpoints", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=QUICK_S,
         env=os.environ | {"DRY_RUN": "1", "PYTHON": sys.executable, "PYTHONWARNINGS": "ignore", **env},
     )
 

@@ -11,22 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from tests import waits
 from tests.conftest import REPO
+from tests.waits import RUN_S
 
 TOOLS = REPO / "tools"
 
 
-def tool(name: str, *args: str, timeout: int = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+def tool(name: str, *args: str, timeout: float = RUN_S, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run tools/NAME.py as a process; raise with its output when ``check`` and it fails."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run(
-        [sys.executable, str(TOOLS / f"{name}.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=REPO,
-    )
+    proc = waits.run([sys.executable, str(TOOLS / f"{name}.py"), *args], timeout=timeout, env=env, cwd=REPO)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc

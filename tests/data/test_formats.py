@@ -6,9 +6,7 @@ import json
 import lzma
 import os
 import signal
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,8 +16,10 @@ from hypothesis import strategies as st
 
 from megatron_ext.data import formats
 from megatron_ext.data.tokenizers import GPTSentencePieceTokenizer
+from tests import waits
 from tests.conftest import REPO
 from tests.data.helpers import leftovers, preprocess, reference_dataset, same_files, shared_data, tool, write_as
+from tests.waits import READY_S, RUN_S, STOP_S
 
 pytestmark = pytest.mark.unit
 
@@ -239,14 +239,20 @@ def test_interrupted_per_file_run_leaves_nothing(data: dict[str, Path], tmp_path
     from tests.data.test_preprocess import _start_slow_run
 
     proc, out = _start_slow_run(data, tmp_path, fmt="jsonl.zst", files=6, extra=("--output-per-file",))
-    deadline = time.time() + 60
-    while time.time() < deadline and not any(p.name.startswith(".") and ".bin" in p.name for p in out.iterdir()):
-        time.sleep(0.05)
+    waits.wait_for(
+        "an input's datasets staged under a hidden name (or the run's end)",
+        lambda: proc.poll() is not None or any(p.name.startswith(".") and ".bin" in p.name for p in out.iterdir()),
+        timeout=READY_S,
+        every=0.05,
+        state=lambda: (
+            f"{out} holds {sorted(p.name for p in out.iterdir())}; preprocess_data.py exit code {proc.poll()}"
+        ),
+    )
     assert proc.poll() is None, "the run finished before it could be interrupted"
     staged = leftovers(out)
     assert staged, "no input's datasets were staged before the deadline"
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
+    waits.wait_exit(proc, "preprocess_data.py to stop on SIGTERM", timeout=STOP_S)
     assert proc.returncode == 143
     assert list(out.iterdir()) == [], f"left behind: {leftovers(out)} (staged before: {staged})"
 
@@ -262,9 +268,7 @@ def _peak_rss_mb(*args: str) -> tuple[float, float]:
         "sys.exit(code)\n"
     )
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
-    )
+    proc = waits.run([sys.executable, "-c", code, *args], timeout=RUN_S, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     parent, worker = proc.stdout.split()
     return float(parent), float(worker)

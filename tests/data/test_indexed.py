@@ -23,6 +23,7 @@ from megatron_ext.data.indexed import (
     optimal_dtype,
 )
 from tests.data.helpers import leftovers, same_files
+from tests.waits import QUICK_S, STOP_S
 
 pytestmark = pytest.mark.unit
 
@@ -245,7 +246,7 @@ def test_stale_temporaries_only_of_dead_runs_on_this_host(tmp_path: Path) -> Non
     from megatron_ext.data.atomic_files import _OWNER
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead.wait(timeout=QUICK_S)
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         names = {
@@ -263,7 +264,7 @@ def test_stale_temporaries_only_of_dead_runs_on_this_host(tmp_path: Path) -> Non
         kept = {p.name for p in tmp_path.iterdir()}
     finally:
         alive.kill()
-        alive.wait()
+        alive.wait(timeout=STOP_S)
     assert kept == {n for k, n in names.items() if k not in ("ours_dead", "ours_dead_backup")}
 
 

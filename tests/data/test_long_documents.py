@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import string
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +34,10 @@ from megatron_ext.data.tokenizers import (
     SentencePieceTokenizer,
     Tokenizer,
 )
+from tests import waits
 from tests.conftest import REPO
 from tests.data.helpers import reference_dataset, same_files, shared_data, tool
+from tests.waits import RUN_S
 
 pytestmark = pytest.mark.unit
 
@@ -410,7 +411,7 @@ def _peak_rss_mb(inp: Path, prefix: Path, model: Path) -> float:
     cmd = [sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", str(inp), "--output-prefix",
            str(prefix), "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", str(model),
            "--workers", "1", "--quiet"]  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], capture_output=True, text=True, env=env, check=True)
+    out = waits.run([sys.executable, "-c", _MEASURE, *cmd], timeout=RUN_S, check=True, env=env)
     return int(out.stdout.split()[-1]) / 1e3
 
 

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from megatron_ext.data.tokenizers import GPTSentencePieceTokenizer, NullTokenizer, SentencePieceTokenizer
+from tests import waits
 from tests.conftest import REPO
 from tests.data.helpers import leftovers, preprocess, reference_dataset, same_files, shared_data, tool, write_as
+from tests.waits import READY_S, STOP_S
 
 pytestmark = pytest.mark.unit
 
@@ -293,9 +297,28 @@ def _start_slow_run(
         start_new_session=True,
     )
     assert proc.stderr is not None
-    for line in proc.stderr:  # wait until documents are being written
-        if "docs/s" in line:
-            break
+    # A run that never prints progress would hold the loop below: past READY_S its session is killed, ending the pipe.
+    silent = threading.Event()
+
+    def _kill_silent_run() -> None:
+        silent.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    watchdog = threading.Timer(READY_S, _kill_silent_run)
+    watchdog.start()
+    printed = []
+    try:
+        for line in proc.stderr:  # wait until documents are being written
+            if "docs/s" in line:
+                break
+            printed.append(line)
+    finally:
+        watchdog.cancel()
+    if silent.is_set():
+        pytest.fail(
+            f"preprocess_data.py wrote no documents ('docs/s') in {READY_S} s (killed):\n{waits.tail(''.join(printed))}"
+        )
     time.sleep(0.3)
     assert proc.poll() is None, "the run finished before it could be interrupted; make the input bigger"
     return proc, out
@@ -313,16 +336,16 @@ def test_interrupted_run_leaves_nothing(data: dict[str, Path], tmp_path: Path, h
         os.killpg(proc.pid, sig)
     else:
         proc.send_signal(sig)
-    proc.wait(timeout=30)
+    waits.wait_exit(proc, f"preprocess_data.py to stop on {how}", timeout=STOP_S)
     assert proc.stderr is not None
     assert proc.returncode == code, proc.stderr.read()[-3000:]  # 128 + the signal, as a shell reports it
     time.sleep(0.2)
     assert list(out.iterdir()) == [], f"left behind after {how}: {leftovers(out)}"
     # no orphaned workers keep running either
-    deadline = time.time() + 5
+    deadline = time.time() + STOP_S
     while time.time() < deadline and _session_alive(proc.pid):
         time.sleep(0.1)
-    assert not _session_alive(proc.pid)
+    assert not _session_alive(proc.pid), f"workers of the run still alive {STOP_S} s after it stopped on {how}"
 
 
 def _workers(parent: int) -> list[int]:
@@ -352,22 +375,23 @@ def test_worker_killed_by_the_system_is_a_prompt_error(data: dict[str, Path], tm
     victim = _running(workers)
     os.kill(victim, signal.SIGKILL)
     try:
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=STOP_S)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("preprocess_data.py hung after one of its workers was killed")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=STOP_S)
+        pytest.fail(f"preprocess_data.py hung after one of its workers was killed (still running after {STOP_S} s)")
     assert proc.returncode == 1, err
     assert f"worker pid {victim} died with signal 9 (SIGKILL, likely out of memory" in err, err
     assert f"while encoding {tmp_path / f'big.{fmt}'}" in err and "Nothing was written" in err
     assert list(out.iterdir()) == [], f"left behind: {leftovers(out)}"
-    deadline = time.time() + 5
+    deadline = time.time() + STOP_S
     while time.time() < deadline and _session_alive(proc.pid):
         time.sleep(0.1)
-    assert not _session_alive(proc.pid), "the other worker was left running"
+    assert not _session_alive(proc.pid), f"the other worker was left running ({STOP_S} s after the run stopped)"
 
 
-def _running(pids: list[int], timeout: float = 10.0) -> int:
+def _running(pids: list[int], timeout: float = READY_S) -> int:
     """One of ``pids`` seen on a CPU (process state R), polled for up to ``timeout`` seconds."""
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -30,7 +30,9 @@ from megatron_ext.estimate.schedule_plot import (
 from megatron_ext.parallel.layout import LayoutError
 from megatron_ext.parallel.pipeline import warmup_passes
 from megatron_ext.training.schedule_trace import load_trace
+from tests import waits
 from tests.conftest import REPO, _env
+from tests.waits import QUICK_S, RUN_S
 
 SHAPES = [(2, 1, 4), (4, 1, 8), (4, 1, 2), (2, 2, 4), (4, 2, 8), (4, 3, 12), (8, 2, 16), (3, 4, 9), (4, 2, 4)]
 
@@ -204,7 +206,7 @@ def test_plot_schedule_cli(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=QUICK_S,
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr
@@ -225,7 +227,7 @@ def record(tmp_path: Path, *, pp: int, vp: int, microbatches: int) -> dict[int, 
     if vp > 1:
         args += ["--num-layers-per-virtual-pipeline-stage", "1"]
     cmd = local_command(REPO / "tools" / "record_schedule.py", args, nproc=pp)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
+    proc = waits.run(cmd, timeout=RUN_S, env=_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return load_trace(trace)
 

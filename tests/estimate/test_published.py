@@ -28,6 +28,7 @@ from tests.estimate.published import (
     with_constants,
     worst,
 )
+from tests.waits import QUICK_S
 
 pytestmark = pytest.mark.unit
 
@@ -168,7 +169,7 @@ def test_full_1t_search_from_the_command_line() -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=QUICK_S,
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr

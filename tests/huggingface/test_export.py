@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import waits
 from tests.conftest import REPO, SavedRun, read_metrics
 from tests.data.helpers import tool
+from tests.waits import RUN_S
 
 pytestmark = pytest.mark.distributed
 
@@ -33,11 +34,9 @@ def compare(jobs: list[dict[str, str]], tmp_path: Path) -> list[dict[str, Any]]:
     per process)."""
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run(
+    proc = waits.run(
         [sys.executable, "-m", "tests.huggingface.compare", str(tmp_path / "jobs.json")],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        timeout=RUN_S,
         env=env,
         cwd=REPO,
     )

@@ -35,10 +35,14 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 
+from tests.waits import QUICK_S, READY_S, STOP_S
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "srun", "sinfo", "scancel")
 NODES = ("node1", "node2")
 PARTITION = "test"
+JOB_FIELDS = ("JobState", "Reason", "Restarts", "RunTime", "NodeList", "ExitCode")
+"""What a failed wait shows of a job's ``scontrol`` record."""
 FINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 )
@@ -85,7 +89,9 @@ def check_available() -> None:
 
 def node_cpus() -> int:
     """CPUs of this machine as ``slurmd -C`` reports them (each node gets them all)."""
-    out = subprocess.run([_which("slurmd") or "slurmd", "-C"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [_which("slurmd") or "slurmd", "-C"], capture_output=True, text=True, check=True, timeout=QUICK_S
+    ).stdout
     return int(re.search(r"\bCPUs=(\d+)", out).group(1))  # type: ignore[union-attr]
 
 
@@ -111,7 +117,7 @@ class SlurmCluster:
         env["PATH"] = f"{env.get('PATH', '')}:/usr/sbin:/sbin"
         return env
 
-    def run(self, *cmd: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    def run(self, *cmd: str, check: bool = True, timeout: float = QUICK_S) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(list(cmd), capture_output=True, text=True, env=self.env(), timeout=timeout)
         if check and proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.strip()}\n{self.diagnostics()}")
@@ -123,23 +129,40 @@ class SlurmCluster:
         return dict(m.groups() for m in re.finditer(r"(\w+(?::\w+)?)=(\S*)", out))
 
     def wait_for_job(
-        self, job_id: int, *, timeout: float, until: Callable[[dict[str, str]], bool] | None = None
+        self,
+        job_id: int,
+        *,
+        timeout: float,
+        until: Callable[[dict[str, str]], bool] | None = None,
+        what: str = "its end",
     ) -> dict[str, str]:
-        """Wait until the job ends (or ``until(record)`` holds); its ``scontrol`` record."""
+        """Wait until the job ends (or ``until(record)`` holds, ``what`` saying what that is); its ``scontrol``
+        record. Past ``timeout`` it raises with the last record, the tail of the job's output and the daemons' logs."""
         deadline = time.monotonic() + timeout
         while True:
             record = self.job(job_id)
             if record.get("JobState") in FINAL_STATES or (until is not None and until(record)):
                 return record
             if time.monotonic() > deadline:
+                shown = " ".join(f"{key}={record.get(key)}" for key in JOB_FIELDS)
                 raise TimeoutError(
-                    f"job {job_id} still {record.get('JobState')} after {timeout:.0f} s\n{self.diagnostics()}"
+                    f"job {job_id}: waited {timeout:.0f} s for {what}, in vain; last seen {shown}\n"
+                    f"{self._job_output(record)}{self.diagnostics()}"
                 )
             self.assert_daemons_alive()
             time.sleep(0.5)
 
+    @staticmethod
+    def _job_output(record: dict[str, str], lines: int = 25) -> str:
+        """The tail of the job's batch output (its ``StdOut``), for a failure message."""
+        path = Path(record.get("StdOut") or "/nonexistent")
+        if not path.is_file():
+            return f"--- batch output {path}: none ---\n"
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        return f"--- batch output {path} ---\n" + "\n".join(tail) + "\n"
+
     # -------------------------------------------------------------- lifecycle
-    def start(self, *, timeout: float = 60) -> None:
+    def start(self, *, timeout: float = READY_S) -> None:
         check_available()
         cpus = node_cpus()
         for sub in ("munge", "state", "spool", "log"):
@@ -156,9 +179,11 @@ class SlurmCluster:
         """Cancel every job, then stop the daemons (TERM, then KILL); never raises."""
         if "slurmctld" in self._procs and self._procs["slurmctld"].poll() is None:
             with contextlib.suppress(Exception):
-                self.run("scancel", "--full", f"--partition={PARTITION}", check=False, timeout=10)
-                deadline = time.monotonic() + 20
-                while time.monotonic() < deadline and self.run("squeue", "-h", check=False, timeout=10).stdout.strip():
+                self.run("scancel", "--full", f"--partition={PARTITION}", check=False, timeout=STOP_S)
+                deadline = time.monotonic() + STOP_S
+                while (
+                    time.monotonic() < deadline and self.run("squeue", "-h", check=False, timeout=STOP_S).stdout.strip()
+                ):
                     time.sleep(0.5)
         # Node daemons first (they kill their job steps), then the controller, then munge.
         for name in sorted(self._procs, key=lambda n: (not n.startswith("slurmd"), n == "munged")):
@@ -166,10 +191,10 @@ class SlurmCluster:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
-                    proc.wait(timeout=15)
+                    proc.wait(timeout=STOP_S)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-                    proc.wait(timeout=15)
+                    proc.wait(timeout=STOP_S)
         self._kill_leftover_job_processes()
         self._procs.clear()
 
@@ -228,11 +253,11 @@ class SlurmCluster:
                 f"--log-file={self.logs / 'munged.file.log'}",
             ],
         )
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + READY_S
         while not self.munge_socket.exists():
             self.assert_daemons_alive()
             if time.monotonic() > deadline:
-                raise RuntimeError(f"munged did not create {self.munge_socket}\n{self.diagnostics()}")
+                raise RuntimeError(f"munged did not create {self.munge_socket} in {READY_S} s\n{self.diagnostics()}")
             time.sleep(0.1)
 
     def _config(self, ctld_port: int, node_ports: list[int], cpus: int) -> str:
@@ -286,7 +311,7 @@ PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE S
         states = ""
         while time.monotonic() < deadline:
             self.assert_daemons_alive()
-            proc = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=10)
+            proc = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False)
             states = proc.stdout.strip()
             found = dict(line.split() for line in states.splitlines() if len(line.split()) == 2)
             if proc.returncode == 0 and all(found.get(node) == "idle" for node in NODES):
@@ -309,7 +334,7 @@ PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE S
                 if proc.pid != os.getpid() and proc.environ().get("SLURM_CONF") == mine:
                     proc.kill()
                     leftovers.append(proc)
-        psutil.wait_procs(leftovers, timeout=10)
+        psutil.wait_procs(leftovers, timeout=STOP_S)
 
 
 @contextlib.contextmanager

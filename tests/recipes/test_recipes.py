@@ -17,7 +17,9 @@ import pytest
 
 from megatron_ext.cli import recipe
 from megatron_ext.config.exit_codes import ExitCode
+from tests import waits
 from tests.conftest import REPO
+from tests.waits import QUICK_S
 
 RECIPES_DIR = REPO / "recipes"
 RECIPES = sorted(p for p in RECIPES_DIR.glob("*.sh") if p.name != "common.sh")
@@ -88,11 +90,10 @@ def recipe_env(tmp_path: Path, **overrides: str) -> dict[str, str]:
     return env | overrides
 
 
-def run_recipe(recipe: Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run a recipe; its printed commands are unwrapped (one line each) in stdout."""
-    proc = subprocess.run(
-        ["bash", str(recipe)], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout, check=False
-    )
+def run_recipe(recipe: Path, env: dict[str, str], timeout: float = QUICK_S) -> subprocess.CompletedProcess[str]:
+    """Run a recipe; its printed commands are unwrapped (one line each) in stdout. The default bound is a dry
+    run's or a refusal's: a recipe that trains needs ``timeout=RUN_S``."""
+    proc = waits.run(["bash", str(recipe)], timeout=timeout, env=env, cwd=REPO)
     proc.stdout = proc.stdout.replace(" \\\n    ", " ")
     return proc
 

@@ -22,20 +22,25 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from megatron_ext.checkpoint.on_disk import read_tracker
 from megatron_ext.config.exit_codes import ExitCode
+from tests import waits
 from tests.conftest import REPO, read_metrics, train_losses
 from tests.recipes.slurm_cluster import ClusterUnavailable, SlurmCluster, check_available, running_cluster
 from tests.recipes.test_recipes import recipe_env, run_recipe
+from tests.waits import QUICK_S, READY_S, RUN_S, STOP_S
 
 pytestmark = pytest.mark.slurm
 
 RECIPE = REPO / "recipes" / "gpt_tiny_cpu_pp2_vp2.sh"
 ITERS = 40
 """The recipe's default TRAIN_ITERS."""
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +85,7 @@ def submit(cluster: SlurmCluster, run_dir: Path, *sbatch_args: str, **env: str) 
         text=True,
         env=cluster.env(recipe_env(run_dir, RUN_DIR=str(run_dir), **env)),
         cwd=REPO,
-        timeout=30,
+        timeout=QUICK_S,
         check=True,
     )
     return int(proc.stdout.strip().split(";")[0])
@@ -91,7 +96,7 @@ def plain_run(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -
     """The recipe as shipped, ``sbatch -N 2``, run to the end."""
     run_dir = tmp_path_factory.mktemp("plain")
     job = submit(cluster, run_dir)
-    return Job(job, run_dir, cluster.wait_for_job(job, timeout=240))
+    return Job(job, run_dir, cluster.wait_for_job(job, timeout=RUN_S))
 
 
 def test_rehearsal_recipe_trains_with_the_pipeline_across_two_nodes(plain_run: Job) -> None:
@@ -122,10 +127,13 @@ def test_rehearsal_recipe_trains_with_the_pipeline_across_two_nodes(plain_run: J
 
 
 def _next_time_limit_check(cluster: SlurmCluster) -> datetime:
-    deadline = time.monotonic() + 40
-    while not (checks := cluster.time_limit_checks()):
-        assert time.monotonic() < deadline, f"slurmctld logged no time-limit check\n{cluster.diagnostics()}"
-        time.sleep(0.5)
+    checks = waits.wait_for(
+        "slurmctld to log a time-limit check",
+        cluster.time_limit_checks,
+        timeout=READY_S,
+        every=0.5,
+        state=cluster.diagnostics,
+    )
     upcoming = checks[-1] + timedelta(seconds=30)
     while upcoming < datetime.now():
         upcoming += timedelta(seconds=30)
@@ -160,14 +168,16 @@ def test_time_limit_signal_saves_requeues_and_resumes(cluster: SlurmCluster, pla
         EVAL_ITERS="0",
     )
     # The recipe answers exit code 75 with `scontrol requeue`: the job restarts.
-    record = cluster.wait_for_job(job, timeout=150, until=lambda r: r["Restarts"] != "0")
+    record = cluster.wait_for_job(
+        job, timeout=READY_S, until=lambda r: r["Restarts"] != "0", what="its requeue after USR1 (Restarts != 0)"
+    )
     if record["JobState"] == "COMPLETED":
         pytest.fail(f"all {iters} iterations ran before the signal came: this machine got much faster than it was")
     assert record["Restarts"] == "1", f"{record}\n{Job(job, tmp_path, record).output}"
     # The same one-minute limit would stop the next attempt 20-50 s in, and the next,
     # until done; one interruption is what is under test, so give it time to finish.
     cluster.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
-    run = Job(job, tmp_path, cluster.wait_for_job(job, timeout=300))
+    run = Job(job, tmp_path, cluster.wait_for_job(job, timeout=RUN_S))
     out = run.output
     assert (run.record["JobState"], run.record["ExitCode"], run.record["Restarts"]) == ("COMPLETED", "0:0", "1"), out
 
@@ -210,7 +220,7 @@ def test_one_task_per_gpu_launcher(cluster: SlurmCluster, tmp_path: Path) -> Non
     job = submit(
         cluster, tmp_path, "--ntasks-per-node=2", LAUNCHER="srun", GPUS_PER_NODE="2", TRAIN_ITERS="6", EVAL_ITERS="0"
     )
-    run = Job(job, tmp_path, cluster.wait_for_job(job, timeout=240))
+    run = Job(job, tmp_path, cluster.wait_for_job(job, timeout=RUN_S))
     assert (run.record["JobState"], run.record["ExitCode"]) == ("COMPLETED", "0:0"), run.output
     assert "RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS" in run.output
     assert "--ntasks 4 --ntasks-per-node 2" in run.output
@@ -236,16 +246,14 @@ def _kill_tasks_on(node: str, job: int) -> int:
             if env.get("SLURMD_NODENAME") == node and env.get("SLURM_JOB_ID") == str(job):
                 proc.kill()
                 killed.append(proc)
-    psutil.wait_procs(killed, timeout=10)
+    psutil.wait_procs(killed, timeout=STOP_S)
     return len(killed)
 
 
-def _wait_for(what: str, check: Callable[[], bool], cluster: SlurmCluster, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not after {timeout:.0f} s\n{cluster.diagnostics()}"
-        cluster.assert_daemons_alive()
-        time.sleep(0.3)
+def _wait_for(what: str, check: Callable[[], T], cluster: SlurmCluster, timeout: float) -> T:
+    return waits.wait_for(
+        what, check, timeout=timeout, every=0.3, check=cluster.assert_daemons_alive, state=cluster.diagnostics
+    )
 
 
 def _loss_records(path: Path) -> list[dict]:
@@ -279,9 +287,14 @@ def test_elastic_job_shrinks_when_a_node_fails_and_grows_back(cluster: SlurmClus
     checkpoints, metrics = run_dir / "checkpoints", run_dir / "metrics.jsonl"
 
     # Attempt 0: two nodes; node 2 "dies" right after the first save.
-    _wait_for("the first save", lambda: (read_tracker(checkpoints) or 0) >= 10, cluster, timeout=150)
+    _wait_for("the first save", lambda: (read_tracker(checkpoints) or 0) >= 10, cluster, timeout=READY_S)
     assert _kill_tasks_on("node2", job) > 0
-    record = cluster.wait_for_job(job, timeout=120, until=lambda r: r["Restarts"] == "1" and r["JobState"] == "RUNNING")
+    record = cluster.wait_for_job(
+        job,
+        timeout=READY_S,
+        until=lambda r: r["Restarts"] == "1" and r["JobState"] == "RUNNING",
+        what="its restart without node 2 (Restarts=1, RUNNING)",
+    )
     assert record["NodeList"] == "node1" and record["ExcNodeList"] == "node2", record
     resumed = read_tracker(checkpoints)
     assert resumed is not None and resumed >= 10
@@ -292,10 +305,10 @@ def test_elastic_job_shrinks_when_a_node_fails_and_grows_back(cluster: SlurmClus
         "attempt 1 training",
         lambda: any(r["iteration"] >= resumed + 3 for r in _loss_records(metrics)[first:]),
         cluster,
-        timeout=120,
+        timeout=READY_S,
     )
     cluster.run("scancel", "--signal=USR1", str(job))
-    run = Job(job, run_dir, cluster.wait_for_job(job, timeout=240))
+    run = Job(job, run_dir, cluster.wait_for_job(job, timeout=RUN_S))
     out = run.output
     assert (run.record["JobState"], run.record["ExitCode"], run.record["Restarts"]) == ("COMPLETED", "0:0", "2"), out
     assert run.record["NodeList"] == "node[1-2]" and run.record["ExcNodeList"] == "(null)", run.record
@@ -335,7 +348,7 @@ def test_elastic_job_shrinks_when_a_node_fails_and_grows_back(cluster: SlurmClus
     too_few = run_recipe(RECIPE, env | {"MIN_NODES": "2"})
     assert too_few.returncode == ExitCode.INVALID
     assert "1 nodes is fewer than MIN_NODES=2: submit with sbatch --nodes=2-2" in too_few.stderr
-    proc = run_recipe(RECIPE, env | {"EXTRA_ARGS": f"--exit-interval {stopped}"}, timeout=180)
+    proc = run_recipe(RECIPE, env | {"EXTRA_ARGS": f"--exit-interval {stopped}"}, timeout=RUN_S)
     assert proc.returncode == ExitCode.SAVED_AND_STOPPED, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"[elastic] checkpoint of iteration {resumed}: TP 1 PP 2 VP 2 DP 1, micro-batch 2 (2 GPUs)" in proc.stderr
     assert "[elastic] changed: GPUs 2 -> 1, PP 2 -> 1, VP 2 -> 1" in proc.stderr

@@ -23,6 +23,7 @@ import pytest
 import tomllib
 
 from tests.conftest import REPO
+from tests.waits import RUN_S, STOP_S
 
 pytestmark = pytest.mark.unit
 
@@ -41,12 +42,11 @@ HELP_ARGS = {"record_schedule.py": ["--schedule-trace", "trace"]}
 
 SHIM_GUARD = ast.unparse(ast.parse('if __name__ == "__main__":\n    raise SystemExit(main())'))
 SYS_PATH_EDIT = re.compile(r"sys\.path\s*(\.\s*(insert|append|extend|remove)\s*\(|\+?=|\[[^\]]*\]\s*=)")
-HELP_TIMEOUT_S = 300
 
 
 @dataclass
 class Help:
-    returncode: int | None  # None: still running at the deadline (then killed)
+    returncode: int | None  # None: still running at the deadline, RUN_S after the start (then killed)
     stdout: str
     stderr: str
     cwd: Path  # an empty directory of its own
@@ -82,14 +82,15 @@ def helps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Help]]
             with open(root / f"{tool.stem}.out", "wb") as out, open(root / f"{tool.stem}.err", "wb") as err:
                 cmd = [sys.executable, str(tool), *HELP_ARGS.get(tool.name, []), "--help"]
                 procs[tool.name] = (subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd), cwd)
-        deadline = time.monotonic() + HELP_TIMEOUT_S
+        # Every tool's interpreter at once on the machine's cores: a run's bound, not a short command's.
+        deadline = time.monotonic() + RUN_S
         results = {}
         for name, (proc, cwd) in procs.items():
             try:
                 code: int | None = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait()
+                proc.wait(timeout=STOP_S)
                 code = None
             stdout, stderr = ((root / f"{cwd.name}.{s}").read_text(errors="replace") for s in ("out", "err"))
             results[name] = Help(code, stdout, stderr, cwd)
@@ -98,7 +99,7 @@ def helps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Help]]
         for proc, _ in procs.values():
             if proc.poll() is None:
                 proc.kill()
-                proc.wait()
+                proc.wait(timeout=STOP_S)
 
 
 @pytest.mark.parametrize("tool", TOOLS, ids=lambda p: p.name)

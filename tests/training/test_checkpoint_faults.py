@@ -26,9 +26,11 @@ from megatron_ext.checkpoint.on_disk import (
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate.plan import checkpoint_bytes
+from tests import waits
 from tests.conftest import REPO, _env, run_pretrain, run_script
 from tests.filesystems import read_only_filesystem, small_filesystem
 from tests.training.conftest import RUN, copy_of
+from tests.waits import RUN_S
 
 pytestmark = pytest.mark.distributed
 
@@ -50,9 +52,7 @@ def _one_error_line(proc: subprocess.CompletedProcess[str], text: str) -> None:
 
 
 def _tool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO, check=False
-    )
+    return waits.run([sys.executable, *args], timeout=RUN_S, env=_env(), cwd=REPO)
 
 
 # ------------------------------------------------------------------ 1. a missing tracker

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
+from tests.waits import QUICK_S
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +26,7 @@ print(jit.jit_fuser is torch.compile, jit.jit_fuser is jit.noop_decorator,
 def probe(setup: str = "") -> list[str]:
     proc = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", PROBE.format(setup=setup)],
-        capture_output=True, text=True, cwd=REPO, timeout=120, check=True,
+        capture_output=True, text=True, cwd=REPO, timeout=QUICK_S, check=True,
     )  # fmt: skip
     return proc.stdout.split()
 
@@ -44,6 +45,6 @@ def test_installing_imports_nothing() -> None:
     """The hook costs nothing until Megatron-Core is imported: light modules of the package stay torch-free."""
     proc = subprocess.run(
         [sys.executable, "-c", "import sys, megatron_ext.training.chrome_trace; print('torch' in sys.modules)"],
-        capture_output=True, text=True, cwd=REPO, timeout=60, check=True,
+        capture_output=True, text=True, cwd=REPO, timeout=QUICK_S, check=True,
     )  # fmt: skip
     assert proc.stdout.split() == ["False"]

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,9 @@ import pytest
 from megatron_ext.cli.launch import free_port
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.training.distributed import Peer, _Beacon, probe
+from tests import waits
 from tests.conftest import PRETRAIN, REPO, TINY_MODEL, _env
+from tests.waits import READY_S, STOP_S
 
 
 def _start(rank: int, port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -33,6 +34,10 @@ def _start(rank: int, port: int, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
+def _both_alive(ranks: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
+    assert all(r.poll() is None for r in ranks), logs[0].read_text() + logs[1].read_text()
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("victim", [1, 0], ids=["kill-rank-1", "kill-rank-0-the-store-host"])
 def test_survivor_names_the_dead_rank_and_host_in_one_line(victim: int, tmp_path: Path) -> None:
@@ -42,22 +47,26 @@ def test_survivor_names_the_dead_rank_and_host_in_one_line(victim: int, tmp_path
     survivor = ranks[1 - victim]
     try:
         # Training is running once the last rank (the logging one) reports an iteration.
-        deadline = time.monotonic() + 240
-        while b"iteration" not in logs[1].read_bytes():
-            assert all(r.poll() is None for r in ranks), logs[0].read_text() + logs[1].read_text()
-            assert time.monotonic() < deadline, "training never started"
-            time.sleep(0.1)
+        waits.wait_for(
+            "training to start (rank 1 logging an iteration)",
+            lambda: b"iteration" in logs[1].read_bytes(),
+            timeout=READY_S,
+            check=lambda: _both_alive(ranks, logs),
+            state=lambda: "\n".join(f"--- rank {rank} ---\n{waits.tail(log)}" for rank, log in enumerate(logs)),
+        )
         ranks[victim].send_signal(signal.SIGKILL)
-        ranks[victim].wait()
+        ranks[victim].wait(timeout=STOP_S)
         try:
-            survivor.wait(timeout=120)  # a guard against a hang, not a measurement
+            survivor.wait(timeout=READY_S)  # a guard against a hang, not a measurement
         except subprocess.TimeoutExpired:
-            pytest.fail(f"rank {1 - victim} did not stop after rank {victim} died:\n{logs[1 - victim].read_text()}")
+            pytest.fail(
+                f"rank {1 - victim} did not stop in {READY_S} s after rank {victim} died:\n{logs[1 - victim].read_text()}"
+            )
     finally:
         for r in ranks:
             if r.poll() is None:
                 r.kill()
-                r.wait()
+                r.wait(timeout=STOP_S)
     output = logs[1 - victim].read_text()
     assert survivor.returncode == ExitCode.ERROR, output
     errors = [line for line in output.splitlines() if "error" in line.lower()]

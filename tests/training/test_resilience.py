@@ -26,8 +26,10 @@ from megatron_ext.checkpoint.on_disk import (
     read_tracker,
 )
 from megatron_ext.config.exit_codes import ExitCode
+from tests import waits
 from tests.conftest import REPO, TINY_MODEL, _env, launch_command, read_metrics, run_pretrain, train_losses
 from tests.training.conftest import ITERS, RUN, copy_of, saved_run
+from tests.waits import READY_S, STOP_S
 
 pytestmark = pytest.mark.distributed
 
@@ -91,12 +93,13 @@ def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def _wait_for(predicate, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
+def _wait_for(what: str, predicate, proc: subprocess.Popen[bytes], log: Path) -> None:
+    def running() -> None:
         assert proc.poll() is None, "the run ended before the test could interrupt it"
-        assert time.monotonic() < deadline, "timed out waiting for the run"
-        time.sleep(0.02)
+
+    waits.wait_for(
+        what, predicate, timeout=READY_S, every=0.02, check=running, state=lambda: f"--- {log} ---\n{waits.tail(log)}"
+    )
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
@@ -107,21 +110,20 @@ def test_signal_saves_stops_and_resumes_exactly(
     # SIGUSR1 with a data-loader worker: the launcher forwards the signal to it too
     # (see test_data_loader_signals.py), and resuming must stay exact with workers.
     workers = ["--num-workers", "1"] if sig == signal.SIGUSR1 else []
-    proc = _start(
-        [*RUN, *workers, "--save", str(save), "--exit-signal-handler", "--metrics-file", str(metrics)],
-        tmp_path / "log",
-    )
+    log = tmp_path / "log"
+    proc = _start([*RUN, *workers, "--save", str(save), "--exit-signal-handler", "--metrics-file", str(metrics)], log)
     after = random.Random(sig).randint(2, 8)
-    _wait_for(lambda: metrics.exists() and len(read_metrics(metrics)) >= after, proc)
+    _wait_for(f"{after} metrics records", lambda: metrics.exists() and len(read_metrics(metrics)) >= after, proc, log)
     os.kill(proc.pid, sig)  # the launcher: torchrun forwards SIGTERM, ours forwards SIGUSR1
     if sig == signal.SIGUSR1:
         # A second signal while the checkpoint is being written must not disturb it.
-        _wait_for(lambda: any(save.glob("iter_*")), proc)
+        _wait_for("a checkpoint directory (the save under way)", lambda: any(save.glob("iter_*")), proc, log)
         os.kill(proc.pid, sig)
     # SIGUSR1: the launcher waits for the workers' save and keeps their code. SIGTERM:
     # torchrun shuts down (the workers save within its grace) and the launcher exits 128 + 15.
     expected = ExitCode.SAVED_AND_STOPPED if sig == signal.SIGUSR1 else 128 + signal.SIGTERM
-    assert proc.wait(timeout=120) == expected, (tmp_path / "log").read_text()[-3000:]
+    code = waits.wait_exit(proc, f"the run to stop on {sig.name}", timeout=READY_S, log=log)
+    assert code == expected, log.read_text()[-3000:]
     stopped_at = _resume_and_compare(save, metrics, uninterrupted)
     assert stopped_at >= after
 
@@ -138,16 +140,17 @@ def _kill_9_everything(proc: subprocess.Popen[bytes]) -> None:
     for p in tree:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-    proc.wait(timeout=30)
-    _, alive = psutil.wait_procs(tree, timeout=30)
+    proc.wait(timeout=STOP_S)
+    _, alive = psutil.wait_procs(tree, timeout=STOP_S)
     assert not alive, f"still running after SIGKILL: {alive}"
 
 
 def test_kill_9_during_saves_leaves_a_loadable_checkpoint(tmp_path: Path, uninterrupted: dict[int, float]) -> None:
     save, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
-    proc = _start([*RUN, "--save", str(save), "--save-interval", "1", "--metrics-file", str(metrics)], tmp_path / "log")
+    log = tmp_path / "log"
+    proc = _start([*RUN, "--save", str(save), "--save-interval", "1", "--metrics-file", str(metrics)], log)
     # Saving every iteration, the run spends most of its time inside a save.
-    _wait_for(lambda: (read_tracker(save) or 0) >= 3, proc)
+    _wait_for("the third save", lambda: (read_tracker(save) or 0) >= 3, proc, log)
     time.sleep(random.Random(9).uniform(0.0, 0.5))
     _kill_9_everything(proc)
     latest = read_tracker(save)

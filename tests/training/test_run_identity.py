@@ -7,14 +7,15 @@ Uses the real-data run that tests/training/test_train_on_indexed.py and tests/hu
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from megatron_ext.config.exit_codes import ExitCode
+from tests import waits
 from tests.conftest import REPO, SavedRun, _env, pipeline_flags, run_pretrain
+from tests.waits import RUN_S
 
 pytestmark = pytest.mark.distributed
 
@@ -74,9 +75,7 @@ def test_the_tools_refuse_another_tokenizer(
         if tool == "generate"
         else ["tools/convert_checkpoint.py", "to-hf", *load, "--output", str(tmp_path / "hf")]
     )
-    proc = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO, check=False
-    )
+    proc = waits.run([sys.executable, *args], timeout=RUN_S, env=_env(), cwd=REPO)
     assert proc.returncode == ExitCode.CHECKPOINT, proc.stderr
     assert "the checkpoint was trained with the tokenizer" in proc.stderr
     assert "--accept-tokenizer-change to use this one deliberately" in proc.stderr

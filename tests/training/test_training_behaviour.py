@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests import waits
 from tests.conftest import REPO, TINY_MODEL, _free_port, read_metrics, run_pretrain, train_losses
+from tests.waits import RUN_S
 
 pytestmark = pytest.mark.distributed
 
@@ -55,9 +56,7 @@ def test_readme_demo_trains_and_checkpoints(tmp_path: Path) -> None:
         VOCAB="1000",
         MASTER_PORT=str(_free_port()),
     )
-    proc = subprocess.run(
-        ["bash", str(REPO / "scripts" / "demo.sh")], capture_output=True, text=True, env=env, timeout=300
-    )
+    proc = waits.run(["bash", str(REPO / "scripts" / "demo.sh")], timeout=RUN_S, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "checkpoint:" in proc.stdout and "(latest iteration 20)" in proc.stdout
     assert (tmp_path / "demo" / "checkpoints" / "iter_0000020").is_dir()
