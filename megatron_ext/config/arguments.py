@@ -465,6 +465,16 @@ def parse_split(text: str) -> tuple[float, float, float]:
     return train, valid, test
 
 
+DATALOADER_REFUSALS = {
+    "cyclic": "Megatron-LM's cyclic loader reshuffles the samples within each data-parallel shard every epoch "
+    "(its MegatronPretrainingRandomSampler), a different order than the single loader's, which this project does "
+    "not reproduce; use single (the GPT default)",
+    "external": "Megatron-LM then hands the dataset itself to the training loop as its iterator, which its own "
+    "pretrain_gpt.py cannot train with either; use single",
+}
+"""Megatron-LM's other ``--dataloader-type`` values and why they are refused."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataArgs(_Options):
     """Training data (Megatron indexed datasets, made by tools/preprocess_data.py) and the tokenizer."""
@@ -497,6 +507,12 @@ class DataArgs(_Options):
     vocab_file: str | None = opt(None, "GPT2BPETokenizer: vocab.json.")
     merge_file: str | None = opt(None, "GPT2BPETokenizer: merges.txt.")
     num_workers: int = opt(0, "Data-loader worker processes.", minimum=0)
+    dataloader_type: str | None = opt(
+        None,
+        "Megatron-LM's loader: single (its default for GPT), which reads the samples once in order from the "
+        "consumed-samples position; cyclic and external are refused with the reason.",
+        choices=["single", "cyclic", "external"],
+    )
     no_mmap_bin_files: bool = opt(False, "Read the .bin files with file reads instead of memory-mapping them.")
     eod_mask_loss: bool = opt(False, "Leave the end-of-document tokens out of the loss (their loss mask is 0).")
     reset_position_ids: bool = opt(
@@ -520,3 +536,5 @@ class DataArgs(_Options):
             raise ConfigError("--valid-data-path/--test-data-path need --train-data-path")
         if self.mock_data and (self.data_path or per_split):
             raise ConfigError("--mock-data and a data path are mutually exclusive; drop one")
+        if self.dataloader_type in DATALOADER_REFUSALS:
+            raise ConfigError(f"--dataloader-type {self.dataloader_type}: {DATALOADER_REFUSALS[self.dataloader_type]}")

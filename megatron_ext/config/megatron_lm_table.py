@@ -7,21 +7,33 @@ Apart from ``megatron_lm`` (the refusals, which the parser consults) because it 
 from __future__ import annotations
 
 from megatron_ext.config.megatron_lm import ALREADY, NOTES, megatron_lm_flags, megatron_lm_version, refusal
-from megatron_ext.config.training_config import build_parser
+from megatron_ext.config.megatron_lm_accepted import ACCEPTED, REMOVED, Accepted
+from megatron_ext.config.training_config import build_parser, option_strings
 
 
 def honoured_flags() -> frozenset[str]:
     """Our parser's flags (every one with Megatron-LM's meaning where Megatron-LM has it)."""
-    return frozenset(o for a in build_parser()._actions for o in a.option_strings if o.startswith("--"))
+    return option_strings(build_parser())
+
+
+CLASSES = ("honoured", "alias", "no effect", "already so", "refused")
+"""The classes of the table, in its order of explanation."""
+
+
+def _accepted_class(rule: Accepted) -> str:
+    return "alias" if rule.stands_for else "no effect"
 
 
 def classification() -> dict[str, tuple[str, str]]:
-    """Every Megatron-LM flag → (class, why): "honoured", "already so" or "refused"; ("", "") if unclassified."""
+    """Every Megatron-LM flag → (class, why), the class one of ``CLASSES``; ("", "") if unclassified."""
     ours = honoured_flags()
     table = {}
     for flag in megatron_lm_flags():
         if flag in ours:
             table[flag] = ("honoured", NOTES.get(flag, ""))
+        elif flag in ACCEPTED:
+            rule = ACCEPTED[flag]
+            table[flag] = (_accepted_class(rule), rule.note.removeprefix(f"{flag}: ").removeprefix("ignored: "))
         elif flag in ALREADY:
             table[flag] = ("already so", ALREADY[flag])
         else:
@@ -33,7 +45,7 @@ def classification() -> dict[str, tuple[str, str]]:
 def markdown_table() -> str:
     """``docs/megatron-lm-flags.md``: every Megatron-LM flag, what happens to it, and why."""
     table = classification()
-    counts = {c: sum(1 for k, _ in table.values() if k == c) for c in ("honoured", "already so", "refused")}
+    counts = {c: sum(1 for k, _ in table.values() if k == c) for c in CLASSES}
     lines = [
         "# Megatron-LM's flags in this project",
         "",
@@ -44,9 +56,28 @@ def markdown_table() -> str:
         "Megatron-Core this project pins), and what `pretrain_gpt.py` does with it:",
         "",
         f"- **honoured** ({counts['honoured']}): taken, with Megatron-LM's meaning;",
+        f"- **alias** ({counts['alias']}): a deprecated spelling, taken as the flags it stands for (as Megatron-LM's "
+        "`validate_args` maps it);",
+        f"- **no effect** ({counts['no effect']}): Megatron-LM's `pretrain_gpt.py` accepts it and it changes nothing "
+        "there either (deprecated, read only by legacy models or by other entry points); accepted;",
         f"- **already so** ({counts['already so']}): a switch that asks for what this project always does; accepted;",
-        f"- **refused** ({counts['refused']}): the run stops before anything starts (exit code 2), with this reason "
-        "on one line per flag. Nothing is accepted and ignored.",
+        f"- **refused** ({counts['refused']}): honouring it would change the result and this project cannot match "
+        "it (a feature it does not have); the run stops before anything starts (exit code 2), with this reason on "
+        "one line per flag.",
+        "",
+        "An alias or a flag with no effect is named, with why, in the run's and `--dry-run`'s notes: nothing is "
+        "accepted silently. Flags that Megatron-LM has since removed, and that old launch scripts still carry, are "
+        "accepted where their value asks for what this project does, and otherwise refused with the release that "
+        "removed them and what replaced them:",
+        "",
+        "| removed flag | removed in | here |",
+        "|---|---|---|",
+        *[
+            f"| `{flag}` | {r.removed_in} | "
+            + ("accepted" if r.values is None else f"accepted as `{' '.join(r.values)}`" if r.values else "refused")
+            + f": {r.fix.replace('|', '/')} |"
+            for flag, r in REMOVED.items()
+        ],
         "",
         "The flags that only this project has (`--dry-run`, `--metrics-file`, ...) are in `pretrain_gpt.py --help`.",
         "",

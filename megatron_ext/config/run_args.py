@@ -61,6 +61,9 @@ class RunArgs(_Options):
         minimum=0,
     )
     no_load_optim: bool = opt(False, "Do not load optimizer state from --load.")
+    no_save_optim: bool = opt(
+        False, "Do not save the optimizer state: smaller checkpoints; a run resumed from one starts Adam afresh."
+    )
     manual_gc: bool = opt(
         False,
         "Turn Python's garbage collector off and collect at set points instead, so that ranks do not pause at "
@@ -108,6 +111,9 @@ class RunArgs(_Options):
         False, "Do not compute (on save) or verify (on load) the CRC-32 of every checkpoint file."
     )
     no_load_rng: bool = opt(False, "Do not load RNG state from --load.")
+    no_save_rng: bool = opt(
+        False, "Do not save the RNG states: a run resumed from such a checkpoint draws new dropout masks."
+    )
     finetune: bool = opt(False, "Load only the model from --load and start at iteration 0.")
     overwrite_checkpoints: bool = opt(
         False,
@@ -174,6 +180,12 @@ class RunArgs(_Options):
     device: str = opt(
         "auto", "Where to run: cuda, cpu, or auto (cuda when available).", choices=["auto", "cuda", "cpu"], env="DEVICE"
     )
+    distributed_backend: str | None = opt(
+        None,
+        "Megatron-LM's backend choice, checked against the device: nccl on GPU, gloo on CPU (the device decides; "
+        "default: the device's).",
+        choices=["nccl", "gloo"],
+    )
     distributed_timeout_minutes: int = opt(
         10,
         "Timeout of collective operations: how long ranks wait for a peer that died without closing its "
@@ -191,6 +203,10 @@ class RunArgs(_Options):
 
     def _relations(self) -> None:
         self._profile_relations()
+        if self.distributed_backend is not None and self.device != "auto":
+            problem = backend_problem(self.distributed_backend, self.device)
+            if problem:
+                raise ConfigError(problem)
         if (self.manual_gc_interval or self.no_manual_gc_eval) and not self.manual_gc:
             raise ConfigError("--manual-gc-interval and --no-manual-gc-eval apply only with --manual-gc")
         if self.ckpt_format != "torch_dist":
@@ -219,3 +235,19 @@ class RunArgs(_Options):
             raise ConfigError("--profile without --use-pytorch-profiler needs a GPU (nsys); add --use-pytorch-profiler")
         if self.device == "cpu" and self.record_memory_history:
             raise ConfigError("--record-memory-history records CUDA allocations; it needs a GPU")
+
+
+DEVICE_BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
+"""The process-group backend of each device (``training.distributed`` creates it)."""
+
+
+def backend_problem(backend: str, device: str) -> str | None:
+    """Why ``--distributed-backend`` does not fit the device (None: it does)."""
+    wanted = DEVICE_BACKENDS[device]
+    if backend == wanted:
+        return None
+    return (
+        f"--distributed-backend {backend} does not fit the device ({device}), whose backend is {wanted}: drop the "
+        f"flag (the device decides), give --distributed-backend {wanted}, or run on "
+        f"{'GPUs' if backend == 'nccl' else 'CPU processes (--device cpu)'}"
+    )

@@ -14,6 +14,7 @@ from megatron_ext.config.arguments import BatchArgs, ConfigError, DataArgs, Mode
 from megatron_ext.config.flags import Parser, add_options, to_argv
 from megatron_ext.config.layout_flags import build_layout, context_parallel_refusal, megatron_lm_adjustments
 from megatron_ext.config.megatron_lm import split_unknown
+from megatron_ext.config.megatron_lm_accepted import translate
 from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.config.run_args import RunArgs
 from megatron_ext.parallel.layout import ParallelLayout
@@ -113,25 +114,38 @@ def expand_preset(argv: Sequence[str]) -> list[str]:
     return [*preset_argv(known.model), *rest] if known.model else list(argv)
 
 
+def option_strings(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """Every ``--flag`` a parser takes (aliases included)."""
+    return frozenset(o for a in parser._actions for o in a.option_strings if o.startswith("--"))
+
+
 def parse_args(argv: Sequence[str], *, world_size: int | None = None, default_world_size: int = 1) -> TrainingConfig:
-    """Parse and validate (pure, see ``make_config``). Raises ConfigError or LayoutError with every problem named."""
+    """Parse and validate (pure, see ``make_config``). Raises ConfigError or LayoutError with every problem named.
+
+    Megatron-LM's flags without a field here are taken first (``megatron_lm_accepted``: aliases replaced, flags
+    that change nothing noted in ``adjustments``), then those refused are named with their reasons.
+    """
     parser = build_parser()
-    namespace, extras = parser.parse_known_args(expand_preset(argv))
+    taken = translate(expand_preset(argv), ours=option_strings(parser))
+    namespace, extras = parser.parse_known_args(taken.argv)
     refused, unknown = split_unknown(extras)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if refused:
-        raise ConfigError(
-            "Megatron-LM flags this project refuses (every Megatron-LM flag and what happens to it: "
-            "docs/megatron-lm-flags.md):\n" + "\n".join(f"  {flag}: {why}" for flag, why in refused)
-        )
     given: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
     for dest, value in vars(namespace).items():
         if dest == _PRESET:
             continue
         group, name = dest.split(".", 1)
         given[group][name] = tuple(value) if isinstance(value, list) else value
-    return make_config(world_size=world_size, default_world_size=default_world_size, **given)
+    refused = taken.refused + refused
+    refused += [(flag, why) for flag, check in taken.conditions if (why := check(given)) is not None]
+    if refused:
+        raise ConfigError(
+            "Megatron-LM flags this project refuses (every Megatron-LM flag and what happens to it: "
+            "docs/megatron-lm-flags.md):\n" + "\n".join(f"  {flag}: {why}" for flag, why in refused)
+        )
+    cfg = make_config(world_size=world_size, default_world_size=default_world_size, **given)
+    return dataclasses.replace(cfg, adjustments=(*taken.notes, *cfg.adjustments))
 
 
 def make_config(

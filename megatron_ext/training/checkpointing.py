@@ -445,13 +445,18 @@ def save_checkpoint(
     metadata = records.optimizer_metadata(cfg)
     # No optimizer state before the first successful step: a seed checkpoint, or
     # a run whose steps were all skipped (non-finite losses, fp16 overflows).
-    has_optimizer = _optimizer_has_state(optimizer, device=next(chunks[0].parameters()).device)
+    # --no-save-optim leaves it out (every rank has the same flags, so the collective below is skipped alike).
+    has_optimizer = not cfg.run.no_save_optim and _optimizer_has_state(
+        optimizer, device=next(chunks[0].parameters()).device
+    )
     if has_optimizer:
         state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False, metadata=metadata)
     state["has_optimizer_state"] = has_optimizer
     state["optimizer_format"] = metadata["distrib_optim_sharding_type"]
     state["opt_param_scheduler"] = scheduler.state_dict()
-    state["rng_state"] = _rng_sharded_object(cfg)
+    if not cfg.run.no_save_rng:
+        state["rng_state"] = _rng_sharded_object(cfg)
+    state["has_rng_state"] = not cfg.run.no_save_rng
     state.update(records.common_state(cfg, iteration=iteration, consumed_samples=consumed_samples, identity=identity))
 
     def publish() -> None:
@@ -601,8 +606,11 @@ def load_checkpoint(
             model_sd, is_loading=True, metadata={"distrib_optim_sharding_type": saved_format}
         )
     same_grid = saved_layout.get("tp") == cfg.layout.tp and saved_layout.get("pp") == cfg.layout.pp
-    load_rng = not (run.no_load_rng or run.finetune) and same_grid
-    if not load_rng and not (run.no_load_rng or run.finetune):
+    saved_rng = bool(common.get("has_rng_state", True))
+    if not saved_rng and not (run.no_load_rng or run.finetune):
+        log.warning("%s was saved without RNG states (--no-save-rng): this run draws new random numbers", path)
+    load_rng = not (run.no_load_rng or run.finetune) and same_grid and saved_rng
+    if not same_grid and saved_rng and not (run.no_load_rng or run.finetune):
         log.warning("checkpoint layout %s differs from this run's TP/PP: RNG states are not restored", saved_layout)
     if load_rng:
         request["rng_state"] = _rng_sharded_object(cfg)

@@ -40,6 +40,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.run_args import DEVICE_BACKENDS, backend_problem
 from megatron_ext.config.runtime import serial_cuda_connections
 from megatron_ext.parallel.layout import ParallelLayout
 from megatron_ext.training.ports import free_port
@@ -78,7 +80,12 @@ def world_size_from_env() -> int:
 
 
 def initialize(
-    *, layout: ParallelLayout, device_choice: str, seed: int, timeout_minutes: int = 10
+    *,
+    layout: ParallelLayout,
+    device_choice: str,
+    seed: int,
+    timeout_minutes: int = 10,
+    backend_choice: str | None = None,
 ) -> DistributedContext:
     """Create the process group and Megatron-Core's parallel state; seed every RNG.
 
@@ -89,6 +96,8 @@ def initialize(
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     device = resolve_device(device_choice)
+    if backend_choice is not None and (problem := backend_problem(backend_choice, device.type)):
+        raise ConfigError(problem)  # --device auto resolved to the other device
     rank = int(os.environ.get("RANK", "0"))
     world_size = world_size_from_env()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -101,12 +110,11 @@ def initialize(
         from megatron_ext.training import cpu_backend
 
         cpu_backend.enable()
-        backend = "gloo"
     else:
         _set_cuda_connections(layout)
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-        backend = "nccl"
+    backend = DEVICE_BACKENDS[device.type]
     if "MASTER_ADDR" not in os.environ:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))

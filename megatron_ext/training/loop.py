@@ -71,12 +71,17 @@ def train(
     signal_flag = resilience.SignalFlag() if cfg.run.exit_signal_handler else None
     if signal_flag is not None:
         signal_flag.install()
-    ctx = distributed.initialize(
-        layout=cfg.layout,
-        device_choice=cfg.run.device,
-        seed=cfg.optim.seed,
-        timeout_minutes=cfg.run.distributed_timeout_minutes,
-    )
+    try:
+        ctx = distributed.initialize(
+            layout=cfg.layout,
+            device_choice=cfg.run.device,
+            seed=cfg.optim.seed,
+            timeout_minutes=cfg.run.distributed_timeout_minutes,
+            backend_choice=cfg.run.distributed_backend,
+        )
+    except ConfigError as exc:  # what only the started run can tell (the device --device auto found)
+        log.error("error: %s", exc)
+        return ExitCode.INVALID
     try:
         trainer = Trainer(
             cfg=cfg,

@@ -13,6 +13,7 @@ import pytest
 
 from megatron_ext.config import megatron_lm, megatron_lm_table
 from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.megatron_lm_accepted import ACCEPTED, REMOVED
 from megatron_ext.config.training_config import parse_args
 from tests.conftest import REPO
 from tests.waits import QUICK_S
@@ -30,15 +31,19 @@ def test_every_megatron_lm_flag_is_classified_once() -> None:
     assert not [f for f in megatron_lm.megatron_lm_flags() if f in honoured and any(
         r.covers(f, megatron_lm.megatron_lm_flags()[f]) for r in megatron_lm.REFUSALS)]  # fmt: skip
     assert not set(megatron_lm.ALREADY) & honoured
-    assert all(
-        table[f][0] == "refused" and table[f][1] for f in table if f not in honoured and f not in megatron_lm.ALREADY
-    )
+    accepted = set(ACCEPTED)
+    assert not accepted & honoured and not accepted & set(megatron_lm.ALREADY)
+    assert accepted <= set(megatron_lm.megatron_lm_flags()), "ACCEPTED names flags Megatron-LM 0.16.1 does not have"
+    assert not set(REMOVED) & set(megatron_lm.megatron_lm_flags()), "REMOVED names flags Megatron-LM 0.16.1 has"
+    others = set(table) - honoured - set(megatron_lm.ALREADY) - accepted
+    assert all(table[f][0] == "refused" and table[f][1] for f in others)
 
 
-def test_every_refusal_rule_is_used() -> None:
+def test_every_refusal_rule_decides_a_flag() -> None:
+    """Each rule is the first to cover some flag that is neither honoured nor accepted: no dead reason."""
     flags = megatron_lm.megatron_lm_flags()
-    unused = [r.reason for r in megatron_lm.REFUSALS if not any(r.covers(f, g) for f, g in flags.items())]
-    assert not unused
+    decided = {megatron_lm.refusal(f) for f in flags}
+    assert not [r.reason for r in megatron_lm.REFUSALS if r.reason not in decided]
 
 
 def test_the_docs_table_is_current() -> None:
