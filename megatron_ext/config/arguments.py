@@ -63,7 +63,26 @@ class ModelArgs(_Options):
     )
     rotary_base: int = opt(10000, "Base of the rotary embedding with rope.", above=0)
     rotary_percent: float = opt(1.0, "Share of each head's dimensions that rope rotates.", above=0, maximum=1)
+    use_rope_scaling: bool = opt(
+        False,
+        "Llama 3.1's rope scaling (Megatron-Core's: factor 8, low/high frequency factors 1 and 4, original context "
+        "8192), applied once to the rotary frequencies; with --position-embedding-type rope.",
+    )
     swiglu: bool = opt(False, "Use a SwiGLU MLP (gated SiLU) instead of GeLU.", estimate=True)
+    squared_relu: bool = opt(False, "MLP activation relu(x)² instead of GeLU (not with --swiglu).")
+    qk_layernorm: bool = opt(
+        False, "Normalize each head's queries and keys (the --normalization type) before the attention scores."
+    )
+    attention_softmax_in_fp32: bool = opt(
+        False,
+        "Run Megatron-Core's attention softmax in fp32 with bf16/fp16 (--attention-backend local's unfused path; "
+        "the fused kernels and PyTorch's and Transformer Engine's attention choose their own precision).",
+    )
+    apply_query_key_layer_scaling: bool = opt(
+        False,
+        "Scale the attention scores by 1/layer number before the softmax and back inside it (an fp16 overflow "
+        "guard of Megatron-Core's local attention; the result is unchanged); forces the softmax into fp32.",
+    )
     normalization: str = opt("LayerNorm", "Normalization layer.", choices=["LayerNorm", "RMSNorm"], estimate=True)
     norm_epsilon: float = opt(1e-5, "Epsilon of the normalization layers.", above=0)
     apply_layernorm_1p: bool = opt(
@@ -149,6 +168,10 @@ class ModelArgs(_Options):
                 f"--max-position-embeddings {max_pos} is smaller than --seq-length {self.seq_length}: learned "
                 f"positions need one per token; raise it to {self.seq_length} or more (or use --position-embedding-type rope)"
             )
+        if self.squared_relu and self.swiglu:
+            raise ConfigError("--squared-relu and --swiglu each set the MLP's activation; give one (as Megatron-LM)")
+        if self.use_rope_scaling and self.position_embedding_type != "rope":
+            raise ConfigError("--use-rope-scaling scales the rotary embedding: give --position-embedding-type rope")
         if self.transformer_impl == "transformer_engine" and self.attention_backend == "local":
             raise ConfigError(
                 "--attention-backend local is Megatron-Core's attention of the local spec and contradicts "

@@ -210,17 +210,18 @@ REFUSALS: tuple[Refusal, ...] = (
     _r(
         VARIANT + " (activation: GeLU, or SwiGLU with --swiglu)",
         "--activation-func-clamp-value --glu-linear-offset --use-fused-weighted-squared-relu --use-te-activation-func "
-        "--quick-geglu --squared-relu",
+        "--quick-geglu",
     ),
     _r(
-        VARIANT + " (attention: causal multi-head or grouped-query, pre-norm, without extra norms or gates)",
-        "--add-qkv-bias --apply-query-key-layer-scaling "
-        "--attention-output-gate --qk-layernorm --qk-l2-norm --qk-clip --qk-clip-alpha --qk-clip-threshold "
-        "--softmax-type --window-size --window-attn-skip-freq --attention-softmax-in-fp32 --apply-wd-to-qk-layernorm",
+        VARIANT + " (attention: causal multi-head or grouped-query, pre-norm, with or without --qk-layernorm; no "
+        "Q/K/V-only biases, gates, windows, clipping or other softmax types)",
+        "--add-qkv-bias "
+        "--attention-output-gate --qk-l2-norm --qk-clip --qk-clip-alpha --qk-clip-threshold "
+        "--softmax-type --window-size --window-attn-skip-freq --apply-wd-to-qk-layernorm",
     ),
     _r(
-        VARIANT + " (rotary embeddings: --rotary-base and --rotary-percent, without scaling or interleaving)",
-        "--rotary-interleaved --mrope-section --no-rope-freq --rope-scaling-factor --use-rope-scaling --rope-type",
+        VARIANT + " (rotary embeddings: --rotary-base, --rotary-percent and --use-rope-scaling, without interleaving)",
+        "--rotary-interleaved --mrope-section --no-rope-freq --rope-type",
     ),
     _r(
         VARIANT + " (the residual stream is in the training precision)",

@@ -38,6 +38,10 @@ def architecture(model: ModelArgs) -> str:
         problems.append(f"--position-embedding-type {model.position_embedding_type} (neither rope nor learned)")
     if model.apply_layernorm_1p:
         problems.append("--apply-layernorm-1p (zero-centred norm weights)")
+    if model.qk_layernorm:
+        problems.append("--qk-layernorm (neither Llama nor GPT-2 normalizes queries and keys)")
+    if model.squared_relu:
+        problems.append("--squared-relu (neither Llama's SwiGLU nor GPT-2's GeLU)")
     if rope:
         if not model.swiglu:
             problems.append("rotary positions without --swiglu (Llama's MLP is SwiGLU)")
@@ -103,7 +107,8 @@ def hf_config(model: ModelArgs, *, padded_vocab_size: int, tokens: TokenIds, dty
             "max_position_embeddings": max_positions,
             "rms_norm_eps": model.norm_epsilon,
             "rope_theta": float(model.rotary_base),  # transformers 4
-            "rope_parameters": {"rope_type": "default", "rope_theta": float(model.rotary_base)},  # transformers 5
+            "rope_parameters": {"rope_theta": float(model.rotary_base), **rope_scaling(model)},  # transformers 5
+            **({"rope_scaling": dict(LLAMA3_ROPE)} if model.use_rope_scaling else {}),  # transformers 4
             "attention_bias": not model.disable_bias_linear,
             "mlp_bias": not model.disable_bias_linear,
             "attention_dropout": model.attention_dropout,
@@ -121,6 +126,17 @@ def hf_config(model: ModelArgs, *, padded_vocab_size: int, tokens: TokenIds, dty
         "attn_pdrop": model.attention_dropout,
         "scale_attn_weights": True,
     }
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}  # fmt: skip
+"""Llama 3.1's rope scaling: what Megatron-Core's ``RotaryEmbedding._apply_scaling`` computes (its defaults, which
+``--use-rope-scaling`` takes) in ``transformers``' terms (``_compute_llama3_parameters``)."""
+
+
+def rope_scaling(model: ModelArgs) -> dict[str, Any]:
+    """The rope type of ``config.json``'s ``rope_parameters`` (without ``rope_theta``)."""
+    return dict(LLAMA3_ROPE) if model.use_rope_scaling else {"rope_type": "default"}
 
 
 def model_flags(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -159,8 +175,18 @@ def _flags(arch: str, config: dict[str, Any], problems: list[str]) -> dict[str, 
     if arch == LLAMA:
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            problems.append(f"rope type {rope_type!r} (only the plain rotary embedding is implemented here)")
+        if rope_type == "llama3":
+            differ = [
+                f"{key}={rope.get(key)!r} (Megatron-Core's is {value!r})"
+                for key, value in LLAMA3_ROPE.items()
+                if key != "rope_type" and float(rope.get(key, -1)) != value
+            ]
+            if differ:
+                problems.append("llama3 rope scaling with " + ", ".join(differ))
+        elif rope_type != "default":
+            problems.append(
+                f"rope type {rope_type!r} (the plain rotary embedding and Llama 3.1's scaling are implemented here)"
+            )
         theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
         if float(theta) != int(theta):
             problems.append(f"rope_theta={theta} (--rotary-base is an integer)")
@@ -183,6 +209,7 @@ def _flags(arch: str, config: dict[str, Any], problems: list[str]) -> dict[str, 
             "seq_length": int(config["max_position_embeddings"]),
             "position_embedding_type": "rope",
             "rotary_base": int(theta),
+            "use_rope_scaling": rope_type == "llama3",
             "swiglu": True,
             "normalization": "RMSNorm",
             "norm_epsilon": float(config.get("rms_norm_eps", 1e-6)),

@@ -83,7 +83,11 @@ def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> d
         layernorm_epsilon=m.norm_epsilon,
         add_bias_linear=not m.disable_bias_linear,
         gated_linear_unit=m.swiglu,
-        activation_func=F.silu if m.swiglu else F.gelu,
+        activation_func=activation_function(cfg),
+        qk_layernorm=m.qk_layernorm,
+        # Megatron-LM's defaults (its argument parser's), not TransformerConfig's own (True for the softmax).
+        attention_softmax_in_fp32=m.attention_softmax_in_fp32,
+        apply_query_key_layer_scaling=m.apply_query_key_layer_scaling,
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         context_parallel_size=layout.cp,
@@ -136,6 +140,17 @@ def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> d
     )
 
 
+def activation_function(cfg: TrainingConfig) -> Callable[..., Any]:
+    """The MLP's activation, as Megatron-LM picks it: SiLU gated by SwiGLU, squared ReLU, or exact GeLU."""
+    if cfg.model.swiglu:
+        return F.silu
+    if cfg.model.squared_relu:
+        from megatron.core.activations import squared_relu
+
+        return squared_relu
+    return F.gelu
+
+
 def _has_softmax_kernels() -> bool:
     return all(
         importlib.util.find_spec(name) is not None
@@ -154,9 +169,10 @@ def layer_spec(cfg: TrainingConfig, device: torch.device, *, config: Any, vp_sta
     from megatron_ext.training.attention import SDPAttention, sdpa_kernels
     from megatron_ext.training.norms import TorchNorm
 
+    qk_layernorm = cfg.model.qk_layernorm
     if use_transformer_engine(cfg, device):
-        return get_gpt_layer_with_transformer_engine_spec()
-    spec = get_gpt_layer_local_spec(normalization=cfg.model.normalization)
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
+    spec = get_gpt_layer_local_spec(normalization=cfg.model.normalization, qk_layernorm=qk_layernorm)
     backend = cfg.model.attention_backend
     if backend != "local":
         # Only the core (softmax(QK^T)V) changes; projections stay Megatron-Core's.
@@ -170,6 +186,9 @@ def layer_spec(cfg: TrainingConfig, device: torch.device, *, config: Any, vp_sta
     # count from Megatron-Core's own placement (uneven stages included).
     spec.submodules.input_layernorm = TorchNorm
     spec.submodules.pre_mlp_layernorm = TorchNorm
+    if qk_layernorm:  # one weight for every head: Megatron-Core sums its gradient over TP (by its name)
+        spec.submodules.self_attention.submodules.q_layernorm = TorchNorm
+        spec.submodules.self_attention.submodules.k_layernorm = TorchNorm
     layers = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=TorchNorm)
 
@@ -195,6 +214,7 @@ def gpt_model(
         position_embedding_type=m.position_embedding_type,
         rotary_percent=m.rotary_percent,
         rotary_base=m.rotary_base,
+        rope_scaling=m.use_rope_scaling,  # Megatron-Core's factor 8, as Megatron-LM's GPT builder leaves it
         vp_stage=vp_stage,
     )
 

@@ -52,7 +52,9 @@ def test_encoder_sizes_stand_in_only_for_sizes_not_given() -> None:
     assert "--encoder-num-layers ignored: --num-layers is given (as Megatron-LM does)" in both.adjustments
 
 
-NO_EFFECT = sorted(f for f, rule in ACCEPTED.items() if not rule.stands_for and rule.condition is None)
+NO_EFFECT = sorted(
+    f for f, rule in ACCEPTED.items() if not rule.stands_for and rule.condition is None and rule.values is None
+)
 
 
 @pytest.mark.parametrize("flag", NO_EFFECT)
@@ -81,6 +83,18 @@ def test_no_position_embedding_only_with_rope_as_megatron_lm() -> None:
     (line,) = _refusal_lines([*BASE, "--no-position-embedding"])
     assert line.startswith("  --no-position-embedding: --no-position-embedding is deprecated, use --position-")
     assert "--position-embedding-type none" in line
+
+
+def test_rope_scaling_is_llama_31s_and_its_factor_is_megatron_lms_fixed_8() -> None:
+    rope = [*BASE, "--position-embedding-type", "rope", "--use-rope-scaling"]
+    assert parse_args(rope).model.use_rope_scaling
+    assert _same_run(parse_args([*rope, "--rope-scaling-factor", "8"]), parse_args(rope))
+    (line,) = _refusal_lines([*rope, "--rope-scaling-factor", "32"])
+    assert line.startswith("  --rope-scaling-factor 32: Megatron-LM 0.16.1's GPT builder does not pass")
+    with pytest.raises(ConfigError, match="--use-rope-scaling scales the rotary embedding"):
+        parse_args([*BASE, "--use-rope-scaling"])
+    with pytest.raises(ConfigError, match="--squared-relu and --swiglu each set the MLP's activation"):
+        parse_args([*BASE, "--squared-relu", "--swiglu"])
 
 
 def test_a_removed_flag_is_accepted_where_its_value_is_what_happens_here() -> None:

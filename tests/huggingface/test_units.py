@@ -29,6 +29,11 @@ LLAMA_BIAS_TIED = ModelArgs(
     num_layers=2, hidden_size=64, num_attention_heads=4, kv_channels=32, position_embedding_type="rope",
     swiglu=True, normalization="RMSNorm", ffn_hidden_size=96, seq_length=16,
 )  # fmt: skip
+LLAMA_31 = ModelArgs(
+    num_layers=2, hidden_size=64, num_attention_heads=4, group_query_attention=True, num_query_groups=2,
+    position_embedding_type="rope", swiglu=True, normalization="RMSNorm", disable_bias_linear=True,
+    seq_length=32, rotary_base=500000, use_rope_scaling=True,
+)  # fmt: skip
 GPT2 = ModelArgs(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, norm_epsilon=1e-6)
 GPT2_UNTIED = ModelArgs(
     num_layers=3, hidden_size=48, num_attention_heads=3, seq_length=16, untie_embeddings_and_output_weights=True
@@ -36,14 +41,14 @@ GPT2_UNTIED = ModelArgs(
 SHAPE_FIELDS = (
     "num_layers", "hidden_size", "effective_ffn_hidden_size", "num_attention_heads", "effective_num_query_groups",
     "effective_kv_channels", "position_embedding_type", "swiglu", "normalization", "norm_epsilon",
-    "untie_embeddings_and_output_weights", "disable_bias_linear", "rotary_base",
+    "untie_embeddings_and_output_weights", "disable_bias_linear", "rotary_base", "use_rope_scaling",
 )  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "model",
-    [LLAMA_GQA, LLAMA_BIAS_TIED, GPT2, GPT2_UNTIED],
-    ids=["llama-gqa", "llama-bias-tied", "gpt2", "gpt2-untied"],
+    [LLAMA_GQA, LLAMA_BIAS_TIED, LLAMA_31, GPT2, GPT2_UNTIED],
+    ids=["llama-gqa", "llama-bias-tied", "llama-3.1-rope-scaling", "gpt2", "gpt2-untied"],
 )
 def test_config_round_trip_keeps_the_model(model: ModelArgs) -> None:
     config = hf_config(model, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32")
@@ -66,6 +71,8 @@ def test_config_round_trip_keeps_the_model(model: ModelArgs) -> None:
         ({"group_query_attention": True, "num_query_groups": 2}, ["grouped-query attention"]),
         ({"position_embedding_type": "none"}, ["neither rope nor learned"]),
         ({"apply_layernorm_1p": True}, ["--apply-layernorm-1p"]),
+        ({"qk_layernorm": True}, ["--qk-layernorm"]),
+        ({"squared_relu": True}, ["--squared-relu"]),
     ],
 )  # fmt: skip
 def test_models_without_a_transformers_architecture_are_refused_naming_why(changes: dict, named: list[str]) -> None:
@@ -81,7 +88,20 @@ def test_models_without_a_transformers_architecture_are_refused_naming_why(chang
     [
         ({"activation_function": "gelu_new"}, "gelu_new is the tanh approximation"),
         ({"model_type": "mistral"}, "model_type 'mistral' is not supported"),
-        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope type 'llama3'"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5}}, "rope type 'yarn'"),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "llama3",
+                    "rope_theta": 5e5,
+                    "factor": 32.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192,
+                }
+            },
+            r"llama3 rope scaling with factor=32.0 \(Megatron-Core's is 8.0\)",
+        ),
         ({"attention_bias": True, "mlp_bias": False}, "attention_bias ≠ mlp_bias"),
     ],
 )
@@ -90,6 +110,26 @@ def test_transformers_configs_we_cannot_compute_alike_are_refused(changes: dict,
     config = hf_config(base, padded_vocab_size=128, tokens=TokenIds(None, 0), dtype="float32") | changes
     with pytest.raises(ConversionError, match=named):
         model_flags(config)
+
+
+def test_llama_31_rope_scaling_is_the_same_frequencies_in_megatron_core_and_transformers() -> None:
+    """``--use-rope-scaling`` (Megatron-Core's RotaryEmbedding) and the exported ``rope_parameters`` (transformers'
+    llama3 initialisation) rotate by the same frequencies, bit for bit."""
+    import transformers
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    m = LLAMA_31
+    kv = m.effective_kv_channels
+    ours = RotaryEmbedding(
+        kv, rotary_percent=1.0, rotary_base=m.rotary_base, rope_scaling=True, use_cpu_initialization=True
+    )
+    config = transformers.LlamaConfig(**hf_config(m, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32"))
+    theirs, attention_factor = ROPE_INIT_FUNCTIONS["llama3"](config, torch.device("cpu"))
+    assert attention_factor == 1.0
+    assert torch.equal(ours.inv_freq.float(), theirs.float())
+    plain = RotaryEmbedding(kv, rotary_percent=1.0, rotary_base=m.rotary_base, use_cpu_initialization=True)
+    assert not torch.equal(plain.inv_freq, ours.inv_freq)  # the scaling does change the long wavelengths
 
 
 @pytest.mark.parametrize(

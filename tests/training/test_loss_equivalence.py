@@ -1,4 +1,4 @@
-"""Loss equivalence across layouts: the proof that the parallelism is right.
+"""Loss equivalence across layouts: the proof that the parallelism is right (also for the model variants).
 
 Every layout starts from the same seed checkpoint (identical initial weights,
 saved once under TP1·PP1), trains 10 iterations on the same mock data with
@@ -142,4 +142,51 @@ def test_odd_layer_count_layout_matches_its_baseline(
         grad_norms(odd_baseline),
         name=name,
         params=params_norms(odd_baseline),
+    )
+
+
+VARIANT = (
+    "--position-embedding-type rope --use-rope-scaling --normalization RMSNorm --qk-layernorm --squared-relu".split()
+)
+"""Megatron-Core's model variants that Megatron-LM's flags turn on: per-head query/key norms (one weight that every
+TP rank's heads train: its gradient is summed over TP), squared ReLU, Llama 3.1's rope scaling."""
+VARIANT_LAYOUTS = {
+    "variant-tp2-sequence-parallel": (2, "--tensor-model-parallel-size 2 --sequence-parallel".split()),
+    "variant-pp2-vp2-dp2-distopt": (
+        4,
+        "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 --use-distributed-optimizer".split(),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def variant_seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from megatron.core import dist_checkpointing
+
+    root = tmp_path_factory.mktemp("seed-variant") / "ckpt"
+    run_pretrain([*TINY_MODEL, *VARIANT, "--train-iters", "0", "--save", str(root)])
+    keys = dist_checkpointing.load_tensors_metadata(str(root / "iter_0000000"))
+    assert [k for k in keys if "q_layernorm" in k] and [k for k in keys if "k_layernorm" in k]
+    return root
+
+
+@pytest.fixture(scope="module")
+def variant_baseline(variant_seed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    metrics = tmp_path_factory.mktemp("baseline-variant") / "m.jsonl"
+    train_from_seed(variant_seed, metrics, 1, VARIANT)
+    return metrics
+
+
+@pytest.mark.parametrize("name", list(VARIANT_LAYOUTS))
+def test_model_variant_layout_matches_its_baseline(
+    name: str, variant_seed: Path, variant_baseline: Path, tmp_path: Path
+) -> None:
+    nproc, flags = VARIANT_LAYOUTS[name]
+    train_from_seed(variant_seed, tmp_path / "m.jsonl", nproc, [*VARIANT, *flags])
+    assert_matches_baseline(
+        tmp_path / "m.jsonl",
+        train_losses(variant_baseline),
+        grad_norms(variant_baseline),
+        name=name,
+        params=params_norms(variant_baseline),
     )

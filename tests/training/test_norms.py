@@ -52,3 +52,25 @@ def test_model_flags_reach_megatron_cores_config(monkeypatch: pytest.MonkeyPatch
     asked = transformer_config_arguments(parse_args([*base, "--apply-layernorm-1p", *switches]), torch.device("cuda"))
     assert [asked[f] for f in fused] == [False, False, False]
     assert asked["layernorm_zero_centered_gamma"]
+
+
+def test_model_variants_reach_megatron_cores_config_and_spec() -> None:
+    """Megatron-LM's defaults (not TransformerConfig's: its softmax default is fp32) and each variant's field
+    (tests/training/test_loss_equivalence.py trains them under several layouts)."""
+    from megatron.core.activations import squared_relu
+
+    base = ["--mock-data", "--position-embedding-type", "rope", "--normalization", "RMSNorm"]
+    plain = transformer_config_arguments(parse_args(base), torch.device("cpu"))
+    assert not plain["attention_softmax_in_fp32"] and not plain["qk_layernorm"]
+    assert not plain["apply_query_key_layer_scaling"] and plain["activation_func"] is torch.nn.functional.gelu
+    flags = [
+        *base,
+        "--qk-layernorm",
+        "--squared-relu",
+        "--attention-softmax-in-fp32",
+        "--apply-query-key-layer-scaling",
+    ]
+    cfg = parse_args(flags)
+    asked = transformer_config_arguments(cfg, torch.device("cpu"))
+    assert asked["qk_layernorm"] and asked["attention_softmax_in_fp32"] and asked["apply_query_key_layer_scaling"]
+    assert asked["activation_func"] is squared_relu
