@@ -402,6 +402,9 @@ class OptimizerArgs(_Options):
         None, "With full recomputation: which layers.", choices=["uniform", "block"], estimate=True
     )
     recompute_num_layers: int | None = opt(None, "With full recomputation: layers per group.", estimate=True, minimum=1)
+    log_num_zeros_in_grad: bool = opt(
+        False, "Count the zero gradients at every step (Megatron-Core's optimizer): the log line and 'num-zeros'."
+    )
     calculate_per_token_loss: bool = opt(
         False, "Average the loss over all tokens of the step instead of per microbatch."
     )

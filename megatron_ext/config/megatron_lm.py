@@ -248,16 +248,9 @@ REFUSALS: tuple[Refusal, ...] = (
         "--disable-bf16-reduced-precision-matmul --deterministic-mode",
     ),
     _r(
-        "TensorBoard receives every field of the metrics file at each logged iteration (--tensorboard-dir); which "
-        "fields, and how often, is not configurable apart from --log-interval",
-        "--log-memory-to-tensorboard --log-timers-to-tensorboard --log-validation-ppl-to-tensorboard "
-        "--log-world-size-to-tensorboard --tensorboard-log-interval --tensorboard-queue-size "
-        "--no-log-loss-scale-to-tensorboard --disable-log-loss-scale-to-tensorboard",
-    ),
-    _r(
         "the log line and the metrics file have a fixed content (README: loss, rates, throughput, stage times, "
         "memory on GPU); --timing-log-level chooses the timers, --log-interval how often",
-        "--log-num-zeros-in-grad --log-progress --logging-level --timing-log-option "
+        "--log-progress --logging-level --timing-log-option "
         "--no-barrier-with-level-1-timing --log-memory-interval --log-device-memory-used",
     ),
     _r(
@@ -369,7 +362,6 @@ REFUSALS: tuple[Refusal, ...] = (
         "--exit-duration-in-mins and SLURM requeue, --metrics-file and --tensorboard-dir",
         groups=("autoresume", "one logger", "workload inspector"),
     ),
-    _r("Weights & Biases is not integrated; use --tensorboard-dir or --metrics-file", prefixes=("--wandb-",)),
     _r(
         "object storage is not supported: datasets are read from a filesystem",
         "--object-storage-cache-path",

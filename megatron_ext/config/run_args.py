@@ -131,7 +131,45 @@ class RunArgs(_Options):
         "Resume from a checkpoint on other training data: the checkpoint records every dataset's index "
         "SHA-256, the blend's weights and --split, and a difference is refused without this flag.",
     )
-    tensorboard_dir: str | None = opt(None, "Write TensorBoard scalars here.", env="TENSORBOARD_DIR")
+    tensorboard_dir: str | None = opt(
+        None,
+        "Write TensorBoard scalars here (the last rank), with Megatron-LM's tags ('lm loss', 'learning-rate', "
+        "'grad-norm', ... and their 'vs samples' twins), and every other metric under its metrics-file name.",
+        env="TENSORBOARD_DIR",
+    )
+    tensorboard_log_interval: int = opt(
+        1, "Write the per-iteration TensorBoard and W&B scalars every this many iterations.", minimum=1
+    )
+    tensorboard_queue_size: int = opt(
+        1000, "Scalars TensorBoard's writer queues before it flushes them to disk.", minimum=1
+    )
+    log_timers_to_tensorboard: bool = opt(
+        False,
+        "Also write 'iteration-time', 'throughput' and every timer of --timing-log-level ('<name>-time', seconds "
+        "per iteration, the slowest rank) at each --log-interval.",
+    )
+    log_validation_ppl_to_tensorboard: bool = opt(
+        False, "Also write the validation perplexity ('lm loss validation ppl')."
+    )
+    log_memory_to_tensorboard: bool = opt(
+        False,
+        "Also write the last rank's CUDA memory ('mem-reserved-bytes', 'mem-allocated-bytes', "
+        "'mem-max-allocated-bytes', 'mem-allocated-count'; nothing on CPU).",
+    )
+    log_world_size_to_tensorboard: bool = opt(False, "Also write 'world-size'.")
+    no_log_loss_scale_to_tensorboard: bool = opt(
+        False,
+        "Do not write 'loss-scale' (written by default; 1 without fp16).",
+        aliases=("--disable-log-loss-scale-to-tensorboard",),
+    )
+    wandb_project: str | None = opt(
+        None,
+        "Log to Weights & Biases in this project (the last rank; needs the wandb package and --wandb-exp-name; "
+        "WANDB_MODE=offline keeps the run on disk).",
+    )
+    wandb_exp_name: str | None = opt(None, "The W&B run's name.")
+    wandb_entity: str | None = opt(None, "The W&B team or user (default: the API key's).")
+    wandb_save_dir: str | None = opt(None, "Where W&B keeps its files (default: --save/wandb).")
     log_params_norm: bool = opt(
         False,
         "Log the L2 norm of the model's weights at every logged iteration (each weight counted once: the same "
@@ -203,6 +241,10 @@ class RunArgs(_Options):
 
     def _relations(self) -> None:
         self._profile_relations()
+        if self.wandb_project and not self.wandb_exp_name:
+            raise ConfigError("--wandb-project needs --wandb-exp-name, the W&B run's name (as Megatron-LM)")
+        if self.wandb_project and not (self.wandb_save_dir or self.save):
+            raise ConfigError("--wandb-project keeps its files under --save/wandb: give --save or --wandb-save-dir")
         if self.distributed_backend is not None and self.device != "auto":
             problem = backend_problem(self.distributed_backend, self.device)
             if problem:

@@ -9,6 +9,7 @@ and the checkpoint under ``--load`` is read (with torch) only when there is one
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -73,6 +74,20 @@ def _check_checkpoint_paths(cfg: TrainingConfig, *, probe: bool) -> tuple[str | 
     )
 
 
+def _missing_tracking(cfg: TrainingConfig) -> list[str]:
+    """What the asked-for TensorBoard / W&B writers lack here, one line each (checked before anything starts;
+    ``pip install -e .[tracking]`` installs both)."""
+    asked = {
+        "--tensorboard-dir": ("tensorboard", cfg.run.tensorboard_dir),
+        "--wandb-project": ("wandb", cfg.run.wandb_project),
+    }
+    return [
+        f"{flag} needs the {package} package: pip install {package} (or pip install -e .[tracking])"
+        for flag, (package, value) in asked.items()
+        if value and importlib.util.find_spec(package) is None
+    ]
+
+
 def pretrain(
     *,
     model_provider: ModelProvider,
@@ -110,11 +125,15 @@ def pretrain(
     except on_disk.CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.CHECKPOINT
+    missing = _missing_tracking(cfg)
     if cfg.run.dry_run:
         print("configuration is valid")
-        for line in [*plan.describe(cfg), *([where] if where else [])]:
+        for line in [*plan.describe(cfg), *([where] if where else []), *(f"{m} (not installed here)" for m in missing)]:
             print(f"  {line}")
         return ExitCode.OK
+    if missing:
+        print("error: " + "; ".join(missing), file=sys.stderr)
+        return ExitCode.INVALID
     if where and rank == 0:
         logging.getLogger("megatron_ext").info(where)
 

@@ -45,6 +45,7 @@ from megatron_ext.training.optimizer_scheduler import scheduler_arguments
 from megatron_ext.training.profiling import Profiler
 from megatron_ext.training.stage_timing import StageTimer
 from megatron_ext.training.stragglers import StragglerWatch
+from megatron_ext.training.tracking import StepScalars, Tracker, cuda_memory
 
 log = logging.getLogger("megatron_ext")
 
@@ -202,6 +203,7 @@ class Trainer:
             hysteresis=o.hysteresis,
             use_distributed_optimizer=layout.use_distributed_optimizer,
             overlap_param_gather_with_optimizer_step=False,
+            log_num_zeros_in_grad=o.log_num_zeros_in_grad,
             timers=self.timers.timers,
         )
         self.optimizer = get_megatron_optimizer(
@@ -253,11 +255,8 @@ class Trainer:
 
         self.datasets = datasets_provider(cfg, tokenizer)
         self.needs_data = [self._unwrapped(c).pre_process or self._unwrapped(c).post_process for c in self.chunks]
-        self.metrics = MetricsWriter(
-            enabled=ctx.is_logging_rank,
-            metrics_file=cfg.run.metrics_file,
-            tensorboard_dir=cfg.run.tensorboard_dir,
-        )
+        self.metrics = MetricsWriter(enabled=ctx.is_logging_rank, metrics_file=cfg.run.metrics_file)
+        self.tracker = Tracker(cfg, enabled=ctx.is_logging_rank, world_size=ctx.world_size)
         self.flops_per_sample = flops_per_step(cfg.model, batch_size=1, padded_vocab_size=cfg.padded_vocab_size)
         self.peak_flops = peak_flops_for(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
         self._log_start()
@@ -333,13 +332,18 @@ class Trainer:
             # Every rank sees the same value, so all skip together.
             return StepResult(loss=loss, grad_norm=None, skipped=True, lr=lr, decoupled_lr=decoupled_lr)
         self.timers("optimizer", 1).start(barrier=False)
-        update_successful, grad_norm, _ = self.optimizer.step()
+        update_successful, grad_norm, num_zeros = self.optimizer.step()
         self.timers("optimizer", 1).stop()
         self.housekeeping.after_optimizer_step()
         if update_successful:
             self.scheduler.step(increment=self.microbatches.get_current_running_global_batch_size())
         return StepResult(
-            loss=loss, grad_norm=grad_norm, skipped=not update_successful, lr=lr, decoupled_lr=decoupled_lr
+            loss=loss,
+            grad_norm=grad_norm,
+            skipped=not update_successful,
+            lr=lr,
+            decoupled_lr=decoupled_lr,
+            num_zeros=num_zeros,
         )
 
     def _learning_rates(self) -> tuple[float, float | None]:
@@ -477,6 +481,7 @@ class Trainer:
             self.save()
         self.finish_async_saves()
         self.metrics.close()
+        self.tracker.close()
         if stop is not None:
             # 75 promises a checkpoint to continue from; without --save there is none,
             # and a requeue would start over.
@@ -518,6 +523,8 @@ class Trainer:
             window.add(result, time.perf_counter() - start, samples)
             self.iteration += 1
             self.consumed_samples += samples
+            if self.tracker.wants_step(self.iteration):
+                self._track_step(result, samples)
             profiler.after_step(self.iteration)
             self.skipped_iterations += int(result.skipped)
             self.housekeeping.after_iteration(self.iteration)
@@ -600,6 +607,8 @@ class Trainer:
         }
         if result.decoupled_lr is not None:
             record["decoupled_lr"] = result.decoupled_lr
+        if result.num_zeros is not None:
+            record["num_zeros"] = result.num_zeros
         if self.cfg.run.log_params_norm:
             self._param_sync_for_use()
             record["params_norm"] = parameter_norm(self.chunks)
@@ -629,6 +638,7 @@ class Trainer:
                 *([f"global batch {record['global_batch_size']}"] if self.cfg.batch.rampup_batch_size else []),
                 f"grad norm {result.grad_norm:.3f}" if result.grad_norm is not None else "grad norm -",
                 *([f"params norm {record['params_norm']:.3f}"] if "params_norm" in record else []),
+                *([f"num zeros {result.num_zeros}"] if result.num_zeros is not None else []),
                 f"{record['tokens_per_sec']:,.0f} tokens/s",
                 f"{tflops:.2f} TFLOP/s/GPU",
                 f"{seconds * 1000:.1f} ms/it",
@@ -647,8 +657,24 @@ class Trainer:
             for line in straggler_lines:
                 log.info("  %s", line)
             if "time_ms" in record:
-                log.info("  time per iteration (ms, max over ranks): %s", _format_times(record["time_ms"]))
+                log.info("  time per iteration (ms, max over ranks): %s", timing.format_times(record["time_ms"]))
         self.metrics.write(record)
+        self.tracker.interval(
+            self.iteration, seconds_per_iteration=seconds, tflops_per_gpu=tflops, timers_ms=record.get("time_ms", {})
+        )
+        self.tracker.extra(record)
+
+    def _track_step(self, result: StepResult, samples: int) -> None:
+        """Megatron-LM's per-iteration TensorBoard/W&B scalars (--log-params-norm's norm is a collective)."""
+        params_norm = None
+        if self.cfg.run.log_params_norm:
+            self._param_sync_for_use()
+            params_norm = parameter_norm(self.chunks)
+            self._restore_param_hooks()
+        scalars = StepScalars.of(
+            result, self.iteration, self.consumed_samples, samples, float(self.optimizer.get_loss_scale()), params_norm
+        )
+        self.tracker.step(scalars, memory=cuda_memory(self.ctx.device))
 
     def _log_eval(self, loss: float | None, split: str = "valid") -> None:
         if loss is None:
@@ -658,7 +684,4 @@ class Trainer:
             name = "validation" if split == "valid" else split
             log.info("%s at iteration %d | lm loss %.6e | ppl %.3f", name, self.iteration, loss, ppl)
         self.metrics.write({"iteration": self.iteration, f"{split}_loss": loss, f"{split}_ppl": ppl})
-
-
-def _format_times(times_ms: dict[str, float]) -> str:
-    return ", ".join(f"{name} {ms:.1f}" for name, ms in times_ms.items())
+        self.tracker.evaluation(self.iteration, self.consumed_samples, split=split, loss=loss)

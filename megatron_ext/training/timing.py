@@ -189,3 +189,8 @@ def breakdown_ms(per_rank: Sequence[dict[str, float]], *, iterations: int) -> di
     if p2p > 0.0:
         out["p2p-wait"] = p2p * 1000.0 / iterations
     return out
+
+
+def format_times(times_ms: dict[str, float]) -> str:
+    """``name 12.3, name 4.5``: a breakdown for the log line."""
+    return ", ".join(f"{name} {ms:.1f}" for name, ms in times_ms.items())

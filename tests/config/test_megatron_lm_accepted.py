@@ -172,3 +172,14 @@ def test_with_device_auto_the_backend_is_checked_when_the_device_is_known() -> N
     with pytest.raises(ConfigError, match=r"--distributed-backend nccl does not fit the device \(cpu\)"):
         distributed.initialize(layout=layout, device_choice="cpu", seed=1, backend_choice="nccl")
     assert not dist.is_initialized()
+
+
+def test_weights_and_biases_flags_need_what_megatron_lm_needs() -> None:
+    cfg = parse_args([*BASE, "--wandb-project", "p", "--wandb-exp-name", "e", "--save", "ckpt"])
+    assert (cfg.run.wandb_project, cfg.run.wandb_exp_name) == ("p", "e")
+    with pytest.raises(ConfigError, match="--wandb-project needs --wandb-exp-name"):
+        parse_args([*BASE, "--wandb-project", "p", "--save", "ckpt"])
+    with pytest.raises(ConfigError, match="give --save or --wandb-save-dir"):
+        parse_args([*BASE, "--wandb-project", "p", "--wandb-exp-name", "e"])
+    alias = parse_args([*BASE, "--disable-log-loss-scale-to-tensorboard"])
+    assert alias.run.no_log_loss_scale_to_tensorboard
