@@ -9,7 +9,8 @@ with the corpus. Writes ``PREFIX.model`` and ``PREFIX.vocab`` atomically::
     python tools/train_tokenizer.py --input corpus.jsonl --model-prefix runs/tok/sp32k \\
         --vocab-size 32000 --model-type bpe --byte-fallback
 
-Defaults suit GPT pretraining with ``--tokenizer-type GPTSentencePieceTokenizer``:
+Defaults suit GPT pretraining with ``--tokenizer-type GPTSentencePieceTokenizer`` (or ``Llama2Tokenizer``, which starts
+every document with the bos piece the defaults include):
 identity normalisation (text round-trips exactly with ``--byte-fallback``),
 unk/bos/eos = 0/1/2 and no pad piece.
 """

@@ -8,6 +8,7 @@ import argparse
 TOKENIZER_TYPES = (
     "SentencePieceTokenizer",
     "GPTSentencePieceTokenizer",
+    "Llama2Tokenizer",
     "GPT2BPETokenizer",
     "HuggingFaceTokenizer",
     "NullTokenizer",
@@ -22,8 +23,6 @@ UNSUPPORTED_TOKENIZER_TYPES: dict[str, str] = {
     "SentencePieceTokenizer or HuggingFaceTokenizer)",
     "BertWordPieceCase": "a BERT WordPiece vocabulary; this project pretrains GPTs (use GPT2BPETokenizer, "
     "SentencePieceTokenizer or HuggingFaceTokenizer)",
-    "Llama2Tokenizer": "not implemented (Megatron-LM's SentencePiece variant that starts every document with a "
-    "beginning-of-sequence id); use GPTSentencePieceTokenizer with the same --tokenizer-model",
     "TikTokenizer": "not implemented (it needs the tiktoken library); use HuggingFaceTokenizer with the tokenizer's "
     "Hugging Face directory",
     "MultimodalTokenizer": "for multimodal models; this project pretrains text-only GPTs",

@@ -234,6 +234,40 @@ class GPTSentencePieceTokenizer(_SentencePieceBase):
         return self.sp.decode([int(i) for i in ids])
 
 
+class Llama2Tokenizer(GPTSentencePieceTokenizer):
+    """Megatron-LM's ``_Llama2Tokenizer``: the SentencePiece ids after the model's beginning-of-sequence id (its
+    ``tokenize(s, bos=True, eos=False)``, so every document starts with it), eod = eos."""
+
+    type_name = "Llama2Tokenizer"
+
+    def __init__(self, model_file: str | os.PathLike[str]) -> None:
+        super().__init__(model_file)
+        if self.sp.bos_id() < 0:
+            raise TokenizerError(
+                f"{model_file} has no beginning-of-sentence piece (bos_id=-1), which Llama2Tokenizer starts every "
+                "text with; use GPTSentencePieceTokenizer for plain ids"
+            )
+
+    @property
+    def bos(self) -> int:
+        return int(self.sp.bos_id())
+
+    def tokenize(self, text: str) -> list[int]:
+        return [self.bos, *self.sp.encode(text)]
+
+    def tokenize_batch(self, texts: list[str]) -> list[np.ndarray]:
+        bos = np.asarray([self.bos], dtype=np.int32)
+        return [np.concatenate((bos, ids)) for ids in self._encode_plain(texts)]
+
+    def tokenize_pieces(self, text: str, piece_chars: int = PIECE_CHARS) -> Iterator[np.ndarray]:
+        if self.cut_rule is None:
+            yield np.asarray(self.tokenize(text), dtype=np.int32)
+            return
+        yield np.asarray([self.bos], dtype=np.int32)  # once, before the first piece
+        for piece in self.cut_rule.pieces(text, piece_chars):
+            yield self._encode_plain([piece])[0]
+
+
 class SentencePieceTokenizer(_SentencePieceBase):
     """Megatron-LM's ``_SentencePieceTokenizer``.
 
@@ -620,11 +654,15 @@ def build_tokenizer(
     vocab_size: int | None = None,
 ) -> Tokenizer:
     """The tokenizer Megatron-LM would build for these flags (a clear error if one is missing)."""
-    if tokenizer_type in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer"):
+    sentencepiece: dict[str, type[_SentencePieceBase]] = {
+        "SentencePieceTokenizer": SentencePieceTokenizer,
+        "GPTSentencePieceTokenizer": GPTSentencePieceTokenizer,
+        "Llama2Tokenizer": Llama2Tokenizer,
+    }
+    if tokenizer_type in sentencepiece:
         if not tokenizer_model:
             raise TokenizerError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model PATH.model")
-        cls = SentencePieceTokenizer if tokenizer_type == "SentencePieceTokenizer" else GPTSentencePieceTokenizer
-        return cls(tokenizer_model)
+        return sentencepiece[tokenizer_type](tokenizer_model)
     if tokenizer_type == "GPT2BPETokenizer":
         return GPT2BPETokenizer(vocab_file, merge_file)  # type: ignore[arg-type]
     if tokenizer_type == "HuggingFaceTokenizer":

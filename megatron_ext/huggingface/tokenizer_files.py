@@ -1,8 +1,9 @@
 """The tokenizer files of a ``transformers`` directory, written from our tokenizer types and read back.
 
-- ``GPTSentencePieceTokenizer``: its SentencePiece model as ``tokenizer.model``, and a
+- ``GPTSentencePieceTokenizer`` and ``Llama2Tokenizer``: its SentencePiece model as ``tokenizer.model``, and a
   ``tokenizer.json`` that gives the same ids (``sentencepiece_bpe_json``) with a
-  ``PreTrainedTokenizerFast`` config adding no BOS/EOS (ours adds none). Two differences
+  ``PreTrainedTokenizerFast`` config adding no BOS/EOS (ours adds none; Llama2Tokenizer's
+  ``tokenizer.json`` puts the BOS id first, as it does). Two differences
   remain: ``transformers`` reads the control pieces' text (``<s>``, ``</s>``) in the input as
   those tokens, where SentencePiece encodes it as characters; and text right after a
   user-defined piece (``--user-defined-symbols``) gets the word-start ``▁`` SentencePiece
@@ -32,6 +33,9 @@ from megatron_ext.huggingface.architectures import TokenIds
 HF_TOKENIZER_FILES = HuggingFaceTokenizer.DEFINITION_FILES
 """The files a ``transformers`` tokenizer is made of (whichever it has)."""
 
+SENTENCEPIECE_PLAIN = ("GPTSentencePieceTokenizer", "Llama2Tokenizer")
+"""The SentencePiece types whose ids a ``tokenizer.json`` reproduces (Llama2Tokenizer's with a BOS first)."""
+
 GPT2_EOS = "<|endoftext|>"
 MARKER = "megatron_tokenizer_type"
 """Our tokenizer type, in the ``tokenizer_config.json`` we write (transformers ignores it): import restores it."""
@@ -52,10 +56,13 @@ def _json(path: Path, value: dict[str, Any]) -> None:
 def write_tokenizer(tokenizer: Tokenizer, data: DataArgs, directory: Path, *, max_length: int) -> WrittenTokenizer:
     """Write ``tokenizer``'s files (the run's data flags say where its own files are) into ``directory``."""
     kind = data.tokenizer_type
-    if kind == "GPTSentencePieceTokenizer":
+    if kind in SENTENCEPIECE_PLAIN:
         sp: Any = tokenizer.sp  # type: ignore[attr-defined]
         shutil.copyfile(str(data.tokenizer_model), directory / "tokenizer.model")
-        (directory / "tokenizer.json").write_text(sentencepiece_bpe_json(str(data.tokenizer_model)), encoding="utf-8")
+        spec = sentencepiece_bpe_json(str(data.tokenizer_model))
+        if kind == "Llama2Tokenizer":
+            spec = with_bos(spec, bos_piece=str(sp.id_to_piece(int(sp.bos_id()))), bos_id=int(sp.bos_id()))
+        (directory / "tokenizer.json").write_text(spec, encoding="utf-8")
 
         def piece(i: int) -> str | None:
             return str(sp.id_to_piece(i)) if i >= 0 else None
@@ -74,7 +81,8 @@ def write_tokenizer(tokenizer: Tokenizer, data: DataArgs, directory: Path, *, ma
             },
         )
         files: tuple[str, ...] = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json")
-        note = f"{kind}: tokenizer.json (the same ids as the SentencePiece model) and tokenizer.model"
+        bos_note = ", after the beginning-of-sequence id as Llama2Tokenizer" if kind == "Llama2Tokenizer" else ""
+        note = f"{kind}: tokenizer.json (the same ids as the SentencePiece model{bos_note}) and tokenizer.model"
         return WrittenTokenizer(TokenIds(bos if bos >= 0 else None, tokenizer.eod), files, note)
     if kind == "GPT2BPETokenizer":
         shutil.copyfile(str(data.vocab_file), directory / "vocab.json")
@@ -125,7 +133,7 @@ def read_tokenizer_flags(directory: Path, copy_to: Path) -> dict[str, str] | Non
         shutil.copyfile(directory / name, copy_to / name)
     config = directory / "tokenizer_config.json"
     ours = json.loads(config.read_text(encoding="utf-8")).get(MARKER) if config.is_file() else None
-    if ours == "GPTSentencePieceTokenizer" and "tokenizer.model" in present:
+    if ours in SENTENCEPIECE_PLAIN and "tokenizer.model" in present:
         return {"tokenizer_type": ours, "tokenizer_model": str(copy_to / "tokenizer.model")}
     if "tokenizer.json" in present:
         return {"tokenizer_type": "HuggingFaceTokenizer", "tokenizer_model": str(copy_to)}
@@ -188,3 +196,21 @@ def sentencepiece_bpe_json(model_file: str) -> str:
     tokenizer.add_special_tokens([AddedToken(pieces[i], special=True, normalized=False) for i in sorted(special)])
     tokenizer.add_tokens([AddedToken(pieces[i], special=False, normalized=False) for i in user_defined])
     return tokenizer.to_str()
+
+
+def with_bos(spec: str, *, bos_piece: str, bos_id: int) -> str:
+    """``tokenizer.json`` text whose post-processor puts the beginning-of-sequence id before every text, as
+    Llama2Tokenizer (and Llama 2's own tokenizer) does."""
+    data = json.loads(spec)
+    data["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": bos_piece, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [
+            {"SpecialToken": {"id": bos_piece, "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"SpecialToken": {"id": bos_piece, "type_id": 1}},
+            {"Sequence": {"id": "B", "type_id": 1}},
+        ],
+        "special_tokens": {bos_piece: {"id": bos_piece, "ids": [bos_id], "tokens": [bos_piece]}},
+    }
+    return json.dumps(data, ensure_ascii=False)

@@ -159,7 +159,7 @@ def test_input_glob_without_files_is_an_error(data: dict[str, Path], tmp_path: P
         ["--padded-vocab-size", "1024"],
         ["--find-optimal-num-workers"],
         ["--performance-dir", "perf"],
-        ["--tokenizer-type", "Llama2Tokenizer"],
+        ["--tokenizer-type", "TikTokenizer"],
         ["--split-sentences"],
     ],
     ids=lambda f: f[-1] if f[0] == "--tokenizer-type" else f[0],
@@ -544,3 +544,21 @@ def test_a_document_many_sequences_long_is_kept_whole(tmp_path: Path) -> None:
     assert _null(inp, tmp_path / "out", "--append-eod").returncode == 0
     proc = tool("inspect_dataset", str(tmp_path / "out_text_document"), "--json")
     assert json.loads(proc.stdout)["tokens"] == 200_001
+
+
+def test_llama2_tokenizer_writes_megatron_lms_bytes_with_a_bos_per_document(
+    data: dict[str, Path], tmp_path: Path
+) -> None:
+    """One ``[bos] + encode(text)`` per document, then eod (Megatron-LM's ``_Llama2Tokenizer``), with two workers
+    and a long document tokenized in pieces."""
+    from megatron_ext.data.tokenizers import build_tokenizer
+
+    lines = data["corpus"].read_text(encoding="utf-8").splitlines()[:200]
+    long_text = " ".join(json.loads(line)["text"] for line in lines)
+    lines.append(json.dumps({"text": long_text * 3}))
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    llama = build_tokenizer("Llama2Tokenizer", tokenizer_model=str(data["model"]))
+    ref = reference_dataset(lines, llama, tmp_path / "ref", append_eod=True)
+    preprocess(tmp_path / "in.jsonl", tmp_path / "ours", data["model"], "--append-eod", "--workers", "2",
+               tokenizer_type="Llama2Tokenizer")  # fmt: skip
+    assert same_files(ref["text"], tmp_path / "ours_text_document")

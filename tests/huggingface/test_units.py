@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from megatron_ext.config.arguments import DataArgs, ModelArgs
-from megatron_ext.data.tokenizers import GPT2BPETokenizer, GPTSentencePieceTokenizer
+from megatron_ext.data.tokenizers import GPT2BPETokenizer, GPTSentencePieceTokenizer, build_tokenizer
 from megatron_ext.huggingface.architectures import ConversionError, TokenIds, architecture, hf_config, model_flags
 from megatron_ext.huggingface.convert import ShardWriter, _SafetensorsReader, _staging, parse_size
 from megatron_ext.huggingface.tokenizer_files import write_tokenizer
@@ -210,17 +210,24 @@ def test_sizes() -> None:
         parse_size("five")
 
 
-def test_sentencepiece_tokenizer_json_gives_our_ids(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
-    """transformers, on the exported tokenizer.json, encodes and decodes the corpus as our GPTSentencePieceTokenizer
-    (byte fallback, runs of spaces, a user-defined piece ending the text). Text holding the control pieces'
-    own spelling (<s>, </s>), and text after a user-defined piece, are the documented exceptions."""
+@pytest.mark.parametrize("kind", ["GPTSentencePieceTokenizer", "Llama2Tokenizer"])
+def test_sentencepiece_tokenizer_json_gives_our_ids(
+    kind: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """transformers, on the exported tokenizer.json, encodes and decodes the corpus as our tokenizer (byte
+    fallback, runs of spaces, a user-defined piece ending the text; Llama2Tokenizer's BOS first). Text holding the
+    control pieces' own spelling (<s>, </s>), and text after a user-defined piece, are the documented exceptions;
+    the type comes back on import."""
     import transformers
 
+    from megatron_ext.huggingface.tokenizer_files import read_tokenizer_flags
+
     shared = shared_data(tmp_path_factory)
-    ours = GPTSentencePieceTokenizer(shared["model"])
-    data = DataArgs(mock_data=True, tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model=str(shared["model"]))
+    ours = build_tokenizer(kind, tokenizer_model=str(shared["model"]))
+    data = DataArgs(mock_data=True, tokenizer_type=kind, tokenizer_model=str(shared["model"]))
     written = write_tokenizer(ours, data, tmp_path, max_length=64)
-    assert written.ids == TokenIds(ours.sp.bos_id(), ours.eod)
+    sp = ours.sp  # type: ignore[attr-defined]
+    assert written.ids == TokenIds(sp.bos_id(), ours.eod)
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
     lines = [json.loads(line)["text"] for line in shared["corpus"].read_text(encoding="utf-8").splitlines()]
     edge = [" a", "  two  spaces ", "\n    indented", "tabs\tand\nnewlines", "日本語 😀 é", "x<special>", "", "   "]
@@ -229,8 +236,28 @@ def test_sentencepiece_tokenizer_json_gives_our_ids(tmp_path_factory: pytest.Tem
     for text in texts:
         ids = ours.tokenize(text)
         assert theirs(text)["input_ids"] == ids, text[:80]
-        assert theirs.decode(ids) == ours.detokenize(ids), text[:80]
+        assert theirs.decode(ids, skip_special_tokens=True) == ours.detokenize(ids), text[:80]
     assert theirs.eos_token_id == ours.eod
+    assert read_tokenizer_flags(tmp_path, tmp_path / "copy") == {
+        "tokenizer_type": kind,
+        "tokenizer_model": str(tmp_path / "copy" / "tokenizer.model"),
+    }
+
+
+def test_llama2_tokenizer_starts_every_text_with_bos_in_one_piece_or_many(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Megatron-LM's ``_Llama2Tokenizer.tokenize(s)`` is ``[bos] + encode(s)``; a long text tokenized in pieces
+    (bounded memory) gets the BOS once, before the first."""
+    shared = shared_data(tmp_path_factory)
+    llama = build_tokenizer("Llama2Tokenizer", tokenizer_model=str(shared["model"]))
+    plain = GPTSentencePieceTokenizer(shared["model"])
+    text = " ".join(json.loads(line)["text"] for line in shared["corpus"].read_text(encoding="utf-8").splitlines())
+    assert llama.tokenize(text) == [plain.sp.bos_id(), *plain.tokenize(text)]
+    assert [list(a) for a in llama.tokenize_batch(["x y", ""])] == [llama.tokenize("x y"), llama.tokenize("")]
+    pieces = list(llama.tokenize_pieces(text, piece_chars=500))
+    assert len(pieces) > 3 and [int(i) for p in pieces for i in p] == llama.tokenize(text)
+    assert (llama.vocab_size, llama.eod) == (plain.vocab_size, plain.eod)
 
 
 def test_gpt2_bpe_files_give_our_ids(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
