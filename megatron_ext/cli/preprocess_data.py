@@ -65,7 +65,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer-model", help="SentencePiece .model file, or a local Hugging Face directory.")
     g.add_argument("--vocab-file", help="GPT2BPETokenizer: vocab.json.")
     g.add_argument("--merge-file", help="GPT2BPETokenizer: merges.txt.")
-    g.add_argument("--vocab-size", type=at_least(1), help="NullTokenizer: number of ids (eod is this number).")
+    g.add_argument(
+        "--vocab-size",
+        type=at_least(1),
+        help="NullTokenizer: number of ids (eod is this number); TikTokenizer: the vocabulary (default 131072).",
+    )
+    g.add_argument("--tiktoken-pattern", choices=["v1", "v2"], help="TikTokenizer: Megatron-LM's pattern.")
+    g.add_argument(
+        "--tiktoken-num-special-tokens", type=at_least(1), default=1000, help="TikTokenizer: ids before the ranks."
+    )
+    g.add_argument(
+        "--tokenizer-special-tokens",
+        "--tiktoken-special-tokens",
+        nargs="+",
+        help="TikTokenizer: the special tokens (must include <unk> <s> </s>, the default).",
+    )
     g.add_argument("--append-eod", action="store_true", help="Append the end-of-document id to every document.")
     g.add_argument("--lang", default="english", help="Accepted for compatibility (sentence splitting only).")
     g = p.add_argument_group("output data")
@@ -126,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         vocab_file=args.vocab_file,
         merge_file=args.merge_file,
         vocab_size=args.vocab_size,
+        tiktoken_pattern=args.tiktoken_pattern,
+        tiktoken_num_special_tokens=args.tiktoken_num_special_tokens,
+        special_tokens=tuple(args.tokenizer_special_tokens) if args.tokenizer_special_tokens else None,
     )
     opts = preprocess.Options(
         inputs=tuple(args.input),

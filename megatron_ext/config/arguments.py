@@ -530,6 +530,15 @@ class DataArgs(_Options):
     tokenizer_model: str | None = opt(
         None, "SentencePiece .model file, or a local Hugging Face tokenizer directory.", env="TOKENIZER_MODEL"
     )
+    tiktoken_pattern: str | None = opt(
+        None, "TikTokenizer: Megatron-LM's pre-tokenizer pattern, v1 or v2.", choices=["v1", "v2"]
+    )
+    tiktoken_num_special_tokens: int = opt(
+        1000, "TikTokenizer: ids before the vocabulary file's ranks (the special tokens, then fillers).", minimum=1
+    )
+    tokenizer_special_tokens: tuple[str, ...] | None = opt(
+        None, "TikTokenizer: the special tokens (ids 0, 1, ...; must include <unk> <s> </s>, the default)."
+    )
     vocab_file: str | None = opt(None, "GPT2BPETokenizer: vocab.json.")
     merge_file: str | None = opt(None, "GPT2BPETokenizer: merges.txt.")
     num_workers: int = opt(0, "Data-loader worker processes.", minimum=0)
@@ -550,6 +559,8 @@ class DataArgs(_Options):
         problem = tokenizer_type_problem(self.tokenizer_type)
         if problem is not None:
             raise ConfigError(problem)
+        if self.tokenizer_type == "TikTokenizer" and not (self.tokenizer_model and self.tiktoken_pattern):
+            raise ConfigError("--tokenizer-type TikTokenizer needs --tokenizer-model VOCAB.json and --tiktoken-pattern")
         if (self.vocab_file or self.merge_file) and self.tokenizer_type not in VOCAB_FILE_TOKENIZERS:
             raise ConfigError(
                 f"--vocab-file/--merge-file are read by {' and '.join(VOCAB_FILE_TOKENIZERS)}, not by "

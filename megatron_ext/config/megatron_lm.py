@@ -406,13 +406,9 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     # ---- tokenizers
     _r(
-        "TikTokenizer is not implemented (it needs the tiktoken library); see --tokenizer-type",
-        prefixes=("--tiktoken-",),
-    ),
-    _r(
         "tokenizers here reproduce Megatron-LM's legacy classes (docs/data.md); this option of "
         "megatron.core.tokenizers is not implemented",
-        "--tokenizer-metadata --tokenizer-special-tokens --tokenizer-sentencepiece-legacy "
+        "--tokenizer-metadata --tokenizer-sentencepiece-legacy "
         "--tokenizer-hf-use-fast --tokenizer-hf-include-special-tokens",
     ),
     _r("HuggingFaceTokenizer loads a local directory only; no remote code is run", "--trust-remote-code"),

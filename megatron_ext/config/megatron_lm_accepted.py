@@ -104,6 +104,12 @@ ACCEPTED: dict[str, Accepted] = {
         "--use-rope-scaling always scales by 8 (Llama 3.1); a run here does the same, and another factor would "
         "not be the model Megatron-LM trains: drop the flag or give 8",
     ),
+    "--tiktoken-special-tokens": Accepted(
+        "--tiktoken-special-tokens argument is deprecated and will be removed soon. Use --tokenizer-special-tokens "
+        "instead.",
+        stands_for=("--tokenizer-special-tokens",),
+        unless_given="--tokenizer-special-tokens",
+    ),
     "--no-position-embedding": Accepted(
         "--no-position-embedding: no learned position embedding, as --position-embedding-type rope already gives",
         condition=_rope_only,

@@ -11,9 +11,13 @@ TOKENIZER_TYPES = (
     "Llama2Tokenizer",
     "GPT2BPETokenizer",
     "HuggingFaceTokenizer",
+    "TikTokenizer",
     "NullTokenizer",
 )
 
+
+VOCAB_SIZE_TOKENIZERS = ("NullTokenizer", "TikTokenizer")
+"""The tokenizer types whose vocabulary ``--vocab-size`` gives."""
 
 VOCAB_FILE_TOKENIZERS = ("GPT2BPETokenizer",)
 """The tokenizer types that read ``--vocab-file`` and ``--merge-file``."""
@@ -23,8 +27,6 @@ UNSUPPORTED_TOKENIZER_TYPES: dict[str, str] = {
     "SentencePieceTokenizer or HuggingFaceTokenizer)",
     "BertWordPieceCase": "a BERT WordPiece vocabulary; this project pretrains GPTs (use GPT2BPETokenizer, "
     "SentencePieceTokenizer or HuggingFaceTokenizer)",
-    "TikTokenizer": "not implemented (it needs the tiktoken library); use HuggingFaceTokenizer with the tokenizer's "
-    "Hugging Face directory",
     "MultimodalTokenizer": "for multimodal models; this project pretrains text-only GPTs",
     "NullMultimodalTokenizer": "for multimodal models; this project pretrains text-only GPTs",
     "SFTTokenizer": "for supervised fine-tuning's chat templates; this project pretrains",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from megatron_ext.config import iterations
 from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.tokenizer_types import VOCAB_SIZE_TOKENIZERS
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.data import sources
 from megatron_ext.data.indexed import IndexedDatasetFiles
@@ -39,7 +40,7 @@ def preflight(cfg: TrainingConfig, *, full: bool) -> Checked:
     """
     if cfg.run.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard-dir needs the tensorboard package: pip install tensorboard")
-    null = cfg.data.tokenizer_type == "NullTokenizer"
+    null = cfg.data.tokenizer_type in VOCAB_SIZE_TOKENIZERS
     try:
         tokenizer = sources.resolve(cfg.data, vocab_size=cfg.model.vocab_size if null else None, full=full)
     except sources.DataError as exc:

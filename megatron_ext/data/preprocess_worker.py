@@ -59,6 +59,9 @@ class TokenizerSpec:
     vocab_file: str | None = None
     merge_file: str | None = None
     vocab_size: int | None = None
+    tiktoken_pattern: str | None = None
+    tiktoken_num_special_tokens: int = 1000
+    special_tokens: tuple[str, ...] | None = None
 
     def build(self) -> Tokenizer:
         return build_tokenizer(
@@ -67,6 +70,9 @@ class TokenizerSpec:
             vocab_file=self.vocab_file,
             merge_file=self.merge_file,
             vocab_size=self.vocab_size,
+            tiktoken_pattern=self.tiktoken_pattern,
+            tiktoken_num_special_tokens=self.tiktoken_num_special_tokens,
+            special_tokens=self.special_tokens,
         )
 
 

@@ -101,6 +101,9 @@ def tokenizer_for(data: Any, *, vocab_size: int | None) -> Tokenizer:
             vocab_file=data.vocab_file,
             merge_file=data.merge_file,
             vocab_size=vocab_size,
+            tiktoken_pattern=data.tiktoken_pattern,
+            tiktoken_num_special_tokens=data.tiktoken_num_special_tokens,
+            special_tokens=data.tokenizer_special_tokens,
         )
     except TokenizerError as exc:
         raise DataError(str(exc)) from exc

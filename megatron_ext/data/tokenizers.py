@@ -652,6 +652,9 @@ def build_tokenizer(
     vocab_file: str | None = None,
     merge_file: str | None = None,
     vocab_size: int | None = None,
+    tiktoken_pattern: str | None = None,
+    tiktoken_num_special_tokens: int = 1000,
+    special_tokens: Sequence[str] | None = None,
 ) -> Tokenizer:
     """The tokenizer Megatron-LM would build for these flags (a clear error if one is missing)."""
     sentencepiece: dict[str, type[_SentencePieceBase]] = {
@@ -667,6 +670,20 @@ def build_tokenizer(
         return GPT2BPETokenizer(vocab_file, merge_file)  # type: ignore[arg-type]
     if tokenizer_type == "HuggingFaceTokenizer":
         return HuggingFaceTokenizer(tokenizer_model)  # type: ignore[arg-type]
+    if tokenizer_type == "TikTokenizer":
+        from megatron_ext.data.tiktokenizer import TikTokenizer
+
+        if not tokenizer_model or not tiktoken_pattern:
+            raise TokenizerError(
+                "--tokenizer-type TikTokenizer needs --tokenizer-model VOCAB.json and --tiktoken-pattern"
+            )
+        return TikTokenizer(
+            tokenizer_model,
+            pattern=tiktoken_pattern,
+            vocab_size=vocab_size,
+            num_special_tokens=tiktoken_num_special_tokens,
+            special_tokens=special_tokens,
+        )
     if tokenizer_type == "NullTokenizer":
         if vocab_size is None:
             raise TokenizerError("--tokenizer-type NullTokenizer needs --vocab-size N")

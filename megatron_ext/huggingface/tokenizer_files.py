@@ -13,8 +13,8 @@
 - ``HuggingFaceTokenizer``: the tokenizer files of its directory, as they are.
 
 ``SentencePieceTokenizer`` (which appends Megatron's own special pieces after the
-model's) and ``NullTokenizer`` have no ``transformers`` equivalent: the weights are
-exported without tokenizer files, and the note says so.
+model's), ``TikTokenizer`` (not written as a ``tokenizer.json`` yet) and ``NullTokenizer``
+are exported without tokenizer files, and the note says so.
 """
 
 from __future__ import annotations
@@ -107,11 +107,11 @@ def write_tokenizer(tokenizer: Tokenizer, data: DataArgs, directory: Path, *, ma
             shutil.copyfile(source / name, directory / name)
         hf_bos = getattr(getattr(tokenizer, "_hf", None), "bos_token_id", None)
         return WrittenTokenizer(TokenIds(hf_bos, tokenizer.eod), files, f"the tokenizer files of {source}")
-    why = (
-        "it appends Megatron's own special pieces after the SentencePiece model's"
-        if kind == "SentencePieceTokenizer"
-        else "it has no vocabulary"
-    )
+    why = {
+        "SentencePieceTokenizer": "it appends Megatron's own special pieces after the SentencePiece model's",
+        "TikTokenizer": "its tiktoken ranks after Megatron-LM's special-token ids are not written as a "
+        "tokenizer.json here; keep its vocabulary file beside the export",
+    }.get(kind, "it has no vocabulary")
     return WrittenTokenizer(
         TokenIds(None, tokenizer.eod), (), f"no tokenizer files: {kind} has no transformers equivalent ({why})"
     )

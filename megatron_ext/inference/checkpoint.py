@@ -21,6 +21,7 @@ import torch
 from megatron_ext.checkpoint.identity import TOKENIZER_FLAG, tokenizer_difference, tokenizer_identity
 from megatron_ext.checkpoint.on_disk import CheckpointError
 from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.tokenizer_types import VOCAB_SIZE_TOKENIZERS
 from megatron_ext.config.training_config import GROUPS, TrainingConfig, make_config
 from megatron_ext.data.tokenizers import Tokenizer, TokenizerError, build_tokenizer
 from megatron_ext.training import checkpointing, distributed
@@ -120,14 +121,17 @@ def open_checkpoint(
 def tokenizer_of(cfg: TrainingConfig) -> Tokenizer:
     """The run's tokenizer; its vocabulary must be the one the checkpoint was trained with."""
     d = cfg.data
-    null = d.tokenizer_type == "NullTokenizer"
+    sized = d.tokenizer_type in VOCAB_SIZE_TOKENIZERS
     try:
         tokenizer = build_tokenizer(
             d.tokenizer_type,
             tokenizer_model=d.tokenizer_model,
             vocab_file=d.vocab_file,
             merge_file=d.merge_file,
-            vocab_size=cfg.model.vocab_size if null else None,
+            vocab_size=cfg.model.vocab_size if sized else None,
+            tiktoken_pattern=d.tiktoken_pattern,
+            tiktoken_num_special_tokens=d.tiktoken_num_special_tokens,
+            special_tokens=d.tokenizer_special_tokens,
         )
     except TokenizerError as exc:
         raise CheckpointError(f"{exc} (give the tokenizer flags to use another copy of the run's tokenizer)") from exc

@@ -182,7 +182,9 @@ def test_every_megatron_lm_tokenizer_type_is_taken_or_refused_with_its_reason(na
     from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, UNSUPPORTED_TOKENIZER_TYPES
 
     if name in TOKENIZER_TYPES:
-        assert parse_args(["--mock-data", "--tokenizer-type", name]).data.tokenizer_type == name
+        # TikTokenizer's own files and pattern are needed as well (tests/data/test_tiktokenizer.py).
+        needs = ["--tokenizer-model", "v.json", "--tiktoken-pattern", "v2"] if name == "TikTokenizer" else []
+        assert parse_args(["--mock-data", "--tokenizer-type", name, *needs]).data.tokenizer_type == name
     else:
         with pytest.raises(
             ConfigError, match=re.escape(f"--tokenizer-type {name}: {UNSUPPORTED_TOKENIZER_TYPES[name]}")
