@@ -492,9 +492,6 @@ def parse_split(text: str) -> tuple[float, float, float]:
 
 
 DATALOADER_REFUSALS = {
-    "cyclic": "Megatron-LM's cyclic loader reshuffles the samples within each data-parallel shard every epoch "
-    "(its MegatronPretrainingRandomSampler), a different order than the single loader's, which this project does "
-    "not reproduce; use single (the GPT default)",
     "external": "Megatron-LM then hands the dataset itself to the training loop as its iterator, which its own "
     "pretrain_gpt.py cannot train with either; use single",
 }
@@ -544,9 +541,13 @@ class DataArgs(_Options):
     num_workers: int = opt(0, "Data-loader worker processes.", minimum=0)
     dataloader_type: str | None = opt(
         None,
-        "Megatron-LM's loader: single (its default for GPT), which reads the samples once in order from the "
-        "consumed-samples position; cyclic and external are refused with the reason.",
+        "Megatron-LM's loader: single (its default for GPT) reads the samples once in order from the "
+        "consumed-samples position; cyclic reads every epoch in a new random order (seeded by the epoch), "
+        "each DP rank within its own share unless --no-data-sharding; external is refused with the reason.",
         choices=["single", "cyclic", "external"],
+    )
+    no_data_sharding: bool = opt(
+        False, "With --dataloader-type cyclic: shuffle the whole dataset and deal it out, not each DP rank's share."
     )
     no_mmap_bin_files: bool = opt(False, "Read the .bin files with file reads instead of memory-mapping them.")
     eod_mask_loss: bool = opt(False, "Leave the end-of-document tokens out of the loss (their loss mask is 0).")
@@ -573,5 +574,7 @@ class DataArgs(_Options):
             raise ConfigError("--valid-data-path/--test-data-path need --train-data-path")
         if self.mock_data and (self.data_path or per_split):
             raise ConfigError("--mock-data and a data path are mutually exclusive; drop one")
+        if self.no_data_sharding and self.dataloader_type != "cyclic":
+            raise ConfigError("--no-data-sharding applies to --dataloader-type cyclic only (as in Megatron-LM)")
         if self.dataloader_type in DATALOADER_REFUSALS:
             raise ConfigError(f"--dataloader-type {self.dataloader_type}: {DATALOADER_REFUSALS[self.dataloader_type]}")

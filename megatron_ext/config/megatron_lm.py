@@ -80,7 +80,7 @@ NOTES: dict[str, str] = {
     "or on CPU, with the reason",
     "--num-workers": "default 0 here (2 in Megatron-LM): the data loader runs in the training process",
     "--distributed-backend": "checked against the device: nccl on GPU, gloo on CPU; another is refused with the reason",
-    "--dataloader-type": "single (Megatron-LM's default for GPT); cyclic and external are refused with the reason",
+    "--dataloader-type": "single (Megatron-LM's default for GPT) and cyclic; external is refused with the reason",
 }
 """What to know about some honoured flags (the docs table's "why" column)."""
 
@@ -144,7 +144,7 @@ REFUSALS: tuple[Refusal, ...] = (
         "heterogeneous per-layer configurations are not supported: every layer has the same shape",
         groups=("heterogeneous architecture",),
     ),
-    _r(f"vision models (ViT, Swin, DINO): {NOT_GPT}", groups=("vision",)),
+    _r(f"vision models (ViT, Swin, DINO): {NOT_GPT}", "--vision-pretraining --vision-pretraining-type"),
     _r(
         f"BERT and T5 options: {NOT_GPT}",
         "--decoder-seq-length --vocab-extra-ids",

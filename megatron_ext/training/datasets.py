@@ -126,6 +126,54 @@ class PretrainingSampler:
             yield list(range(first, first + self.micro_batch_size))
 
 
+class PretrainingRandomSampler:
+    """``--dataloader-type cyclic``: Megatron-LM's ``MegatronPretrainingRandomSampler``. Epoch ``e`` (of the
+    dataset's samples that fill whole micro-batches on every DP rank) is read in the order of
+    ``torch.randperm`` seeded with ``e``: within each DP rank's own contiguous bucket (data sharding, the
+    default), or over the whole dataset dealt round-robin (``--no-data-sharding``). Starts at
+    ``consumed_samples`` and counts what it yields, so iterating again continues with the next epoch."""
+
+    def __init__(
+        self,
+        *,
+        total_samples: int,
+        consumed_samples: int,
+        micro_batch_size: int,
+        data_parallel_rank: int,
+        data_parallel_size: int,
+        data_sharding: bool = True,
+    ) -> None:
+        if total_samples <= 0:
+            raise ValueError(f"no sample to read: {total_samples}")
+        self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank = data_parallel_rank
+        self.dp_size = data_parallel_size
+        self.data_sharding = data_sharding
+        self.block = micro_batch_size * data_parallel_size
+
+    def __len__(self) -> int:
+        return self.total_samples
+
+    def __iter__(self) -> Iterator[list[int]]:
+        active = self.total_samples - self.total_samples % self.block
+        epoch, done = divmod(self.consumed_samples, active)
+        generator = torch.Generator()
+        generator.manual_seed(epoch)
+        if self.data_sharding:
+            bucket = (self.total_samples // self.block) * self.micro_batch_size
+            order = torch.randperm(bucket, generator=generator).tolist()
+            indices = [self.dp_rank * bucket + i for i in order[done // self.dp_size :]]
+        else:
+            whole = (self.total_samples // self.micro_batch_size) * self.micro_batch_size
+            order = torch.randperm(whole, generator=generator).tolist()
+            indices = order[done:][self.dp_rank :: self.dp_size]
+        for start in range(0, len(indices) - self.micro_batch_size + 1, self.micro_batch_size):
+            self.consumed_samples += self.block
+            yield indices[start : start + self.micro_batch_size]
+
+
 def make_iterator(
     dataset: Any,
     *,
@@ -138,14 +186,27 @@ def make_iterator(
         return None
     layout = cfg.layout
 
+    cyclic = cfg.data.dataloader_type == "cyclic"
+
     def loader(consumed: int) -> torch.utils.data.DataLoader:
-        sampler = PretrainingSampler(
-            total_samples=len(dataset),
-            consumed_samples=consumed,
-            micro_batch_size=layout.micro_batch_size,
-            data_parallel_rank=dp_rank,
-            data_parallel_size=layout.dp,
-        )
+        sampler: PretrainingSampler | PretrainingRandomSampler
+        if cyclic:
+            sampler = PretrainingRandomSampler(
+                total_samples=len(dataset),
+                consumed_samples=consumed,
+                micro_batch_size=layout.micro_batch_size,
+                data_parallel_rank=dp_rank,
+                data_parallel_size=layout.dp,
+                data_sharding=not cfg.data.no_data_sharding,
+            )
+        else:
+            sampler = PretrainingSampler(
+                total_samples=len(dataset),
+                consumed_samples=consumed,
+                micro_batch_size=layout.micro_batch_size,
+                data_parallel_rank=dp_rank,
+                data_parallel_size=layout.dp,
+            )
         return torch.utils.data.DataLoader(
             dataset,
             batch_sampler=sampler,
@@ -159,7 +220,14 @@ def make_iterator(
             worker_init_fn=_ignore_stop_signals if cfg.data.num_workers > 0 else None,
         )
 
+    if cyclic:  # Megatron-LM's cyclic_iter: each pass over the loader is the sampler's next epoch
+        return _cycle(loader(consumed_samples))
     return iter(loader(consumed_samples))
+
+
+def _cycle(loader: torch.utils.data.DataLoader) -> Iterator[dict[str, torch.Tensor]]:
+    while True:
+        yield from loader
 
 
 def _ignore_stop_signals(_worker_id: int) -> None:

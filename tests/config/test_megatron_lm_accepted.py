@@ -127,12 +127,15 @@ def test_the_distributed_backend_must_fit_the_device() -> None:
     assert backend_problem("gloo", "cuda") is not None and backend_problem("nccl", "cuda") is None
 
 
-@pytest.mark.parametrize(("value", "why"), [("cyclic", "reshuffles the samples"), ("external", "cannot train")])
-def test_dataloader_type_single_is_what_runs_and_the_others_are_refused(value: str, why: str) -> None:
+def test_dataloader_types_single_and_cyclic_run_and_external_is_refused() -> None:
     single = parse_args([*BASE, "--dataloader-type", "single"])
     assert single.data == dataclasses.replace(parse_args(BASE).data, dataloader_type="single")
-    with pytest.raises(ConfigError, match=f"--dataloader-type {value}: .*{why}"):
-        parse_args([*BASE, "--dataloader-type", value])
+    cyclic = parse_args([*BASE, "--dataloader-type", "cyclic", "--no-data-sharding"])
+    assert (cyclic.data.dataloader_type, cyclic.data.no_data_sharding) == ("cyclic", True)
+    with pytest.raises(ConfigError, match=r"--dataloader-type external: .*cannot train"):
+        parse_args([*BASE, "--dataloader-type", "external"])
+    with pytest.raises(ConfigError, match="--no-data-sharding applies to --dataloader-type cyclic only"):
+        parse_args([*BASE, "--no-data-sharding"])
 
 
 # A launch script of the kind public Megatron-LM users keep (2023-era GPT pretraining on a cluster): deprecated
