@@ -5,7 +5,7 @@
 #
 #   bash examples/megatron-lm/llama3_8b.sh CHECKPOINT_PATH [TENSORBOARD_DIR] [TOKENIZER_DIR|MOCK] [DATA_PATH|MOCK]
 #
-# DTYPE=fp8 adds Megatron-LM's FP8 flags, which need Transformer Engine (refused before launch here, with
+# DTYPE=fp8 adds Megatron-LM's FP8 flags, which need Transformer Engine's layers on GPUs (refused before launch on CPU, with
 # that reason); the default is bf16. CP_SIZE splits each 8,192-token sequence (Transformer Engine's attention).
 # DRY_RUN=1 validates the whole job for its world size on this machine instead of launching it.
 set -euo pipefail

@@ -290,6 +290,14 @@ class ParallelArgs(_Options):
         env="DISTRIBUTED_OPTIMIZER",
         layout=True,
     )
+    tp_comm_overlap: bool = opt(
+        False,
+        "Overlap tensor-parallel communication with the GEMMs (Transformer Engine's userbuffers; needs "
+        "--sequence-parallel and TE's layers on GPUs).",
+    )
+    tp_comm_bootstrap_backend: str = opt(
+        "nccl", "With --tp-comm-overlap: how the userbuffers are set up.", choices=["nccl", "mpi", "gloo"]
+    )
     overlap_grad_reduce: bool = opt(False, "Overlap the gradient reduce-scatter with backward.", estimate=True)
     overlap_param_gather: bool = opt(
         False, "Overlap the parameter all-gather with forward (needs the distributed optimizer).", estimate=True
@@ -301,6 +309,11 @@ class ParallelArgs(_Options):
     def _relations(self) -> None:
         if self.overlap_param_gather and not self.use_distributed_optimizer:
             raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ConfigError(
+                "--tp-comm-overlap overlaps sequence parallelism's all-gathers and reduce-scatters: give "
+                "--sequence-parallel (as Megatron-LM requires)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -402,6 +415,33 @@ class OptimizerArgs(_Options):
         None, "With full recomputation: which layers.", choices=["uniform", "block"], estimate=True
     )
     recompute_num_layers: int | None = opt(None, "With full recomputation: layers per group.", estimate=True, minimum=1)
+    fp8_format: str | None = opt(
+        None,
+        "FP8 GEMMs with Transformer Engine: e4m3 everywhere, or hybrid (e4m3 forward, e5m2 gradients); needs TE's "
+        "layers on a GPU that has FP8.",
+        choices=["e4m3", "hybrid"],
+    )
+    fp8_recipe: str = opt(
+        "delayed",
+        "With --fp8-format: Transformer Engine's scaling recipe (mxfp8 needs Blackwell).",
+        choices=["delayed", "tensorwise", "mxfp8", "blockwise"],
+    )
+    fp8_margin: int = opt(0, "With --fp8-format: the scaling factor's margin (powers of 2).", minimum=0)
+    fp8_interval: int = opt(1, "With --fp8-format: steps between scaling-factor updates (deprecated in TE).", minimum=1)
+    fp8_amax_history_len: int = opt(1, "With --fp8-format delayed scaling: the amax history's length.", minimum=1)
+    fp8_amax_compute_algo: str = opt(
+        "most_recent",
+        "With --fp8-format delayed scaling: the amax of the history used.",
+        choices=["most_recent", "max"],
+    )
+    no_fp8_wgrad: bool = opt(
+        False,
+        "With --fp8-format: compute weight gradients in the training precision, not FP8.",
+        aliases=("--disable-fp8-wgrad",),
+    )
+    fp8_param_gather: bool = opt(
+        False, "With --fp8-format: keep the compute weights in FP8 and all-gather them in FP8 (distributed optimizer)."
+    )
     log_num_zeros_in_grad: bool = opt(
         False, "Count the zero gradients at every step (Megatron-Core's optimizer): the log line and 'num-zeros'."
     )
@@ -412,6 +452,12 @@ class OptimizerArgs(_Options):
     def _relations(self) -> None:
         if self.bf16 and self.fp16:
             raise ConfigError("--bf16 and --fp16 are mutually exclusive; choose one")
+        fp8_only = [flag for flag, on in (("--fp8-param-gather", self.fp8_param_gather), ("--no-fp8-wgrad",
+                    self.no_fp8_wgrad)) if on]  # fmt: skip
+        if fp8_only and self.fp8_format is None:
+            raise ConfigError(f"{' and '.join(fp8_only)} apply with --fp8-format only; give it (e4m3 or hybrid)")
+        if self.fp8_param_gather and self.fp8_recipe not in ("delayed", "tensorwise", "mxfp8", "blockwise"):
+            raise ConfigError("--fp8-param-gather needs a Transformer Engine recipe")
         if self.grad_reduce_in_bf16 and not self.bf16:
             raise ConfigError("--grad-reduce-in-bf16 applies only with --bf16 (Megatron-LM ignores it otherwise)")
         if self.lr_warmup_fraction is not None and (self.lr_warmup_iters or self.lr_warmup_samples):

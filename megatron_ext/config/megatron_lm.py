@@ -158,18 +158,18 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     # ---- low precision and Transformer Engine features
     _r(
-        "FP8 / FP4 training needs Transformer Engine's layers and recipes, which this project does not set up; "
-        "train in bf16",
-        "--disable-fp8-wgrad --no-fp8-wgrad --keep-fp8-transpose-cache --first-last-layers-bf16 "
-        "--num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16 --te-precision-config-file "
-        "--reuse-grad-buf-for-mxfp8-param-ag",
-        prefixes=("--fp8-", "--fp4-"),
+        "an FP8 / FP4 option this project does not expose (it takes --fp8-format, --fp8-recipe, --fp8-margin, "
+        "--fp8-interval, --fp8-amax-history-len, --fp8-amax-compute-algo, --no-fp8-wgrad and --fp8-param-gather)",
+        "--keep-fp8-transpose-cache --first-last-layers-bf16 --num-layers-at-start-in-bf16 "
+        "--num-layers-at-end-in-bf16 --te-precision-config-file --reuse-grad-buf-for-mxfp8-param-ag "
+        "--fp8-quantizer-factory",
+        prefixes=("--fp4-",),
     ),
     _r(
-        "tensor-parallel communication overlap uses Transformer Engine's userbuffers, which this project does not "
-        "set up",
-        "--tp-comm-overlap-cfg",
-        prefixes=("--tp-comm-", "--disable-tp-comm-", "--no-tp-comm-"),
+        "a tuning option of Transformer Engine's userbuffers this project does not expose: --tp-comm-overlap uses "
+        "their defaults",
+        "--tp-comm-overlap-cfg --tp-comm-overlap-rs-dgrad",
+        prefixes=("--disable-tp-comm-", "--no-tp-comm-"),
     ),
     _r(
         "deferred weight-gradient computation needs Transformer Engine's layers and TP overlap; not supported",

@@ -190,6 +190,13 @@ def make_config(
     if parallel.context_parallel_size > 1 and (model.transformer_impl == "local" or run.device == "cpu"):
         why = "--transformer-impl local" if model.transformer_impl == "local" else "--device cpu"
         raise context_parallel_refusal(parallel.context_parallel_size, f"which {why} does not build")
+    asked = transformer_engine_features(optim, parallel)
+    if asked and (model.transformer_impl == "local" or run.device == "cpu"):
+        why = "--transformer-impl local" if model.transformer_impl == "local" else "--device cpu"
+        raise ConfigError(transformer_engine_refusal(asked, f"which {why} does not build"))
+    if optim.fp8_param_gather and not parallel.use_distributed_optimizer:
+        raise ConfigError("--fp8-param-gather all-gathers the distributed optimizer's weights: give "
+                          "--use-distributed-optimizer (as Megatron-LM requires)")  # fmt: skip
     parallel, adjustments = megatron_lm_adjustments(parallel)
     layout = build_layout(model, parallel, batch, world_size=world_size)
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
@@ -210,4 +217,20 @@ def make_config(
         data=data,
         run=run,
         layout=layout,
+    )
+
+
+def transformer_engine_features(optim: OptimizerArgs, parallel: ParallelArgs) -> list[str]:
+    """The flags given that only Transformer Engine's layers implement (FP8, TP communication overlap)."""
+    return [
+        *([f"--fp8-format {optim.fp8_format}"] if optim.fp8_format else []),
+        *(["--tp-comm-overlap"] if parallel.tp_comm_overlap else []),
+    ]
+
+
+def transformer_engine_refusal(features: list[str], why: str) -> str:
+    """One line: the features, why this run cannot have them, and what would."""
+    return (
+        f"{' and '.join(features)} need Transformer Engine's layers, {why}; run on GPUs with Transformer Engine "
+        "(--transformer-impl auto or transformer_engine), or drop them"
     )

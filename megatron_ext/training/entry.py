@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from megatron_ext.checkpoint import on_disk
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.config.training_config import TrainingConfig, parse_args
+from megatron_ext.config.training_config import TrainingConfig, parse_args, transformer_engine_features
 from megatron_ext.data.preflight import preflight
 from megatron_ext.estimate import plan
 from megatron_ext.parallel.layout import LayoutError
@@ -88,6 +88,16 @@ def _missing_tracking(cfg: TrainingConfig) -> list[str]:
     ]
 
 
+def _transformer_engine_note(cfg: TrainingConfig) -> list[str]:
+    """--dry-run's line when the flags need Transformer Engine and this machine has none (a cluster's job
+    rehearsed elsewhere; the run itself checks at start-up)."""
+    features = [*([f"--context-parallel-size {cfg.layout.cp}"] if cfg.layout.cp > 1 else [])]
+    features += transformer_engine_features(cfg.optim, cfg.parallel)
+    if not features or importlib.util.find_spec("transformer_engine") is not None:
+        return []
+    return [f"{' and '.join(features)} need Transformer Engine's layers (not installed here; the run checks)"]
+
+
 def pretrain(
     *,
     model_provider: ModelProvider,
@@ -128,7 +138,8 @@ def pretrain(
     missing = _missing_tracking(cfg)
     if cfg.run.dry_run:
         print("configuration is valid")
-        for line in [*plan.describe(cfg), *([where] if where else []), *(f"{m} (not installed here)" for m in missing)]:
+        notes = [*(f"{m} (not installed here)" for m in missing), *_transformer_engine_note(cfg)]
+        for line in [*plan.describe(cfg), *([where] if where else []), *notes]:
             print(f"  {line}")
         return ExitCode.OK
     if missing:

@@ -36,8 +36,9 @@ from megatron_ext.training.housekeeping import Housekeeping
 from megatron_ext.training.metrics import LogWindow, MetricsWriter, StepResult
 from megatron_ext.training.model import (
     build_model_chunks,
-    check_context_parallel,
+    check_transformer_engine,
     count_parameters,
+    initialize_tp_comm_overlap,
     parameter_norm,
     unwrap,
 )
@@ -163,7 +164,8 @@ class Trainer:
         self.cfg = cfg
         self.ctx = ctx
         layout = cfg.layout
-        check_context_parallel(cfg, ctx.device)
+        check_transformer_engine(cfg, ctx.device)
+        initialize_tp_comm_overlap(cfg)
         provider = functools.partial(model_provider, cfg, device=ctx.device)
         self.chunks = build_model_chunks(provider, cfg=cfg, device=ctx.device)
         # Every pass timed: per-stage cost and imbalance in the log, and --timeline.

@@ -10,8 +10,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.layout_flags import context_parallel_refusal
-from megatron_ext.config.training_config import TrainingConfig
+from megatron_ext.config.training_config import (
+    TrainingConfig,
+    transformer_engine_features,
+    transformer_engine_refusal,
+)
 from megatron_ext.parallel.layout import ParallelLayout
 
 
@@ -40,10 +45,11 @@ def use_transformer_engine(cfg: TrainingConfig, device: torch.device) -> bool:
     return impl == "auto" and device.type == "cuda" and available and cfg.model.attention_backend != "local"
 
 
-def check_context_parallel(cfg: TrainingConfig, device: torch.device) -> None:
-    """ConfigError unless this run builds Transformer Engine's attention, which context parallelism needs
-    (Megatron-Core's own attention asserts CP 1)."""
-    if cfg.layout.cp > 1 and not use_transformer_engine(cfg, device):
+def check_transformer_engine(cfg: TrainingConfig, device: torch.device) -> None:
+    """ConfigError unless this run builds Transformer Engine's layers where the flags need them: context
+    parallelism (Megatron-Core's own attention asserts CP 1), FP8 and TP communication overlap."""
+    features = transformer_engine_features(cfg.optim, cfg.parallel)
+    if (cfg.layout.cp > 1 or features) and not use_transformer_engine(cfg, device):
         if device.type != "cuda":
             why = "this run is on CPU"
         elif importlib.util.find_spec("transformer_engine") is None:
@@ -51,7 +57,32 @@ def check_context_parallel(cfg: TrainingConfig, device: torch.device) -> None:
         else:
             why = f"--transformer-impl {cfg.model.transformer_impl} --attention-backend {cfg.model.attention_backend} "
             why += "selects the local spec"
-        raise context_parallel_refusal(cfg.layout.cp, f"and {why}")
+        if cfg.layout.cp > 1:
+            raise context_parallel_refusal(cfg.layout.cp, f"and {why}")
+        raise ConfigError(transformer_engine_refusal(features, f"and {why}"))
+
+
+def initialize_tp_comm_overlap(cfg: TrainingConfig) -> None:
+    """Transformer Engine's userbuffers for ``--tp-comm-overlap``, set up as Megatron-LM does
+    (``megatron/training/initialize.py``): one sequence of micro-batches per CP rank, by hidden size, with FP8's
+    quantization when it trains in FP8. After the process groups, before the model."""
+    if not cfg.parallel.tp_comm_overlap:
+        return
+    from transformer_engine.pytorch import module as te_module
+
+    shape = [cfg.model.seq_length * cfg.layout.micro_batch_size // cfg.layout.cp, cfg.model.hidden_size]
+    kwargs: dict[str, Any] = {
+        "shape": shape,
+        "tp_size": cfg.layout.tp,
+        "ub_cfgs": {},
+        "bootstrap_backend": cfg.parallel.tp_comm_bootstrap_backend,
+    }
+    modes = getattr(te_module.base, "UserBufferQuantizationMode", None)
+    if modes is not None:  # Transformer Engine 2.7 and later
+        kwargs["quantization_modes"] = [modes.FP8 if cfg.optim.fp8_format else modes.NONE]
+    else:
+        kwargs["use_fp8"] = cfg.optim.fp8_format is not None
+    te_module.base.initialize_ub(**kwargs)
 
 
 def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> TransformerConfig
@@ -85,6 +116,17 @@ def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> d
         gated_linear_unit=m.swiglu,
         activation_func=activation_function(cfg),
         qk_layernorm=m.qk_layernorm,
+        # FP8 and TP communication overlap: Transformer Engine's layers (check_transformer_engine refuses others).
+        fp8=o.fp8_format,
+        fp8_recipe=o.fp8_recipe,
+        fp8_margin=o.fp8_margin,
+        fp8_interval=o.fp8_interval,
+        fp8_amax_history_len=o.fp8_amax_history_len,
+        fp8_amax_compute_algo=o.fp8_amax_compute_algo,
+        fp8_wgrad=not o.no_fp8_wgrad,
+        fp8_param=o.fp8_param_gather,
+        tp_comm_overlap=cfg.parallel.tp_comm_overlap,
+        tp_comm_bootstrap_backend=cfg.parallel.tp_comm_bootstrap_backend,
         # Megatron-LM's defaults (its argument parser's), not TransformerConfig's own (True for the softmax).
         attention_softmax_in_fp32=m.attention_softmax_in_fp32,
         apply_query_key_layer_scaling=m.apply_query_key_layer_scaling,
@@ -269,6 +311,7 @@ def ddp_config(cfg: TrainingConfig) -> Any:
         overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
         overlap_param_gather=cfg.parallel.overlap_param_gather,
         use_distributed_optimizer=cfg.layout.use_distributed_optimizer,
+        fp8_param_gather=cfg.optim.fp8_param_gather,
         check_for_nan_in_grad=False,
     )
 

@@ -13,7 +13,7 @@ from megatron_ext.estimate.memory import estimate_memory
 from megatron_ext.estimate.search import Cluster, evaluate
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import LayoutError, ParallelLayout
-from megatron_ext.training.model import check_context_parallel
+from megatron_ext.training.model import check_transformer_engine
 from tests.estimate.test_memory import gpt, layout
 
 pytestmark = pytest.mark.unit
@@ -54,7 +54,7 @@ def test_refused_before_launch_where_megatron_cores_attention_cannot_split_the_s
         with pytest.raises(ConfigError, match=f"needs Transformer Engine's attention, which {why}"):
             parse_args([*argv, *flags])
     with pytest.raises(ConfigError, match="needs Transformer Engine's attention, and this run is on CPU"):
-        check_context_parallel(parse_args(argv), torch.device("cpu"))
+        check_transformer_engine(parse_args(argv), torch.device("cpu"))
 
 
 def test_the_calculator_splits_activations_and_optimizer_state_over_cp() -> None:
