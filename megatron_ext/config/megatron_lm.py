@@ -385,12 +385,6 @@ REFUSALS: tuple[Refusal, ...] = (
         "--no-ckpt-fully-parallel-save --disable-ckpt-fully-parallel-save --dist-ckpt-strictness",
     ),
     _r(
-        "the model's flags are given on the command line; a checkpoint's saved layout and shape are checked "
-        "against them, not taken from it",
-        "--use-checkpoint-args --use-mp-args-from-checkpoint-args --no-use-tokenizer-model-from-checkpoint-args "
-        "--disable-use-tokenizer-model-from-checkpoint-args",
-    ),
-    _r(
         "start from another checkpoint with --load and --finetune (the model only, iteration 0)",
         "--pretrained-checkpoint --load-main-params-from-ckpt",
     ),

@@ -60,6 +60,19 @@ class RunArgs(_Options):
         "stops the run with an error (exit code 4).",
         minimum=0,
     )
+    use_checkpoint_args: bool = opt(
+        False,
+        "Take the model's shape from the checkpoint under --load, as Megatron-LM does: sizes not given here come "
+        "from it; the architecture switches (normalization, SwiGLU, biases, positions, dropouts, ...) always do.",
+    )
+    use_mp_args_from_checkpoint_args: bool = opt(
+        False, "With --use-checkpoint-args: also take TP, PP and VP from the checkpoint."
+    )
+    no_use_tokenizer_model_from_checkpoint_args: bool = opt(
+        False,
+        "With --use-checkpoint-args: keep this command line's --tokenizer-type and --tokenizer-model.",
+        aliases=("--disable-use-tokenizer-model-from-checkpoint-args",),
+    )
     no_load_optim: bool = opt(False, "Do not load optimizer state from --load.")
     no_save_optim: bool = opt(
         False, "Do not save the optimizer state: smaller checkpoints; a run resumed from one starts Adam afresh."
@@ -241,6 +254,15 @@ class RunArgs(_Options):
 
     def _relations(self) -> None:
         self._profile_relations()
+        if self.use_checkpoint_args and not self.load:
+            raise ConfigError("--use-checkpoint-args takes the model's flags from the checkpoint under --load: give it")
+        if (self.use_mp_args_from_checkpoint_args or self.no_use_tokenizer_model_from_checkpoint_args) and not (
+            self.use_checkpoint_args
+        ):
+            raise ConfigError(
+                "--use-mp-args-from-checkpoint-args and --no-use-tokenizer-model-from-checkpoint-args apply with "
+                "--use-checkpoint-args only"
+            )
         if self.wandb_project and not self.wandb_exp_name:
             raise ConfigError("--wandb-project needs --wandb-exp-name, the W&B run's name (as Megatron-LM)")
         if self.wandb_project and not (self.wandb_save_dir or self.save):

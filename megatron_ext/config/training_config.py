@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from megatron_ext.config import iterations
 from megatron_ext.config.arguments import BatchArgs, ConfigError, DataArgs, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.checkpoint_args import with_checkpoint_args
 from megatron_ext.config.flags import Parser, add_options, to_argv
 from megatron_ext.config.layout_flags import build_layout, context_parallel_refusal, megatron_lm_adjustments
 from megatron_ext.config.megatron_lm import split_unknown
@@ -119,11 +120,19 @@ def option_strings(parser: argparse.ArgumentParser) -> frozenset[str]:
     return frozenset(o for a in parser._actions for o in a.option_strings if o.startswith("--"))
 
 
-def parse_args(argv: Sequence[str], *, world_size: int | None = None, default_world_size: int = 1) -> TrainingConfig:
+def parse_args(
+    argv: Sequence[str],
+    *,
+    world_size: int | None = None,
+    default_world_size: int = 1,
+    checkpoint_args: Mapping[str, Mapping[str, Any]] | None = None,
+) -> TrainingConfig:
     """Parse and validate (pure, see ``make_config``). Raises ConfigError or LayoutError with every problem named.
 
     Megatron-LM's flags without a field here are taken first (``megatron_lm_accepted``: aliases replaced, flags
     that change nothing noted in ``adjustments``), then those refused are named with their reasons.
+    ``checkpoint_args``: the arguments recorded by the checkpoint under ``--load``, which
+    ``--use-checkpoint-args`` takes (the entry reads them).
     """
     parser = build_parser()
     taken = translate(expand_preset(argv), ours=option_strings(parser))
@@ -144,8 +153,18 @@ def parse_args(argv: Sequence[str], *, world_size: int | None = None, default_wo
             "Megatron-LM flags this project refuses (every Megatron-LM flag and what happens to it: "
             "docs/megatron-lm-flags.md):\n" + "\n".join(f"  {flag}: {why}" for flag, why in refused)
         )
+    notes = list(taken.notes)
+    if checkpoint_args is not None and given["run"].get("use_checkpoint_args"):
+        run = given["run"]
+        given, changed = with_checkpoint_args(
+            given,
+            checkpoint_args,
+            tokenizer=not run.get("no_use_tokenizer_model_from_checkpoint_args", False),
+            parallel=bool(run.get("use_mp_args_from_checkpoint_args", False)),
+        )
+        notes.append(f"--use-checkpoint-args: from {run.get('load')}: {', '.join(changed) or 'nothing changed'}")
     cfg = make_config(world_size=world_size, default_world_size=default_world_size, **given)
-    return dataclasses.replace(cfg, adjustments=(*taken.notes, *cfg.adjustments))
+    return dataclasses.replace(cfg, adjustments=(*notes, *cfg.adjustments))
 
 
 def make_config(

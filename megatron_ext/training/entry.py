@@ -9,6 +9,8 @@ and the checkpoint under ``--load`` is read (with torch) only when there is one
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -16,11 +18,13 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from megatron_ext.checkpoint import on_disk
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.flags import add_options
+from megatron_ext.config.run_args import RunArgs
 from megatron_ext.config.training_config import TrainingConfig, parse_args, transformer_engine_features
 from megatron_ext.data.preflight import preflight
 from megatron_ext.estimate import plan
@@ -98,6 +102,33 @@ def _transformer_engine_note(cfg: TrainingConfig) -> list[str]:
     return [f"{' and '.join(features)} need Transformer Engine's layers (not installed here; the run checks)"]
 
 
+def _checkpoint_arguments(argv: Sequence[str]) -> dict[str, Any] | None:
+    """With ``--use-checkpoint-args``: the arguments recorded by the latest checkpoint under ``--load`` (None
+    without the flag, or without a checkpoint there, where Megatron-LM also goes on with the command line's)."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    wanted = [f for f in dataclasses.fields(RunArgs) if f.name in ("use_checkpoint_args", "load")]
+    add_options(pre.add_argument_group("checkpoint"), RunArgs, wanted)
+    known, _ = pre.parse_known_args(list(argv))
+    load = getattr(known, "load", None)
+    if not getattr(known, "use_checkpoint_args", False) or not load:
+        return None
+    iteration = on_disk.read_tracker(load)
+    if iteration is None:
+        logging.getLogger("megatron_ext").warning(
+            "--use-checkpoint-args: no checkpoint under %s to take them from", load
+        )
+        return None
+    from megatron_ext.training.checkpointing import saved_common  # reading common.pt takes torch
+
+    args = saved_common(on_disk.checkpoint_dir(load, iteration)).get("args")
+    if not isinstance(args, dict):
+        raise on_disk.CheckpointError(
+            f"{load}: iteration {iteration} records no arguments (saved by an older version): --use-checkpoint-args "
+            "cannot take them; give the model's flags"
+        )
+    return args
+
+
 def pretrain(
     *,
     model_provider: ModelProvider,
@@ -110,10 +141,14 @@ def pretrain(
     started = time.monotonic()
     rank = int(os.environ.get("RANK", "0"))
     _configure_logging(rank)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        cfg = parse_args(
-            sys.argv[1:] if argv is None else argv, default_world_size=int(os.environ.get("WORLD_SIZE", "1"))
-        )
+        saved = _checkpoint_arguments(argv)
+    except on_disk.CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.CHECKPOINT
+    try:
+        cfg = parse_args(argv, default_world_size=int(os.environ.get("WORLD_SIZE", "1")), checkpoint_args=saved)
         # Full dataset checks where one process can afford them (--dry-run, global rank 0);
         # constant-time ones on the other ranks of a large job.
         checked = preflight(cfg, full=cfg.run.dry_run or rank == 0)
