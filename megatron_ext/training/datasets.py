@@ -189,24 +189,18 @@ def make_iterator(
     cyclic = cfg.data.dataloader_type == "cyclic"
 
     def loader(consumed: int) -> torch.utils.data.DataLoader:
-        sampler: PretrainingSampler | PretrainingRandomSampler
-        if cyclic:
-            sampler = PretrainingRandomSampler(
-                total_samples=len(dataset),
-                consumed_samples=consumed,
-                micro_batch_size=layout.micro_batch_size,
-                data_parallel_rank=dp_rank,
-                data_parallel_size=layout.dp,
-                data_sharding=not cfg.data.no_data_sharding,
-            )
-        else:
-            sampler = PretrainingSampler(
-                total_samples=len(dataset),
-                consumed_samples=consumed,
-                micro_batch_size=layout.micro_batch_size,
-                data_parallel_rank=dp_rank,
-                data_parallel_size=layout.dp,
-            )
+        position = {
+            "total_samples": len(dataset),
+            "consumed_samples": consumed,
+            "micro_batch_size": layout.micro_batch_size,
+            "data_parallel_rank": dp_rank,
+            "data_parallel_size": layout.dp,
+        }
+        sampler = (
+            PretrainingRandomSampler(**position, data_sharding=not cfg.data.no_data_sharding)
+            if cyclic
+            else PretrainingSampler(**position)
+        )
         return torch.utils.data.DataLoader(
             dataset,
             batch_sampler=sampler,

@@ -17,6 +17,7 @@ few iterations.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -116,35 +117,6 @@ def test_layout_matches_baseline(
     assert_matches_baseline(metrics, baseline, baseline_grad_norms, name=name, params=params_norms(baseline_metrics))
 
 
-@pytest.fixture(scope="module")
-def odd_seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("seed7") / "ckpt"
-    run_pretrain([*TINY_MODEL, *ODD_LAYERS, "--train-iters", "0", "--save", str(root)])
-    return root
-
-
-@pytest.fixture(scope="module")
-def odd_baseline(odd_seed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    metrics = tmp_path_factory.mktemp("baseline7") / "m.jsonl"
-    train_from_seed(odd_seed, metrics, 1, ODD_LAYERS)
-    return metrics
-
-
-@pytest.mark.parametrize("name", list(ODD_LAYOUTS))
-def test_odd_layer_count_layout_matches_its_baseline(
-    name: str, odd_seed: Path, odd_baseline: Path, tmp_path: Path
-) -> None:
-    nproc, flags = ODD_LAYOUTS[name]
-    train_from_seed(odd_seed, tmp_path / "m.jsonl", nproc, [*ODD_LAYERS, *flags])
-    assert_matches_baseline(
-        tmp_path / "m.jsonl",
-        train_losses(odd_baseline),
-        grad_norms(odd_baseline),
-        name=name,
-        params=params_norms(odd_baseline),
-    )
-
-
 VARIANT = (
     "--position-embedding-type rope --use-rope-scaling --normalization RMSNorm --qk-layernorm --squared-relu".split()
 )
@@ -159,34 +131,46 @@ VARIANT_LAYOUTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def variant_seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from megatron.core import dist_checkpointing
-
-    root = tmp_path_factory.mktemp("seed-variant") / "ckpt"
-    run_pretrain([*TINY_MODEL, *VARIANT, "--train-iters", "0", "--save", str(root)])
-    keys = dist_checkpointing.load_tensors_metadata(str(root / "iter_0000000"))
-    assert [k for k in keys if "q_layernorm" in k] and [k for k in keys if "k_layernorm" in k]
-    return root
+FAMILIES = {
+    "7-layers": (ODD_LAYERS, ODD_LAYOUTS),
+    "variant": (VARIANT, VARIANT_LAYOUTS),
+}
+"""Models other than TINY_MODEL, each with its own seed and TP1·PP1 baseline, and the layouts that must match."""
 
 
 @pytest.fixture(scope="module")
-def variant_baseline(variant_seed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    metrics = tmp_path_factory.mktemp("baseline-variant") / "m.jsonl"
-    train_from_seed(variant_seed, metrics, 1, VARIANT)
-    return metrics
+def family_baselines(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
+    """(seed checkpoint, baseline metrics) of a family, made once on first use."""
+    made: dict[str, tuple[Path, Path]] = {}
+
+    def get(family: str) -> tuple[Path, Path]:
+        if family not in made:
+            flags = FAMILIES[family][0]
+            seed = tmp_path_factory.mktemp(f"seed-{family}") / "ckpt"
+            run_pretrain([*TINY_MODEL, *flags, "--train-iters", "0", "--save", str(seed)])
+            metrics = tmp_path_factory.mktemp(f"baseline-{family}") / "m.jsonl"
+            train_from_seed(seed, metrics, 1, flags)
+            made[family] = (seed, metrics)
+        return made[family]
+
+    return get
 
 
-@pytest.mark.parametrize("name", list(VARIANT_LAYOUTS))
-def test_model_variant_layout_matches_its_baseline(
-    name: str, variant_seed: Path, variant_baseline: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("family", "name"), [(family, name) for family, (_, layouts) in FAMILIES.items() for name in layouts]
+)
+def test_other_models_layout_matches_their_baseline(
+    family: str, name: str, family_baselines: Callable[[str], tuple[Path, Path]], tmp_path: Path
 ) -> None:
-    nproc, flags = VARIANT_LAYOUTS[name]
-    train_from_seed(variant_seed, tmp_path / "m.jsonl", nproc, [*VARIANT, *flags])
+    flags, layouts = FAMILIES[family]
+    seed, baseline = family_baselines(family)
+    if family == "variant":
+        from megatron.core import dist_checkpointing
+
+        keys = dist_checkpointing.load_tensors_metadata(str(seed / "iter_0000000"))
+        assert [k for k in keys if "q_layernorm" in k] and [k for k in keys if "k_layernorm" in k]
+    nproc, layout = layouts[name]
+    train_from_seed(seed, tmp_path / "m.jsonl", nproc, [*flags, *layout])
     assert_matches_baseline(
-        tmp_path / "m.jsonl",
-        train_losses(variant_baseline),
-        grad_norms(variant_baseline),
-        name=name,
-        params=params_norms(variant_baseline),
+        tmp_path / "m.jsonl", train_losses(baseline), grad_norms(baseline), name=name, params=params_norms(baseline)
     )
