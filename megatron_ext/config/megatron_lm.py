@@ -250,7 +250,7 @@ REFUSALS: tuple[Refusal, ...] = (
     _r(
         "the log line and the metrics file have a fixed content (README: loss, rates, throughput, stage times, "
         "memory on GPU); --timing-log-level chooses the timers, --log-interval how often",
-        "--log-progress --logging-level --timing-log-option "
+        "--logging-level --timing-log-option "
         "--no-barrier-with-level-1-timing --log-memory-interval --log-device-memory-used",
     ),
     _r(

@@ -183,6 +183,11 @@ class RunArgs(_Options):
     wandb_exp_name: str | None = opt(None, "The W&B run's name.")
     wandb_entity: str | None = opt(None, "The W&B team or user (default: the API key's).")
     wandb_save_dir: str | None = opt(None, "Where W&B keeps its files (default: --save/wandb).")
+    log_progress: bool = opt(
+        False,
+        "Append Megatron-LM's progress.txt under --save: the job's start and each save, with this job's and the "
+        "cumulative throughput, the floating-point operations and the tokens so far.",
+    )
     log_params_norm: bool = opt(
         False,
         "Log the L2 norm of the model's weights at every logged iteration (each weight counted once: the same "

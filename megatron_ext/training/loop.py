@@ -42,8 +42,9 @@ from megatron_ext.training.model import (
     parameter_norm,
     unwrap,
 )
-from megatron_ext.training.optimizer_scheduler import scheduler_arguments
+from megatron_ext.training.optimizer_scheduler import param_group_overrides, scheduler_arguments
 from megatron_ext.training.profiling import Profiler
+from megatron_ext.training.progress_log import ProgressLog
 from megatron_ext.training.stage_timing import StageTimer
 from megatron_ext.training.stragglers import StragglerWatch
 from megatron_ext.training.tracking import StepScalars, Tracker, cuda_memory
@@ -125,23 +126,6 @@ def _run_identity(cfg: TrainingConfig, tokenizer: Tokenizer) -> RunIdentity | No
     return box[0]
 
 
-def _param_group_overrides(config: Any) -> Any:
-    """Megatron-Core's standard parameter-group overrides (no weight decay on biases and norms; --decoupled-lr on
-    the embedding and output layer), with the decoupled group marked ``is_decoupled_lr``.
-
-    Megatron-Core 0.16.1 matches a checkpoint's groups to the optimizer's by (wd_mult, lr_mult,
-    is_expert_parallel, is_decoupled_lr), but its overrides leave is_decoupled_lr False, so the decoupled group
-    and the default one look alike and a resumed run fails on their sizes.
-    """
-    from megatron.core.optimizer import get_standard_config_overrides
-
-    overrides = get_standard_config_overrides(config)
-    for override in overrides.values():
-        if "max_lr" in override:
-            override["is_decoupled_lr"] = True
-    return overrides
-
-
 class Trainer:
     """State of one run, passed explicitly (no global arguments)."""
 
@@ -209,7 +193,7 @@ class Trainer:
             timers=self.timers.timers,
         )
         self.optimizer = get_megatron_optimizer(
-            optimizer_config, self.chunks, config_overrides=_param_group_overrides(optimizer_config)
+            optimizer_config, self.chunks, config_overrides=param_group_overrides(optimizer_config)
         )
         self.scheduler = OptimizerParamScheduler(self.optimizer, **scheduler_arguments(cfg))
         # Megatron-Core's calculator, held here instead of in its process-wide slot.
@@ -236,6 +220,7 @@ class Trainer:
 
             self.async_queue = AsyncCallsQueue()
         self.saving: Path | None = None
+        self.saving_iteration = 0
         """The checkpoint being written in the background, if any."""
         self.iteration = 0
         self.consumed_samples = 0
@@ -260,6 +245,11 @@ class Trainer:
         self.metrics = MetricsWriter(enabled=ctx.is_logging_rank, metrics_file=cfg.run.metrics_file)
         self.tracker = Tracker(cfg, enabled=ctx.is_logging_rank, world_size=ctx.world_size)
         self.flops_per_sample = flops_per_step(cfg.model, batch_size=1, padded_vocab_size=cfg.padded_vocab_size)
+        self.progress = ProgressLog(
+            save=cfg.run.save, enabled=cfg.run.log_progress and ctx.rank == 0, world_size=ctx.world_size,
+            flops_per_sample=self.flops_per_sample,
+        )  # fmt: skip
+        self.progress.start(self.consumed_samples, time.time())
         self.peak_flops = peak_flops_for(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
         self._log_start()
 
@@ -391,6 +381,7 @@ class Trainer:
             raise checkpointing.save_failed(self.saving, exc) from exc
         if self.async_queue.get_num_unfinalized_calls() == 0:
             self.saving = None
+            self.progress.saved_in_background(self.saving_iteration)
 
     def _param_sync_for_use(self) -> None:
         # With overlapped param gather the newest weights arrive lazily in the next
@@ -422,8 +413,10 @@ class Trainer:
             identity=self.identity,
         )
         if self.async_queue is not None:
-            self.saving = path
+            self.saving, self.saving_iteration = path, self.iteration
         self._restore_param_hooks()
+        self.progress.saved(self.iteration, consumed_samples=self.consumed_samples, seq_length=self.cfg.model.seq_length,
+                            background=self.async_queue is not None, now=time.time())  # fmt: skip
         if self.ctx.rank == 0:
             log.info("%s checkpoint %s", "writing in the background" if self.async_queue else "saved", path)
 

@@ -41,3 +41,20 @@ def scheduler_arguments(cfg: TrainingConfig) -> dict[str, Any]:
         "use_checkpoint_opt_param_scheduler": cfg.run.use_checkpoint_opt_param_scheduler,
         "override_opt_param_scheduler": cfg.run.override_opt_param_scheduler,
     }
+
+
+def param_group_overrides(config: Any) -> Any:
+    """Megatron-Core's standard parameter-group overrides (no weight decay on biases and norms; --decoupled-lr on
+    the embedding and output layer), with the decoupled group marked ``is_decoupled_lr``.
+
+    Megatron-Core 0.16.1 matches a checkpoint's groups to the optimizer's by (wd_mult, lr_mult,
+    is_expert_parallel, is_decoupled_lr), but its overrides leave is_decoupled_lr False, so the decoupled group
+    and the default one look alike and a resumed run fails on their sizes.
+    """
+    from megatron.core.optimizer import get_standard_config_overrides
+
+    overrides = get_standard_config_overrides(config)
+    for override in overrides.values():
+        if "max_lr" in override:
+            override["is_decoupled_lr"] = True
+    return overrides

@@ -51,3 +51,51 @@ def test_use_checkpoint_args_resumes_from_a_command_line_without_the_models_flag
                   "virtual_pipeline_model_parallel_size=2"):  # fmt: skip
         assert taken in log, taken
     assert "loaded checkpoint" in log and "iteration      4/4" in log
+
+
+def test_log_progress_writes_megatron_lms_progress_file_across_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--log-progress: 'Starting job' and one 'Saved checkpoint' line per save, tab-separated as Megatron-LM writes
+    them; the cumulative throughput counts from the first job of the same world size."""
+    from megatron_ext.config.training_config import parse_args
+    from megatron_ext.estimate.flops import flops_per_step
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    save = tmp_path / "ckpt"
+    flags = [*TINY_MODEL, "--save", str(save), "--save-interval", "2", "--log-progress"]
+    run_pretrain([*flags, "--train-iters", "2"])
+    run_pretrain([*flags, "--load", str(save), "--train-iters", "4"])
+    lines = [line.split("\t") for line in (save / "progress.txt").read_text().splitlines()]
+    assert [fields[3] for fields in lines] == ["Starting job", "Saved checkpoint", "Starting job", "Saved checkpoint"]
+    assert all(fields[1] == "Job ID: 4242" and fields[2] == "# GPUs: 1" for fields in lines)
+    cfg = parse_args(flags)
+    per_sample = flops_per_step(cfg.model, batch_size=1, padded_vocab_size=cfg.padded_vocab_size)
+    last = lines[-1]
+    assert last[4] == "Iteration: 4" and last[5].startswith("Job throughput: ") and last[5].endswith(" TFLOP/s/GPU")
+    assert last[6].startswith("Cumulative throughput: ")
+    assert float(last[7].split(": ")[1]) == pytest.approx(4 * 8 * per_sample, rel=1e-2)  # 32 samples so far
+    assert last[8] == f"Tokens (in billions): {32 * 32 / 1e9:.2f}"
+
+
+def test_the_cumulative_throughput_restarts_with_another_world_size(tmp_path: Path) -> None:
+    """As Megatron-LM reads progress.txt back: the first 'Starting job' of the latest run of jobs with this world
+    size, and the operations of the last save before it."""
+    from datetime import datetime
+
+    from megatron_ext.training.progress_log import append, saved_event, start_of_same_world_size
+
+    t = [datetime(2026, 1, 1, 0, m) for m in range(6)]
+    append(tmp_path, "Starting job", world_size=8, now=t[0])
+    append(tmp_path, "Saved checkpoint\tIteration: 10\tJob throughput: 1.0 TFLOP/s/GPU\tCumulative throughput: "
+           "1.0 TFLOP/s/GPU\tFloating-point operations: 1.00e+15\tTokens (in billions): 0.01", world_size=8, now=t[1])  # fmt: skip
+    append(tmp_path, "Starting job", world_size=4, now=t[2])
+    assert start_of_same_world_size(tmp_path, 4) == (t[2], 1e15)
+    append(tmp_path, "Starting job", world_size=8, now=t[3])
+    assert start_of_same_world_size(tmp_path, 8) == (t[3], 1e15)  # the 8-GPU jobs before the 4-GPU one are over
+    event = saved_event(20, save=tmp_path, world_size=8, flops_so_far=1e15 + 8 * 60e12, job_start_flops=1e15,
+                        job_seconds=60.0, tokens_so_far=2 * 10**7, background=False, now=t[4])  # fmt: skip
+    assert event == (
+        "Saved checkpoint\tIteration: 20\tJob throughput: 1.0 TFLOP/s/GPU\tCumulative throughput: 1.0 TFLOP/s/GPU\t"
+        "Floating-point operations: 1.48e+15\tTokens (in billions): 0.02"
+    )
