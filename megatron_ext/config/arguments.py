@@ -385,6 +385,9 @@ class OptimizerArgs(_Options):
         None, "Final learning rate of the input embedding and output layer (default --min-lr).", minimum=0
     )
     weight_decay: float = opt(0.01, "Weight decay (with --weight-decay-incr-style constant).", minimum=0)
+    apply_wd_to_qk_layernorm: bool = opt(
+        False, "Apply weight decay to --qk-layernorm's weights too (the other norms and biases still have none)."
+    )
     start_weight_decay: float | None = opt(None, "Weight decay at the start (a non-constant style).", minimum=0)
     end_weight_decay: float | None = opt(None, "Weight decay at the end of training (a non-constant style).", minimum=0)
     weight_decay_incr_style: str = opt(

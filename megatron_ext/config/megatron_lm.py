@@ -217,7 +217,7 @@ REFUSALS: tuple[Refusal, ...] = (
         "Q/K/V-only biases, gates, windows, clipping or other softmax types)",
         "--add-qkv-bias "
         "--attention-output-gate --qk-l2-norm --qk-clip --qk-clip-alpha --qk-clip-threshold "
-        "--softmax-type --window-size --window-attn-skip-freq --apply-wd-to-qk-layernorm",
+        "--softmax-type --window-size --window-attn-skip-freq",
     ),
     _r(
         VARIANT + " (rotary embeddings: --rotary-base, --rotary-percent and --use-rope-scaling, without interleaving)",
@@ -414,7 +414,6 @@ REFUSALS: tuple[Refusal, ...] = (
         "YAML configuration files are not read; give flags (or a recipe's variables)",
         "--yaml-cfg --enable-experimental",
     ),
-    _r("weight-decay exclusion rules are Megatron-LM's default (biases and norms)", "--no-weight-decay-cond-type"),
 )
 """Every refused Megatron-LM flag, by rule; the first rule that covers a flag gives its reason."""
 

@@ -110,6 +110,12 @@ ACCEPTED: dict[str, Accepted] = {
         stands_for=("--tokenizer-special-tokens",),
         unless_given="--tokenizer-special-tokens",
     ),
+    "--no-weight-decay-cond-type": Accepted(
+        "WARNING: --no-weight-decay-cond-type is deprecated. Please use --apply-wd-to-qk-layernorm instead.",
+        stands_for=("--apply-wd-to-qk-layernorm",),
+        values=("apply_wd_to_qk_layernorm",),
+        otherwise="Megatron-LM's only choice is apply_wd_to_qk_layernorm",
+    ),
     "--no-position-embedding": Accepted(
         "--no-position-embedding: no learned position embedding, as --position-embedding-type rope already gives",
         condition=_rope_only,
@@ -309,7 +315,8 @@ def translate(argv: Sequence[str], *, ours: frozenset[str]) -> Translation:
                 continue
             if rule.condition is not None:
                 conditions.append((flag, rule.condition))
-            out += [*rule.stands_for, *values] if rule.stands_for else []
+            # An alias keeps its values, unless the value only selected it (--no-weight-decay-cond-type's one choice).
+            out += [*rule.stands_for, *(values if rule.values is None else [])] if rule.stands_for else []
             notes.append(rule.note if rule.note.startswith(flag) else f"{flag}: {rule.note}")
             continue
         assert removed is not None

@@ -42,7 +42,7 @@ from megatron_ext.training.model import (
     parameter_norm,
     unwrap,
 )
-from megatron_ext.training.optimizer_scheduler import param_group_overrides, scheduler_arguments
+from megatron_ext.training.optimizer_scheduler import optimizer_config_of, param_group_overrides, scheduler_arguments
 from megatron_ext.training.profiling import Profiler
 from megatron_ext.training.progress_log import ProgressLog
 from megatron_ext.training.stage_timing import StageTimer
@@ -141,7 +141,7 @@ class Trainer:
     ) -> None:
         from megatron.core import parallel_state
         from megatron.core.distributed import finalize_model_grads
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer import get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
         from megatron.core.utils import get_model_config
 
@@ -166,31 +166,8 @@ class Trainer:
         # Megatron-Core's timers (dummies below --timing-log-level) for the schedule and optimizer.
         self.timers = timing.StepTimers(level=cfg.run.timing_log_level, device=ctx.device)
 
-        o = cfg.optim
-        optimizer_config = OptimizerConfig(
-            optimizer=o.optimizer,
-            lr=o.lr,
-            min_lr=o.min_lr,
-            decoupled_lr=o.decoupled_lr,
-            decoupled_min_lr=o.decoupled_min_lr,
-            weight_decay=o.weight_decay,
-            adam_beta1=o.adam_beta1,
-            adam_beta2=o.adam_beta2,
-            adam_eps=o.adam_eps,
-            sgd_momentum=o.sgd_momentum,
-            clip_grad=o.clip_grad,
-            bf16=o.bf16,
-            fp16=o.fp16,
-            params_dtype=get_model_config(self.chunks[0]).params_dtype,
-            loss_scale=o.loss_scale,
-            initial_loss_scale=o.initial_loss_scale,
-            min_loss_scale=o.min_loss_scale,
-            loss_scale_window=o.loss_scale_window,
-            hysteresis=o.hysteresis,
-            use_distributed_optimizer=layout.use_distributed_optimizer,
-            overlap_param_gather_with_optimizer_step=False,
-            log_num_zeros_in_grad=o.log_num_zeros_in_grad,
-            timers=self.timers.timers,
+        optimizer_config = optimizer_config_of(
+            cfg, params_dtype=get_model_config(self.chunks[0]).params_dtype, timers=self.timers.timers
         )
         self.optimizer = get_megatron_optimizer(
             optimizer_config, self.chunks, config_overrides=param_group_overrides(optimizer_config)

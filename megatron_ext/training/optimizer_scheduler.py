@@ -1,4 +1,4 @@
-"""The arguments of Megatron-Core's ``OptimizerParamScheduler`` for a run.
+"""Megatron-Core's optimizer and ``OptimizerParamScheduler`` for a run: their configs' arguments.
 
 As Megatron-LM's ``get_optimizer_param_scheduler`` computes them: the
 scheduler counts samples, so iteration counts are multiplied by the global
@@ -58,3 +58,36 @@ def param_group_overrides(config: Any) -> Any:
         if "max_lr" in override:
             override["is_decoupled_lr"] = True
     return overrides
+
+
+def optimizer_config_of(cfg: TrainingConfig, *, params_dtype: Any, timers: Any) -> Any:
+    """Megatron-Core's ``OptimizerConfig`` for this run (its fields from Megatron-LM's flags)."""
+    from megatron.core.optimizer import OptimizerConfig
+
+    o = cfg.optim
+    return OptimizerConfig(
+        optimizer=o.optimizer,
+        lr=o.lr,
+        min_lr=o.min_lr,
+        decoupled_lr=o.decoupled_lr,
+        decoupled_min_lr=o.decoupled_min_lr,
+        weight_decay=o.weight_decay,
+        apply_wd_to_qk_layernorm=o.apply_wd_to_qk_layernorm,
+        adam_beta1=o.adam_beta1,
+        adam_beta2=o.adam_beta2,
+        adam_eps=o.adam_eps,
+        sgd_momentum=o.sgd_momentum,
+        clip_grad=o.clip_grad,
+        bf16=o.bf16,
+        fp16=o.fp16,
+        params_dtype=params_dtype,
+        loss_scale=o.loss_scale,
+        initial_loss_scale=o.initial_loss_scale,
+        min_loss_scale=o.min_loss_scale,
+        loss_scale_window=o.loss_scale_window,
+        hysteresis=o.hysteresis,
+        use_distributed_optimizer=cfg.layout.use_distributed_optimizer,
+        overlap_param_gather_with_optimizer_step=False,
+        log_num_zeros_in_grad=o.log_num_zeros_in_grad,
+        timers=timers,
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.training_config import parse_args
@@ -104,3 +105,29 @@ def test_manual_gc_and_emptying_the_cache_happen_where_megatron_lm_does_them() -
     assert _calls(["--empty-unused-memory-level", "2"], on_gpu=True, iterations=2) == ["empty"] * 4
     assert _calls(["--empty-unused-memory-level", "1"], on_gpu=True, iterations=2) == ["empty"] * 2
     assert _calls(["--empty-unused-memory-level", "2"], on_gpu=False) == []  # no GPU cache on CPU
+
+
+def test_optimizer_flags_reach_megatron_cores_optimizer_config_and_weight_decay_groups() -> None:
+    from megatron_ext.training.optimizer_scheduler import optimizer_config_of, param_group_overrides
+
+    flags = [*BASE, "--qk-layernorm", "--no-weight-decay-cond-type", "apply_wd_to_qk_layernorm", "--clip-grad", "0.5"]
+    cfg = parse_args(flags)
+    assert (
+        cfg.optim.apply_wd_to_qk_layernorm
+        and "WARNING: --no-weight-decay-cond-type is deprecated" in cfg.adjustments[0]
+    )
+    config = optimizer_config_of(cfg, params_dtype=torch.float32, timers=None)
+    assert config.apply_wd_to_qk_layernorm and config.clip_grad == 0.5
+    q_norm = torch.nn.Parameter(torch.ones(8))
+
+    def no_decay(optimizer_config: object, name: str) -> bool:
+        return any(
+            key.matches(q_norm, name) and override.get("wd_mult") == 0.0
+            for key, override in param_group_overrides(optimizer_config).items()
+        )
+
+    # Megatron-Core's rule: the query/key norms decay with the flag; biases and the other norms never do.
+    assert not no_decay(config, "decoder.layers.0.self_attention.q_layernorm.weight")
+    assert no_decay(config, "decoder.layers.0.input_layernorm.weight")
+    default = optimizer_config_of(parse_args([*BASE, "--qk-layernorm"]), params_dtype=torch.float32, timers=None)
+    assert no_decay(default, "decoder.layers.0.self_attention.q_layernorm.weight")
