@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from megatron_ext.config.arguments import ConfigError, ModelArgs, OptimizerArgs
+from megatron_ext.config.arguments import ConfigError, ModelArgs, OptimizerArgs, ParallelArgs
 from megatron_ext.config.training_config import pad_vocab_size, parse_args
 from megatron_ext.parallel.layout import LayoutError, ParallelLayout
 
@@ -230,7 +230,7 @@ def megatron_core_refusal(sample: Sample) -> str | None:
         num_layers=m.num_layers,
         num_attention_heads=m.num_attention_heads,
     )
-    run = types.SimpleNamespace(model=m, layout=layout, optim=OptimizerArgs())
+    run = types.SimpleNamespace(model=m, layout=layout, optim=OptimizerArgs(), parallel=ParallelArgs())
     try:
         config = transformer_config(run, torch.device("cpu"))  # type: ignore[arg-type]
         groups = ProcessGroupCollection.use_mpu_process_groups()
