@@ -159,18 +159,52 @@ def model_flags(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         raise ConversionError(f"config.json of a {ARCHITECTURES[arch]} lacks or mangles {exc}") from exc
     if problems:
         raise ConversionError(f"this {ARCHITECTURES[arch]} cannot be imported exactly: " + "; ".join(problems))
-    # transformers' defaults differ: GPT-2 ties, Llama does not.
-    flags["untie_embeddings_and_output_weights"] = not config.get("tie_word_embeddings", arch == GPT2)
-    flags["init_method_std"] = float(config.get("initializer_range", 0.02))
+    flags["untie_embeddings_and_output_weights"] = not _value(arch, config, "tie_word_embeddings")
+    flags["init_method_std"] = float(_value(arch, config, "initializer_range"))
     return arch, flags
+
+
+TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
+    LLAMA: {
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "rms_norm_eps": 1e-6,
+        "attention_dropout": 0.0,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+    },
+    GPT2: {
+        "activation_function": "gelu_new",
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "add_cross_attention": False,
+        "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.1,
+        "attn_pdrop": 0.1,
+        "tie_word_embeddings": True,
+        "initializer_range": 0.02,
+    },
+}
+"""What ``transformers`` uses for each optional ``config.json`` key this importer reads (its ``LlamaConfig``'s and
+``GPT2Config``'s defaults; a test compares them): a missing key means that, never the value we would like."""
+
+
+def _value(arch: str, config: dict[str, Any], key: str) -> Any:
+    """``config[key]``, or transformers' default when the key is missing."""
+    return config.get(key, TRANSFORMERS_DEFAULTS[arch][key])
 
 
 def _flags(arch: str, config: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     """``model_flags``' reading of each architecture's fields (``problems`` gets what does not carry over)."""
 
     def expect(key: str, allowed: tuple[Any, ...], why: str) -> None:
-        if config.get(key, allowed[0]) not in allowed:
-            problems.append(f"{key}={config[key]!r} ({why})")
+        value = _value(arch, config, key)
+        if value not in allowed:
+            missing = "" if key in config else " (transformers' default: the key is absent)"
+            problems.append(f"{key}={value!r}{missing} ({why})")
 
     if arch == LLAMA:
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
@@ -187,12 +221,15 @@ def _flags(arch: str, config: dict[str, Any], problems: list[str]) -> dict[str, 
             problems.append(
                 f"rope type {rope_type!r} (the plain rotary embedding and Llama 3.1's scaling are implemented here)"
             )
-        theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
+        theta = rope.get("rope_theta", _value(arch, config, "rope_theta"))
         if float(theta) != int(theta):
             problems.append(f"rope_theta={theta} (--rotary-base is an integer)")
         expect("hidden_act", ("silu",), "Megatron's SwiGLU gates with SiLU")
-        expect("partial_rotary_factor", (1.0, None), "rope on every head dimension only")
-        if bool(config.get("attention_bias", False)) != bool(config.get("mlp_bias", False)):
+        if config.get("partial_rotary_factor", 1.0) not in (1.0, None):
+            problems.append(
+                f"partial_rotary_factor={config['partial_rotary_factor']!r} (rope on every head dimension only)"
+            )
+        if bool(_value(arch, config, "attention_bias")) != bool(_value(arch, config, "mlp_bias")):
             problems.append("attention_bias ≠ mlp_bias (--disable-bias-linear sets both)")
         heads = int(config["num_attention_heads"])
         groups = int(config.get("num_key_value_heads") or heads)
@@ -212,9 +249,9 @@ def _flags(arch: str, config: dict[str, Any], problems: list[str]) -> dict[str, 
             "use_rope_scaling": rope_type == "llama3",
             "swiglu": True,
             "normalization": "RMSNorm",
-            "norm_epsilon": float(config.get("rms_norm_eps", 1e-6)),
-            "disable_bias_linear": not config.get("attention_bias", False),
-            "attention_dropout": float(config.get("attention_dropout", 0.0)),
+            "norm_epsilon": float(_value(arch, config, "rms_norm_eps")),
+            "disable_bias_linear": not _value(arch, config, "attention_bias"),
+            "attention_dropout": float(_value(arch, config, "attention_dropout")),
             "hidden_dropout": 0.0,
         }
     else:
@@ -233,8 +270,8 @@ def _flags(arch: str, config: dict[str, Any], problems: list[str]) -> dict[str, 
             "seq_length": int(config["n_positions"]),
             "position_embedding_type": "learned_absolute",
             "normalization": "LayerNorm",
-            "norm_epsilon": float(config.get("layer_norm_epsilon", 1e-5)),
-            "hidden_dropout": float(config.get("resid_pdrop", 0.1)),
-            "attention_dropout": float(config.get("attn_pdrop", 0.1)),
+            "norm_epsilon": float(_value(arch, config, "layer_norm_epsilon")),
+            "hidden_dropout": float(_value(arch, config, "resid_pdrop")),
+            "attention_dropout": float(_value(arch, config, "attn_pdrop")),
         }
     return flags

@@ -340,3 +340,40 @@ def test_tools_refuse_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFi
     assert "holds no checkpoint" in capsys.readouterr().err
     assert convert_checkpoint.main(["to-hf", "--load", str(tmp_path / "none"), "--output", str(tmp_path / "o")]) == 3
     assert "holds no checkpoint" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_missing_config_key_means_transformers_default(arch: str) -> None:
+    """Every optional key the importer reads falls back to what transformers itself uses when config.json lacks
+    it (so a GPT-2 config without activation_function is gelu_new, and is refused, not imported as exact GeLU)."""
+    import transformers
+
+    from megatron_ext.huggingface.architectures import TRANSFORMERS_DEFAULTS
+
+    reference = (transformers.LlamaConfig if arch == "llama" else transformers.GPT2Config)()
+    for key, ours in TRANSFORMERS_DEFAULTS[arch].items():
+        theirs = getattr(reference, key, None)
+        if key == "rope_theta" and theirs is None:  # transformers 5 keeps it in rope_parameters
+            theirs = reference.rope_parameters["rope_theta"]
+        assert ours == theirs, (arch, key, ours, theirs)
+    model = LLAMA_GQA if arch == "llama" else GPT2_UNTIED
+    exported = hf_config(model, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32")
+    for key, default in TRANSFORMERS_DEFAULTS[arch].items():
+        without = {k: v for k, v in exported.items() if k != key}
+        explicit = without | {key: default}
+        outcomes = []
+        for config in (without, explicit):
+            try:
+                outcomes.append(model_flags(config))
+            except ConversionError as exc:
+                outcomes.append(str(exc).replace(" (transformers' default: the key is absent)", ""))
+        assert outcomes[0] == outcomes[1], key
+
+
+def test_a_gpt2_config_without_activation_function_is_refused_as_gelu_new() -> None:
+    config = hf_config(GPT2, padded_vocab_size=128, tokens=TokenIds(None, 0), dtype="float32")
+    del config["activation_function"]
+    with pytest.raises(
+        ConversionError, match=r"activation_function='gelu_new' \(transformers' default: the key is absent\)"
+    ):
+        model_flags(config)
