@@ -206,13 +206,19 @@ def make_config(
     if problems:
         raise ConfigError("; ".join(problems))
 
-    if parallel.context_parallel_size > 1 and (model.transformer_impl == "local" or run.device == "cpu"):
-        why = "--transformer-impl local" if model.transformer_impl == "local" else "--device cpu"
-        raise context_parallel_refusal(parallel.context_parallel_size, f"which {why} does not build")
-    asked = transformer_engine_features(optim, parallel)
-    if asked and (model.transformer_impl == "local" or run.device == "cpu"):
-        why = "--transformer-impl local" if model.transformer_impl == "local" else "--device cpu"
-        raise ConfigError(transformer_engine_refusal(asked, f"which {why} does not build"))
+    no_te = (
+        "--transformer-impl local"
+        if model.transformer_impl == "local"
+        else "--device cpu"
+        if run.device == "cpu"
+        else None
+    )
+    if no_te is not None:  # Transformer Engine's layers are never built: what needs them is refused here
+        if parallel.context_parallel_size > 1:
+            raise context_parallel_refusal(parallel.context_parallel_size, f"which {no_te} does not build")
+        asked = transformer_engine_features(optim, parallel)
+        if asked:
+            raise ConfigError(transformer_engine_refusal(asked, f"which {no_te} does not build"))
     if optim.fp8_param_gather and not parallel.use_distributed_optimizer:
         raise ConfigError("--fp8-param-gather all-gathers the distributed optimizer's weights: give "
                           "--use-distributed-optimizer (as Megatron-LM requires)")  # fmt: skip

@@ -198,6 +198,7 @@ class Trainer:
             self.async_queue = AsyncCallsQueue()
         self.saving: Path | None = None
         self.saving_iteration = 0
+        self._norm_at: tuple[int, float] = (-1, 0.0)
         """The checkpoint being written in the background, if any."""
         self.iteration = 0
         self.consumed_samples = 0
@@ -582,9 +583,7 @@ class Trainer:
         if result.num_zeros is not None:
             record["num_zeros"] = result.num_zeros
         if self.cfg.run.log_params_norm:
-            self._param_sync_for_use()
-            record["params_norm"] = parameter_norm(self.chunks)
-            self._restore_param_hooks()
+            record["params_norm"] = self._params_norm()
         if self.ctx.device.type == "cuda":
             record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
             if self.peak_flops:
@@ -636,13 +635,18 @@ class Trainer:
         )
         self.tracker.extra(record)
 
+    def _params_norm(self) -> float:
+        """The weights' norm after this iteration's step (a collective), computed once when both the log line and
+        TensorBoard ask for it."""
+        if self._norm_at[0] != self.iteration:
+            self._param_sync_for_use()
+            self._norm_at = (self.iteration, parameter_norm(self.chunks))
+            self._restore_param_hooks()
+        return self._norm_at[1]
+
     def _track_step(self, result: StepResult, samples: int) -> None:
         """Megatron-LM's per-iteration TensorBoard/W&B scalars (--log-params-norm's norm is a collective)."""
-        params_norm = None
-        if self.cfg.run.log_params_norm:
-            self._param_sync_for_use()
-            params_norm = parameter_norm(self.chunks)
-            self._restore_param_hooks()
+        params_norm = self._params_norm() if self.cfg.run.log_params_norm else None
         scalars = StepScalars.of(
             result, self.iteration, self.consumed_samples, samples, float(self.optimizer.get_loss_scale()), params_norm
         )
