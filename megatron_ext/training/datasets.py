@@ -126,32 +126,19 @@ class PretrainingSampler:
             yield list(range(first, first + self.micro_batch_size))
 
 
-class PretrainingRandomSampler:
+class PretrainingRandomSampler(PretrainingSampler):
     """``--dataloader-type cyclic``: Megatron-LM's ``MegatronPretrainingRandomSampler``. Epoch ``e`` (of the
     dataset's samples that fill whole micro-batches on every DP rank) is read in the order of
     ``torch.randperm`` seeded with ``e``: within each DP rank's own contiguous bucket (data sharding, the
     default), or over the whole dataset dealt round-robin (``--no-data-sharding``). Starts at
     ``consumed_samples`` and counts what it yields, so iterating again continues with the next epoch."""
 
-    def __init__(
-        self,
-        *,
-        total_samples: int,
-        consumed_samples: int,
-        micro_batch_size: int,
-        data_parallel_rank: int,
-        data_parallel_size: int,
-        data_sharding: bool = True,
-    ) -> None:
-        if total_samples <= 0:
-            raise ValueError(f"no sample to read: {total_samples}")
-        self.total_samples = total_samples
-        self.consumed_samples = consumed_samples
-        self.micro_batch_size = micro_batch_size
-        self.dp_rank = data_parallel_rank
-        self.dp_size = data_parallel_size
+    def __init__(self, *, data_sharding: bool = True, **position: int) -> None:
+        super().__init__(**position)
+        if self.total_samples <= 0:
+            raise ValueError(f"no sample to read: {self.total_samples}")
         self.data_sharding = data_sharding
-        self.block = micro_batch_size * data_parallel_size
+        self.block = self.micro_batch_size * self.dp_size
 
     def __len__(self) -> int:
         return self.total_samples
