@@ -1,10 +1,11 @@
-"""Move a checkpoint to and from Hugging Face ``transformers`` (Llama and GPT-2 architectures).
+"""Move a checkpoint to and from Hugging Face ``transformers`` (Llama, Qwen2, Mistral and GPT-2 architectures).
 
 ::
 
     python tools/convert_checkpoint.py to-hf --load runs/demo/checkpoints --output runs/demo/hf
     python tools/convert_checkpoint.py to-hf --load CKPT --output HF_DIR --iteration 2000 --max-shard-size 2GB
     python tools/convert_checkpoint.py from-hf --input HF_DIR --save CKPT
+    python tools/convert_checkpoint.py from-hf --input MISTRAL_DIR --save CKPT --seq-length 4096 --dry-run
 
 ``to-hf`` reads a checkpoint saved under any TP/PP/VP/DP in one CPU process, with
 the model and tokenizer the run recorded (``--tokenizer-*`` give another copy of
@@ -40,6 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     from_hf = commands.add_parser("from-hf", help="transformers directory → checkpoint")
     from_hf.add_argument("--input", required=True, help="A local transformers model directory (safetensors).")
     from_hf.add_argument("--save", required=True, help="The checkpoint directory to create.")
+    from_hf.add_argument(
+        "--seq-length",
+        type=int,
+        help="The sequence length to train at (default: the model's max_position_embeddings); a sliding window "
+        "(Mistral) must cover it.",
+    )
+    from_hf.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="Check config.json, the tokenizer and --save, and print the flags; read no weights, write nothing.",
+    )
     args = parser.parse_args(argv)
     quiet_dependencies()
 
@@ -62,13 +74,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"{done.output} ({', '.join(done.files)}); tokenizer: {done.tokenizer_note}"
             )
         else:
-            imported = import_from_hf(args.input, args.save)
-            print(f"imported {imported.architecture} ({imported.tensors} tensors) into {imported.save} (iteration 0)")
-            tokenizer_flags = [
-                f"--{k.replace('_', '-')} {shlex.quote(v)}" for k, v in (imported.tokenizer_flags or {}).items()
-            ]
-            print("continue pretraining with: pretrain_gpt.py --load", shlex.quote(str(imported.save)), end=" ")
-            print(" ".join([*imported.flags, *tokenizer_flags]))
+            if args.seq_length is not None and args.seq_length < 1:
+                raise ValueError(f"--seq-length must be at least 1, got {args.seq_length}")
+            imported = import_from_hf(args.input, args.save, seq_length=args.seq_length, dry_run=args.dry_run)
+            if args.dry_run:
+                print(f"dry run: {args.input} imports as {imported.architecture} into {imported.save}; nothing written")
+            else:
+                print(
+                    f"imported {imported.architecture} ({imported.tensors} tensors) into {imported.save} (iteration 0)"
+                )
+            command = ["pretrain_gpt.py", "--load", str(imported.save), *imported.flags]
+            print("continue pretraining with:", shlex.join(command))
     except (ConversionError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.INVALID

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_new_tokens=args.max_new_tokens,
                 sampling=sampling,
                 vocab_size=tok.vocab_size,
-                window=ckpt.cfg.model.max_position_embeddings or ckpt.cfg.model.seq_length,
+                window=ckpt.cfg.model.context_length,  # the positions, within a sliding window
                 stop=tok.eod,
                 device=ctx.device,
             )

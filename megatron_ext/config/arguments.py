@@ -36,6 +36,19 @@ class _Options:
         """Rules between fields (ConfigError naming the flags and a fix)."""
 
 
+def parse_window(text: str) -> tuple[int, int]:
+    """``--window-size`` text as Megatron-LM's ``tuple_type`` reads it ("4095,0" or "(4095,0)") → (left, right)."""
+    try:
+        left, right = (int(part) for part in text.strip().strip("()").split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--window-size {text!r} is not LEFT,RIGHT (two integers, e.g. 4095,0 for a 4096-token window)"
+        ) from None
+    if left < -1 or right < -1:
+        raise ConfigError(f"--window-size {text!r}: each side is a token count, or -1 for unbounded")
+    return left, right
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelArgs(_Options):
     """Shape of the GPT."""
@@ -92,6 +105,19 @@ class ModelArgs(_Options):
         False, "Separate input embedding and output layer weights.", estimate=True
     )
     disable_bias_linear: bool = opt(False, "No bias in the linear layers.", estimate=True)
+    add_qkv_bias: bool = opt(
+        False,
+        "A bias on the query, key and value projections even with --disable-bias-linear (Qwen2's attention); "
+        "the linear layers' biases include it otherwise, as in Megatron-LM.",
+    )
+    window_size: str | None = opt(
+        None,
+        "Sliding-window attention as Megatron-LM writes it, LEFT,RIGHT (e.g. 4095,0: each token sees itself and "
+        "the 4095 before it; -1 is unbounded). Taken when the window covers --seq-length (LEFT ≥ seq-length − 1, "
+        "full causal attention, as a Mistral imported for training at or below its window); a shorter window is "
+        "refused: Megatron-Core's local attention builds its window mask on CUDA only and its fused softmax "
+        "ignores it.",
+    )
     # Probabilities in [0, 1): 1 would zero every activation (or every attention weight) and train nothing.
     hidden_dropout: float = opt(0.1, "Dropout probability after attention and MLP.", estimate=True, minimum=0, below=1)
     attention_dropout: float = opt(0.1, "Dropout probability on attention scores.", estimate=True, minimum=0, below=1)
@@ -154,6 +180,21 @@ class ModelArgs(_Options):
     def effective_kv_channels(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
 
+    @property
+    def window_left(self) -> int | None:
+        """The tokens before each one that its attention sees with --window-size (None: unbounded)."""
+        if self.window_size is None:
+            return None
+        left = parse_window(self.window_size)[0]
+        return None if left < 0 else left
+
+    @property
+    def context_length(self) -> int:
+        """The most tokens one forward pass may attend over as trained: the positions, within the window."""
+        positions = self.max_position_embeddings or self.seq_length
+        left = self.window_left
+        return positions if left is None else min(positions, left + 1)
+
     def _relations(self) -> None:
         if self.group_query_attention and self.num_query_groups is None:
             raise ConfigError("--group-query-attention needs --num-query-groups")
@@ -170,6 +211,15 @@ class ModelArgs(_Options):
             )
         if self.squared_relu and self.swiglu:
             raise ConfigError("--squared-relu and --swiglu each set the MLP's activation; give one (as Megatron-LM)")
+        if self.window_size is not None:
+            left = parse_window(self.window_size)[0]  # ConfigError for text that is no window
+            if 0 <= left < self.seq_length - 1:
+                raise ConfigError(
+                    f"--window-size {self.window_size}: a sliding window of {left + 1} tokens is shorter than "
+                    f"--seq-length {self.seq_length}, and Megatron-Core's local attention has no sliding window here "
+                    "(its mask is built on CUDA only, and its fused softmax ignores it); train at --seq-length "
+                    f"{left + 1} or less, where the window covers every sequence"
+                )
         if self.use_rope_scaling and self.position_embedding_type != "rope":
             raise ConfigError("--use-rope-scaling scales the rotary embedding: give --position-embedding-type rope")
         if self.transformer_impl == "transformer_engine" and self.attention_backend == "local":

@@ -29,6 +29,7 @@ MODEL_ARGS: tuple[ModelArg, ...] = (
     ("model", "rotary_base", True),
     ("model", "rotary_percent", True),
     ("model", "disable_bias_linear", True),
+    ("model", "add_qkv_bias", True),
     ("model", "squared_relu", True),
     ("model", "swiglu", True),
     ("model", "untie_embeddings_and_output_weights", True),

@@ -214,10 +214,9 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     _r(
         VARIANT + " (attention: causal multi-head or grouped-query, pre-norm, with or without --qk-layernorm; no "
-        "Q/K/V-only biases, gates, windows, clipping or other softmax types)",
-        "--add-qkv-bias "
+        "gates, windows on some layers only, clipping or other softmax types)",
         "--attention-output-gate --qk-l2-norm --qk-clip --qk-clip-alpha --qk-clip-threshold "
-        "--softmax-type --window-size --window-attn-skip-freq",
+        "--softmax-type --window-attn-skip-freq",
     ),
     _r(
         VARIANT + " (rotary embeddings: --rotary-base, --rotary-percent and --use-rope-scaling, without interleaving)",

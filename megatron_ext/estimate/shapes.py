@@ -64,6 +64,8 @@ def layer_parameters(model: ModelArgs) -> LayerParameters:
     if not model.disable_bias_linear:
         split += qkv_out + fc1_out
         replicated += 2 * h  # the row-parallel (projection, fc2) biases
+    elif model.add_qkv_bias:
+        split += qkv_out
     return LayerParameters(split=split, replicated=replicated)
 
 

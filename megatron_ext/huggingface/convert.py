@@ -37,8 +37,22 @@ import torch
 from megatron_ext.checkpoint.identity import RunIdentity
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.training_config import make_config
-from megatron_ext.huggingface.architectures import ConversionError, TokenIds, architecture, hf_config, model_flags
-from megatron_ext.huggingface.tokenizer_files import read_tokenizer_flags, write_tokenizer
+from megatron_ext.huggingface.architectures import (
+    READ_ELSEWHERE,
+    TRANSFORMERS_DEFAULTS,
+    ConversionError,
+    TokenIds,
+    architecture,
+    hf_config,
+    model_flags,
+    padded_vocab_size,
+)
+from megatron_ext.huggingface.tokenizer_files import (
+    keep_originals,
+    original_files,
+    read_tokenizer_flags,
+    write_tokenizer,
+)
 from megatron_ext.huggingface.weights import LAYERS, Rule, is_model_tensor, rules
 from megatron_ext.inference.checkpoint import (
     checked_tokenizer,
@@ -120,6 +134,12 @@ def _shown(path: Path, staging: Path) -> str:
     return f"creating {'its staging directory ' if path == staging else ''}{path}"
 
 
+def _check_target(target: Path) -> None:
+    """Nothing of the user's is replaced: ``target`` must not exist, or be an empty directory."""
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise ConversionError(f"{target} already exists and is not empty; choose a new directory or remove it")
+
+
 @contextlib.contextmanager
 def _staging(target: Path, *, flag: str = "--output") -> Iterator[Path]:
     """A hidden directory beside ``target`` that becomes ``target`` when the block succeeds (else is removed,
@@ -129,8 +149,7 @@ def _staging(target: Path, *, flag: str = "--output") -> Iterator[Path]:
     forbidden filesystem is an OutputError naming the file and the fix (``flag`` is the option that chose
     ``target``).
     """
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ConversionError(f"{target} already exists and is not empty; choose a new directory or remove it")
+    _check_target(target)
     # The missing parents, deepest first: made for this output, removed with it if it fails.
     created = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
     staging = target.parent / f".{target.name}.partial-{os.getpid()}"
@@ -269,9 +288,11 @@ def export_to_hf(
         saved = checkpointing.verify_checkpoint(ckpt.path)
         _check_tensors(ckpt.path, table, saved)
         writer = ShardWriter(staging, max_shard_bytes)
+        # The model's dtype is its embedding's; a norm an older import saved in fp32 is written in it (its values
+        # came from that dtype), so that config.json's dtype is every tensor's.
         dtype = saved[table[0].key].dtype
         for rule in table:
-            tensor = read_tensor(ckpt.path, rule.key, saved[rule.key])
+            tensor = read_tensor(ckpt.path, rule.key, saved[rule.key]).to(dtype)
             slices = list(enumerate(tensor)) if rule.per_layer else [(0, tensor)]
             for layer, part in slices:
                 for name, value in zip(rule.names(layer), rule.split(part), strict=True):
@@ -281,16 +302,34 @@ def export_to_hf(
         files = writer.close()
         max_length = cfg.model.max_position_embeddings or cfg.model.seq_length
         written = write_tokenizer(tok, cfg.data, staging, max_length=max_length)
-        ids = written.ids
+        ids, original = written.ids, original_files(cfg.data, ckpt.root / "tokenizer")
         config = hf_config(cfg.model, padded_vocab_size=cfg.padded_vocab_size, tokens=ids, dtype=_dtype_name(dtype))
-        _write_json(staging / "config.json", config)
-        _write_json(staging / "generation_config.json", _generation_config(ids))
+        _write_json(staging / "config.json", with_original_config(config, original.get("config.json")))
+        _write_json(
+            staging / "generation_config.json", original.get("generation_config.json") or _generation_config(ids)
+        )
         files += ["config.json", "generation_config.json", *written.files]
     return Exported(Path(output), arch, ckpt.iteration, files, count, written.note)
 
 
 def _generation_config(ids: TokenIds) -> dict[str, Any]:
+    """``generation_config.json`` of a model without one of its own (an imported model's original is kept whole)."""
     return {"bos_token_id": ids.bos, "eos_token_id": ids.eos, "_from_model_config": True}
+
+
+TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+"""``config.json``'s special token ids: the original's (a list of end ids included), the tokenizer being the same."""
+
+
+def with_original_config(ours: dict[str, Any], original: dict[str, Any] | None) -> dict[str, Any]:
+    """``config.json``: ours, which says everything that decides the function, with the original model's token
+    ids and the keys it has that no architecture here reads (``transformers_version``, a model card's extras).
+    Nothing of an original of another architecture is kept."""
+    if original is None or original.get("model_type") != ours["model_type"]:
+        return ours
+    read = set(TRANSFORMERS_DEFAULTS[ours["model_type"]]) | set(ours) | READ_ELSEWHERE
+    tokens = {k: original[k] for k in TOKEN_KEYS if k in original}
+    return ours | tokens | {k: v for k, v in original.items() if k not in read and k not in tokens}
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
@@ -335,55 +374,86 @@ class Imported:
     save: Path
     architecture: str
     tensors: int
+    """Tensors written (0 in a dry run)."""
     flags: list[str]
-    """The pretrain_gpt.py model flags of the imported model (to continue pretraining with)."""
-    tokenizer_flags: dict[str, str] | None
+    """The pretrain_gpt.py flags that continue the imported model exactly: its shape and architecture, its
+    precision and its tokenizer (as recorded in the checkpoint)."""
 
 
-def import_from_hf(source: str | Path, save: str | Path) -> Imported:
-    """Save the ``transformers`` model in ``source`` as our checkpoint (iteration 0) under ``save``."""
-    from megatron_ext.config.flags import to_argv
-
+def import_from_hf(
+    source: str | Path, save: str | Path, *, seq_length: int | None = None, dry_run: bool = False
+) -> Imported:
+    """Save the ``transformers`` model in ``source`` as our checkpoint (iteration 0) under ``save``, to train at
+    ``seq_length`` (default: its ``max_position_embeddings``). ``dry_run``: check ``config.json``, the tokenizer
+    and ``save`` and return the flags, reading no weights and writing nothing."""
     source, save = Path(source), Path(save)
     config_file = source / "config.json"
     if not config_file.is_file():
         raise ConversionError(f"{source} has no config.json: give a transformers model directory")
     config = json.loads(config_file.read_text(encoding="utf-8"))
-    arch, model = model_flags(config)
-    padded_vocab = int(config["vocab_size"])
+    arch, model = model_flags(config, seq_length=seq_length)
+    padded_vocab = padded_vocab_size(config)
+    if dry_run:
+        _check_target(save)
+        recorded = read_tokenizer_flags(source, save.resolve() / "tokenizer", copy=False)
+        cfg, _ = _import_config(model, config, padded_vocab, recorded, read_tokenizer_flags(source, source, copy=False))
+        return Imported(save, arch, 0, _continue_flags(cfg, model, recorded))
     weights = _SafetensorsReader(source)
     with _staging(save, flag="--save") as staging:
         staged = read_tokenizer_flags(source, staging / "tokenizer")
-        tokenizer = None
-        if staged is not None:
-            # Recorded where the files will be once the directory is renamed; read where they are now.
-            tokenizer = {k: v.replace(str(staging), str(save.resolve())) for k, v in staged.items()}
-            data: dict[str, Any] = {"mock_data": True, **tokenizer}
-            vocab_size = None
-        else:
-            # No tokenizer: the null tokenizer over the whole (padded) vocabulary, its last id the end of document.
-            model["vocab_size"] = padded_vocab - 1
-            data, vocab_size = {"mock_data": True}, padded_vocab
-        try:
-            cfg = make_config(world_size=1, model=model, data=data, optim=_precision(config), run={"device": "cpu"})
-        except ConfigError as exc:
-            raise ConversionError(f"{config_file}: {exc}") from exc
-        if staged is not None:
-            here: dict[str, Any] = staged
-            tok = tokenizer_of(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **here)))
-            vocab_size = tok.vocab_size
-        else:
-            tok = tokenizer_of(cfg)
-        cfg = dataclasses.replace(cfg, tokenizer_vocab_size=vocab_size, checkpoint_padded_vocab_size=padded_vocab)
-        if vocab_size is not None and vocab_size > padded_vocab:
-            raise ConversionError(
-                f"{config_file}: vocab_size {padded_vocab} is smaller than the tokenizer's {vocab_size}"
-            )
+        keep_originals(source, staging / "tokenizer")
+        # Recorded where the files will be once the directory is renamed; read where they are now.
+        recorded = (
+            None if staged is None else {k: v.replace(str(staging), str(save.resolve())) for k, v in staged.items()}
+        )
+        cfg, tok = _import_config(model, config, padded_vocab, recorded, staged)
         count = _fill_and_save(cfg, weights, staging, RunIdentity.of(tok, cfg.data))
-    model_only = ("vocab_size", "init_method_std") if tokenizer else ("init_method_std",)
-    shape = [f.name for f in dataclasses.fields(cfg.model) if f.name in model and f.name not in model_only]
+    return Imported(save, arch, count, _continue_flags(cfg, model, recorded))
+
+
+def _import_config(
+    model: dict[str, Any],
+    config: dict[str, Any],
+    padded_vocab: int,
+    recorded: dict[str, str] | None,
+    readable: dict[str, str] | None,
+) -> tuple[Any, Any]:
+    """The imported checkpoint's TrainingConfig and tokenizer: the tokenizer flags ``recorded`` (the null tokenizer
+    over the padded vocabulary, its last id the end of document, when there are none), its files read where they
+    are now (``readable``)."""
+    model = dict(model)
+    if recorded is None:
+        model["vocab_size"] = padded_vocab - 1
+    try:
+        cfg = make_config(
+            world_size=1,
+            model=model,
+            data={"mock_data": True, **(recorded or {})},
+            optim=_precision(config),
+            run={"device": "cpu"},
+        )
+    except ConfigError as exc:
+        raise ConversionError(f"config.json: {exc}") from exc
+    here: dict[str, Any] = readable or {}
+    tok = tokenizer_of(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **here)))
+    vocab_size = padded_vocab if recorded is None else tok.vocab_size
+    if vocab_size > padded_vocab:
+        raise ConversionError(f"config.json: vocab_size {padded_vocab} is smaller than the tokenizer's {vocab_size}")
+    cfg = dataclasses.replace(cfg, tokenizer_vocab_size=vocab_size, checkpoint_padded_vocab_size=padded_vocab)
+    return cfg, tok
+
+
+def _continue_flags(cfg: Any, model: dict[str, Any], tokenizer: dict[str, str] | None) -> list[str]:
+    """``Imported.flags``: every model field the import set, the vocabulary (the tokenizer's files in the
+    checkpoint, or the null tokenizer's size) and the precision the weights are in."""
+    from megatron_ext.config.flags import to_argv
+
+    shape = [*model, *(() if tokenizer else ("vocab_size",))]
     flags = to_argv(cfg.model, only=shape, always=("num_layers", "hidden_size", "num_attention_heads"))
-    return Imported(save, arch, count, flags, tokenizer)
+    flags += to_argv(cfg.optim, only=("bf16", "fp16"))
+    for key, value in (tokenizer or {}).items():
+        flags += [f"--{key.replace('_', '-')}", value]
+    return flags
 
 
 def _precision(config: dict[str, Any]) -> dict[str, bool]:
@@ -401,12 +471,15 @@ def _fill_and_save(cfg: Any, weights: _SafetensorsReader, staging: Path, identit
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
-    from megatron_ext.training.model import gpt_model
+    from megatron_ext.training.model import gpt_model, in_training_precision
 
     table = {rule.key: rule for rule in rules(cfg.model)}
     count = 0
     with one_process(cfg) as ctx:
-        model = gpt_model(cfg, pre_process=True, post_process=True, vp_stage=None, device=ctx.device)
+        # Built as a run computes (the norms in the weights' dtype too): what is saved is what transformers holds.
+        model = in_training_precision(
+            gpt_model(cfg, pre_process=True, post_process=True, vp_stage=None, device=ctx.device), cfg
+        )
         for item in nested_values(model.sharded_state_dict()):
             if not isinstance(item, ShardedTensor | ShardedTensorFactory) or not is_model_tensor(item.key):
                 continue

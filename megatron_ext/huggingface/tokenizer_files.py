@@ -117,9 +117,46 @@ def write_tokenizer(tokenizer: Tokenizer, data: DataArgs, directory: Path, *, ma
     )
 
 
-def read_tokenizer_flags(directory: Path, copy_to: Path) -> dict[str, str] | None:
+ORIGIN_FILES = ("config.json", "generation_config.json")
+"""The imported model's own files, kept beside its tokenizer's copy (as in a ``transformers`` directory): an export
+of the checkpoint, or of a run continued from it, keeps their fields (a list of end ids, sampling defaults)."""
+
+
+def tokenizer_directory(data: DataArgs) -> Path | None:
+    """The directory of a run's tokenizer files (None for a tokenizer without files)."""
+    named = data.tokenizer_model or data.vocab_file
+    if named is None:
+        return None
+    path = Path(str(named))
+    return path if path.is_dir() else path.parent
+
+
+def keep_originals(source: Path, directory: Path) -> None:
+    """Copy ``source``'s ``ORIGIN_FILES`` into ``directory`` (an import's ``tokenizer/``, made here if the model
+    has no tokenizer)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ORIGIN_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, directory / name)
+
+
+def original_files(data: DataArgs, imported: Path) -> dict[str, dict[str, Any]]:
+    """``ORIGIN_FILES`` that an import kept, by name: beside the run's tokenizer (so a continued run's export
+    finds them), else in ``imported`` (the ``tokenizer/`` of a checkpoint imported without a tokenizer)."""
+    directory = tokenizer_directory(data) or imported
+    found = {}
+    for name in ORIGIN_FILES:
+        if (directory / name).is_file():
+            value = json.loads((directory / name).read_text(encoding="utf-8"))
+            if isinstance(value, dict):
+                found[name] = value
+    return found
+
+
+def read_tokenizer_flags(directory: Path, copy_to: Path, *, copy: bool = True) -> dict[str, str] | None:
     """Our tokenizer flags for the tokenizer files of a ``transformers`` directory, after copying them to
-    ``copy_to`` (the flags name the copies); None when the directory has no tokenizer.
+    ``copy_to`` (the flags name the copies; ``copy=False``: where the copies would be); None when the directory
+    has no tokenizer.
 
     The type we exported (``MARKER``) comes back; otherwise a ``tokenizer.json`` is a ``HuggingFaceTokenizer`` (what ``transformers`` itself loads); else a
     ``tokenizer.model`` is a SentencePiece model with plain ids (what ``write_tokenizer`` writes); else
@@ -128,9 +165,10 @@ def read_tokenizer_flags(directory: Path, copy_to: Path) -> dict[str, str] | Non
     present = [name for name in HF_TOKENIZER_FILES if (directory / name).is_file()]
     if not present:
         return None
-    copy_to.mkdir(parents=True, exist_ok=True)
-    for name in present:
-        shutil.copyfile(directory / name, copy_to / name)
+    if copy:
+        copy_to.mkdir(parents=True, exist_ok=True)
+        for name in present:
+            shutil.copyfile(directory / name, copy_to / name)
     config = directory / "tokenizer_config.json"
     ours = json.loads(config.read_text(encoding="utf-8")).get(MARKER) if config.is_file() else None
     if ours in SENTENCEPIECE_PLAIN and "tokenizer.model" in present:

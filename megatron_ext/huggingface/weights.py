@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from megatron_ext.config.arguments import ModelArgs
-from megatron_ext.huggingface.architectures import GPT2, LLAMA, architecture
+from megatron_ext.huggingface.architectures import GPT2, ROTARY, architecture
 
 LAYERS = "decoder.layers."
 """Prefix of the keys with a leading layer axis."""
@@ -109,6 +109,7 @@ def rules(model: ModelArgs) -> list[Rule]:
     arch = architecture(model)
     heads = _Heads(model.num_attention_heads, model.effective_num_query_groups, model.effective_kv_channels)
     bias = not model.disable_bias_linear
+    qkv_bias = bias or model.add_qkv_bias  # Qwen2: on the query, key and value projections only
     tied = not model.untie_embeddings_and_output_weights
     out: list[Rule] = []
 
@@ -120,7 +121,7 @@ def rules(model: ModelArgs) -> list[Rule]:
     ) -> None:
         out.append(Rule(key, names, split, join))
 
-    if arch == LLAMA:
+    if arch in ROTARY:  # Llama, Qwen2 and Mistral name their weights alike
         p = "model.layers.{}."
 
         def layer(*suffixes: str) -> Callable[[int], list[str]]:
@@ -130,7 +131,7 @@ def rules(model: ModelArgs) -> list[Rule]:
         add(LAYERS + "self_attention.linear_qkv.layer_norm_weight", layer("input_layernorm.weight"))
         qkv = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
         add(LAYERS + "self_attention.linear_qkv.weight", layer(*(n + ".weight" for n in qkv)), heads.split, heads.join)
-        if bias:
+        if qkv_bias:
             add(LAYERS + "self_attention.linear_qkv.bias", layer(*(n + ".bias" for n in qkv)), heads.split, heads.join)
         add(LAYERS + "self_attention.linear_proj.weight", layer("self_attn.o_proj.weight"))
         add(LAYERS + "mlp.linear_fc1.layer_norm_weight", layer("post_attention_layernorm.weight"))

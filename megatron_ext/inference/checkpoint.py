@@ -182,10 +182,11 @@ def read_tensor(path: Path, key: str, meta: Any) -> torch.Tensor:
 
 def load_model(ckpt: SavedCheckpoint, device: torch.device) -> Any:
     """Megatron-Core's GPTModel with the checkpoint's weights, in this process (inside ``one_process``)."""
-    from megatron_ext.training.model import gpt_model
+    from megatron_ext.training.model import gpt_model, in_training_precision
 
     cfg = ckpt.cfg
     model = gpt_model(cfg, pre_process=True, post_process=True, vp_stage=None, device=device).to(device)
+    model = in_training_precision(model, cfg)  # the run's forward: bf16 or fp16 throughout, fp32 logits
     run = dataclasses.replace(cfg.run, load=str(ckpt.root), no_load_optim=True, no_load_rng=True)
     checkpointing.load_checkpoint(
         root=ckpt.root,

@@ -2,7 +2,7 @@
 
 Every step runs the model over the context (no key/value cache): this is for
 looking at what a checkpoint has learned, not for serving. The context is the
-last ``window`` tokens (the positions the model was trained on).
+last ``window`` tokens (the positions the model was trained on, within its sliding window if it has one).
 """
 
 from __future__ import annotations

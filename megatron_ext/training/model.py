@@ -113,6 +113,7 @@ def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> d
         normalization=m.normalization,
         layernorm_epsilon=m.norm_epsilon,
         add_bias_linear=not m.disable_bias_linear,
+        add_qkv_bias=m.add_qkv_bias,
         gated_linear_unit=m.swiglu,
         activation_func=activation_function(cfg),
         qk_layernorm=m.qk_layernorm,
@@ -264,11 +265,19 @@ def gpt_model(
 ModelProvider = Callable[..., torch.nn.Module]
 
 
+def in_training_precision(chunk: Any, cfg: TrainingConfig) -> Any:
+    """``chunk`` as a run computes with it: with --bf16 or --fp16, as Megatron-LM, every parameter in half
+    precision (the norms, which the local spec builds in fp32, included; the optimizer keeps fp32 main copies),
+    half-precision inputs and fp32 outputs on the last stage (Megatron-Core's Float16Module)."""
+    from megatron.core.transformer.module import Float16Module
+
+    return Float16Module(chunk.config, chunk) if cfg.optim.bf16 or cfg.optim.fp16 else chunk
+
+
 def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: torch.device) -> list[Any]:
     """One model chunk per virtual stage of this pipeline rank, wrapped in Megatron DDP."""
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel
-    from megatron.core.transformer.module import Float16Module
 
     layout = cfg.layout
     chunks = []
@@ -281,11 +290,7 @@ def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: 
         )
         check_placement(chunk, layout, vp_stage)
         chunk.to(device)
-        if cfg.optim.bf16 or cfg.optim.fp16:
-            # As Megatron-LM: every parameter in half precision (the optimizer keeps
-            # fp32 main copies), half-precision inputs, fp32 outputs on the last stage.
-            chunk = Float16Module(chunk.config, chunk)
-        chunks.append(chunk)
+        chunks.append(in_training_precision(chunk, cfg))
     ddp = ddp_config(cfg)
     return [
         DistributedDataParallel(

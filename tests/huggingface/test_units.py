@@ -34,6 +34,16 @@ LLAMA_31 = ModelArgs(
     position_embedding_type="rope", swiglu=True, normalization="RMSNorm", disable_bias_linear=True,
     seq_length=32, rotary_base=500000, use_rope_scaling=True,
 )  # fmt: skip
+QWEN2_TIED = ModelArgs(
+    num_layers=2, hidden_size=64, num_attention_heads=4, group_query_attention=True, num_query_groups=2,
+    position_embedding_type="rope", swiglu=True, normalization="RMSNorm", disable_bias_linear=True,
+    add_qkv_bias=True, seq_length=32, rotary_base=1000000,
+)  # fmt: skip
+MISTRAL = ModelArgs(
+    num_layers=2, hidden_size=64, num_attention_heads=4, group_query_attention=True, num_query_groups=2,
+    position_embedding_type="rope", swiglu=True, normalization="RMSNorm", disable_bias_linear=True,
+    untie_embeddings_and_output_weights=True, seq_length=32, window_size="31,0",
+)  # fmt: skip
 GPT2 = ModelArgs(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, norm_epsilon=1e-6)
 GPT2_UNTIED = ModelArgs(
     num_layers=3, hidden_size=48, num_attention_heads=3, seq_length=16, untie_embeddings_and_output_weights=True
@@ -41,14 +51,15 @@ GPT2_UNTIED = ModelArgs(
 SHAPE_FIELDS = (
     "num_layers", "hidden_size", "effective_ffn_hidden_size", "num_attention_heads", "effective_num_query_groups",
     "effective_kv_channels", "position_embedding_type", "swiglu", "normalization", "norm_epsilon",
-    "untie_embeddings_and_output_weights", "disable_bias_linear", "rotary_base", "use_rope_scaling",
+    "untie_embeddings_and_output_weights", "disable_bias_linear", "add_qkv_bias", "rotary_base", "use_rope_scaling",
+    "window_size",
 )  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "model",
-    [LLAMA_GQA, LLAMA_BIAS_TIED, LLAMA_31, GPT2, GPT2_UNTIED],
-    ids=["llama-gqa", "llama-bias-tied", "llama-3.1-rope-scaling", "gpt2", "gpt2-untied"],
+    [LLAMA_GQA, LLAMA_BIAS_TIED, LLAMA_31, QWEN2_TIED, MISTRAL, GPT2, GPT2_UNTIED],
+    ids=["llama-gqa", "llama-bias-tied", "llama-3.1-rope-scaling", "qwen2-tied", "mistral", "gpt2", "gpt2-untied"],
 )
 def test_config_round_trip_keeps_the_model(model: ModelArgs) -> None:
     config = hf_config(model, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32")
@@ -73,13 +84,16 @@ def test_config_round_trip_keeps_the_model(model: ModelArgs) -> None:
         ({"apply_layernorm_1p": True}, ["--apply-layernorm-1p"]),
         ({"qk_layernorm": True}, ["--qk-layernorm"]),
         ({"squared_relu": True}, ["--squared-relu"]),
+        ({"window_size": "127,0"}, ["--window-size with learned positions"]),
+        ({"position_embedding_type": "rope", "swiglu": True, "normalization": "RMSNorm", "window_size": "127,0"},
+         ["--window-size with biases"]),
     ],
 )  # fmt: skip
 def test_models_without_a_transformers_architecture_are_refused_naming_why(changes: dict, named: list[str]) -> None:
     model = ModelArgs(num_layers=2, hidden_size=64, num_attention_heads=4, **changes)
     with pytest.raises(ConversionError) as err:
         architecture(model)
-    for part in [*named, "Supported: Llama"]:
+    for part in [*named, "Supported: Llama", "Qwen2", "Mistral"]:
         assert part in str(err.value)
 
 
@@ -87,7 +101,18 @@ def test_models_without_a_transformers_architecture_are_refused_naming_why(chang
     ("changes", "named"),
     [
         ({"activation_function": "gelu_new"}, "gelu_new is the tanh approximation"),
-        ({"model_type": "mistral"}, "model_type 'mistral' is not supported"),
+        (
+            {"model_type": "mistral", "sliding_window": 16},
+            r"sliding window 16 is shorter than the sequence length 32 \(max_position_embeddings; import with "
+            r"--seq-length 16 or less\): Megatron-Core's local attention has no sliding window",
+        ),
+        (
+            {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 1},
+            "a sliding window on layers 1–1 only",
+        ),
+        ({"model_type": "qwen3"}, r"model_type 'qwen3': per-head RMSNorm of queries and keys"),
+        ({"model_type": "gemma2"}, "logit soft-capping"),
+        ({"model_type": "brand_new"}, r"model_type 'brand_new' is not one of the architectures read here"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5}}, "rope type 'yarn'"),
         (
             {
@@ -342,21 +367,28 @@ def test_tools_refuse_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFi
     assert "holds no checkpoint" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gpt2"])
 def test_a_missing_config_key_means_transformers_default(arch: str) -> None:
-    """Every optional key the importer reads falls back to what transformers itself uses when config.json lacks
-    it (so a GPT-2 config without activation_function is gelu_new, and is refused, not imported as exact GeLU)."""
+    """Every key the importer reads falls back to what transformers itself uses when config.json lacks it (its
+    config class's field default: a Qwen2 without num_key_value_heads has 32, a Mistral 8 and a sliding window of
+    4096; a GPT-2 without activation_function is gelu_new, and is refused, not imported as exact GeLU)."""
+    import dataclasses
+
     import transformers
 
     from megatron_ext.huggingface.architectures import TRANSFORMERS_DEFAULTS
 
-    reference = (transformers.LlamaConfig if arch == "llama" else transformers.GPT2Config)()
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+           "mistral": transformers.MistralConfig, "gpt2": transformers.GPT2Config}[arch]  # fmt: skip
+    fields = {f.name: f.default for f in dataclasses.fields(cls)}
     for key, ours in TRANSFORMERS_DEFAULTS[arch].items():
-        theirs = getattr(reference, key, None)
-        if key == "rope_theta" and theirs is None:  # transformers 5 keeps it in rope_parameters
-            theirs = reference.rope_parameters["rope_theta"]
+        if key == "rope_theta":  # transformers 5 keeps it in rope_parameters, from the class's default
+            theirs = cls.default_theta
+        else:  # Qwen2 has no head_dim field: its attention takes hidden ÷ heads unless config.json names one
+            assert key in fields or (arch, key) == ("qwen2", "head_dim"), (arch, key)
+            theirs = fields.get(key)
         assert ours == theirs, (arch, key, ours, theirs)
-    model = LLAMA_GQA if arch == "llama" else GPT2_UNTIED
+    model = {"llama": LLAMA_GQA, "qwen2": QWEN2_TIED, "mistral": MISTRAL, "gpt2": GPT2_UNTIED}[arch]
     exported = hf_config(model, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32")
     for key, default in TRANSFORMERS_DEFAULTS[arch].items():
         without = {k: v for k, v in exported.items() if k != key}
