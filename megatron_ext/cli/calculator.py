@@ -381,7 +381,8 @@ def _search_mode(
     err: typing.TextIO,
 ) -> int:
     if batch is None:
-        print("error: searching needs --global-batch-size (or --model NAME, whose paper's batch is used)", file=err)
+        source = f"--model {args.model} publishes no batch size; " if args.model is not None else ""
+        print(f"error: {source}searching needs --global-batch-size (or a --model whose paper gives one)", file=err)
         return ExitCode.INVALID
     found = search_with_savers(
         workload,

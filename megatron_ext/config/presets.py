@@ -14,12 +14,21 @@ size its paper trained with, which the calculator uses. Sources:
 * ``megatron-530b`` and ``megatron-1t``: Narayanan et al. 2021, "Efficient
   Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
   Table 1 (vocabulary 51,200, sequence 2048; the 530B shape is MT-NLG's).
+* ``llama3.1-*``, ``qwen2.5-*`` and ``mistral-7b``: the models continued
+  pretraining starts from, each as its ``config.json`` on the Hugging Face Hub
+  describes it (meta-llama/Llama-3.1-8B and -70B, Qwen/Qwen2.5-0.5B, -7B and
+  -72B, mistralai/Mistral-7B-v0.1): the flags ``tools/convert_checkpoint.py
+  from-hf`` gives (a test imports each config and compares). The vocabulary is
+  the embedding's rows. Sequence length: the pretraining length of the Llama 3
+  paper (8192) and the Qwen2.5 report (4096); for Mistral 7B its sliding
+  window (4096), the longest sequence computed exactly here. None of them
+  publishes a global batch size: give ``--global-batch-size``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -42,18 +51,46 @@ class ModelPreset:
     """Sequence length."""
     vocab_size: int
     """Tokenizer vocabulary (padded by the calculator as Megatron does)."""
-    global_batch_size: int
-    """Sequences per step in the source."""
+    global_batch_size: int | None
+    """Sequences per step in the source (None: it publishes none)."""
+    architecture: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """The other ``ModelArgs`` fields of the model (FFN size, grouped-query attention, rotary positions, …)."""
 
     def model_flags(self) -> dict[str, Any]:
-        """The shape as ``ModelArgs`` field values (``pretrain_gpt.py`` flag names)."""
+        """The model as ``ModelArgs`` field values (``pretrain_gpt.py`` flag names)."""
         return {
             "num_layers": self.num_layers,
             "hidden_size": self.hidden_size,
             "num_attention_heads": self.num_attention_heads,
             "seq_length": self.seq_length,
             "vocab_size": self.vocab_size,
+            **self.architecture,
         }
+
+
+def _rotary(*, ffn: int, groups: int, theta: int, eps: float, positions: int, **other: Any) -> Mapping[str, Any]:
+    """The Llama family's fields (rotary positions, SwiGLU, RMSNorm, grouped-query attention, no dropout)."""
+    return MappingProxyType(
+        {
+            "ffn_hidden_size": ffn,
+            "group_query_attention": True,
+            "num_query_groups": groups,
+            "max_position_embeddings": positions,
+            "position_embedding_type": "rope",
+            "rotary_base": theta,
+            "swiglu": True,
+            "normalization": "RMSNorm",
+            "norm_epsilon": eps,
+            "hidden_dropout": 0.0,
+            "attention_dropout": 0.0,
+            **other,
+        }
+    )
+
+
+_LLAMA31 = {"use_rope_scaling": True, "disable_bias_linear": True, "untie_embeddings_and_output_weights": True}
+_QWEN25 = {"disable_bias_linear": True, "add_qkv_bias": True}
+_HUB = "config.json of"
 
 
 _GPT3 = "GPT-3 (Brown et al. 2020, Table 2.1)"
@@ -152,6 +189,97 @@ PRESETS: Mapping[str, ModelPreset] = MappingProxyType(
                 seq_length=2048,
                 vocab_size=51200,
                 global_batch_size=3072,
+            ),
+            ModelPreset(
+                name="llama3.1-8b",
+                description=f"Llama 3.1 8B ({_HUB} meta-llama/Llama-3.1-8B)",
+                num_layers=32,
+                hidden_size=4096,
+                num_attention_heads=32,
+                seq_length=8192,
+                vocab_size=128256,
+                global_batch_size=None,
+                architecture=_rotary(ffn=14336, groups=8, theta=500000, eps=1e-5, positions=131072, **_LLAMA31),
+            ),
+            ModelPreset(
+                name="llama3.1-70b",
+                description=f"Llama 3.1 70B ({_HUB} meta-llama/Llama-3.1-70B)",
+                num_layers=80,
+                hidden_size=8192,
+                num_attention_heads=64,
+                seq_length=8192,
+                vocab_size=128256,
+                global_batch_size=None,
+                architecture=_rotary(ffn=28672, groups=8, theta=500000, eps=1e-5, positions=131072, **_LLAMA31),
+            ),
+            ModelPreset(
+                name="qwen2.5-0.5b",
+                description=f"Qwen2.5 0.5B ({_HUB} Qwen/Qwen2.5-0.5B), tied embeddings",
+                num_layers=24,
+                hidden_size=896,
+                num_attention_heads=14,
+                seq_length=4096,
+                vocab_size=151936,
+                global_batch_size=None,
+                architecture=_rotary(ffn=4864, groups=2, theta=1000000, eps=1e-6, positions=32768, **_QWEN25),
+            ),
+            ModelPreset(
+                name="qwen2.5-7b",
+                description=f"Qwen2.5 7B ({_HUB} Qwen/Qwen2.5-7B)",
+                num_layers=28,
+                hidden_size=3584,
+                num_attention_heads=28,
+                seq_length=4096,
+                vocab_size=152064,
+                global_batch_size=None,
+                architecture=_rotary(
+                    ffn=18944,
+                    groups=4,
+                    theta=1000000,
+                    eps=1e-6,
+                    positions=131072,
+                    untie_embeddings_and_output_weights=True,
+                    **_QWEN25,
+                ),
+            ),
+            ModelPreset(
+                name="qwen2.5-72b",
+                description=f"Qwen2.5 72B ({_HUB} Qwen/Qwen2.5-72B)",
+                num_layers=80,
+                hidden_size=8192,
+                num_attention_heads=64,
+                seq_length=4096,
+                vocab_size=152064,
+                global_batch_size=None,
+                architecture=_rotary(
+                    ffn=29568,
+                    groups=8,
+                    theta=1000000,
+                    eps=1e-5,
+                    positions=131072,
+                    untie_embeddings_and_output_weights=True,
+                    **_QWEN25,
+                ),
+            ),
+            ModelPreset(
+                name="mistral-7b",
+                description=f"Mistral 7B ({_HUB} mistralai/Mistral-7B-v0.1), at its 4096-token sliding window",
+                num_layers=32,
+                hidden_size=4096,
+                num_attention_heads=32,
+                seq_length=4096,
+                vocab_size=32000,
+                global_batch_size=None,
+                architecture=_rotary(
+                    ffn=14336,
+                    groups=8,
+                    theta=10000,
+                    eps=1e-5,
+                    positions=32768,
+                    window_size="4095,0",
+                    disable_bias_linear=True,
+                    untie_embeddings_and_output_weights=True,
+                ),
             ),
             ModelPreset(
                 name="gpt-tiny",

@@ -97,6 +97,32 @@ def test_rope_scaling_is_llama_31s_and_its_factor_is_megatron_lms_fixed_8() -> N
         parse_args([*BASE, "--squared-relu", "--swiglu"])
 
 
+def test_a_sliding_window_is_taken_where_it_covers_the_sequence_as_megatron_lm_writes_it() -> None:
+    """--window-size LEFT,RIGHT (Megatron-LM's tuple_type: with or without parentheses): a window covering
+    --seq-length is full causal attention; a shorter one is refused naming both and the fix."""
+    for text in ("63,0", "(63, 0)", "-1,0", "4095,0"):
+        cfg = parse_args([*BASE, f"--window-size={text}"])
+        assert _same_run(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, window_size=None)),
+                         parse_args(BASE)), text  # fmt: skip
+    assert parse_args([*BASE, "--window-size", "63,0"]).model.context_length == 64
+    assert parse_args([*BASE, "--window-size", "127,0", "--max-position-embeddings", "512"]).model.context_length == 128
+    with pytest.raises(ConfigError, match=r"--window-size 31,0: a sliding window of 32 tokens is shorter than "
+                       r"--seq-length 64.*train at --seq-length 32 or less"):  # fmt: skip
+        parse_args([*BASE, "--window-size", "31,0"])
+    for bad in ("4096", "a,b", "-2,0"):
+        with pytest.raises(ConfigError, match="--window-size"):
+            parse_args([*BASE, f"--window-size={bad}"])
+
+
+def test_qkv_biases_alone_are_a_model_of_their_own() -> None:
+    """--add-qkv-bias with --disable-bias-linear (Qwen2): recorded, and taken from a checkpoint as Megatron-LM."""
+    from megatron_ext.config.checkpoint_args import MODEL_ARGS
+
+    cfg = parse_args([*BASE, "--disable-bias-linear", "--add-qkv-bias"])
+    assert cfg.model.add_qkv_bias and cfg.model.disable_bias_linear
+    assert ("model", "add_qkv_bias", True) in MODEL_ARGS
+
+
 def test_a_removed_flag_is_accepted_where_its_value_is_what_happens_here() -> None:
     cfg = parse_args([*BASE, "--data-impl", "mmap", "--DDP-impl", "local", "--no-query-key-layer-scaling"])
     assert _same_run(cfg, parse_args(BASE))
