@@ -78,8 +78,15 @@ class ModelArgs(_Options):
     rotary_percent: float = opt(1.0, "Share of each head's dimensions that rope rotates.", above=0, maximum=1)
     use_rope_scaling: bool = opt(
         False,
-        "Llama 3.1's rope scaling (Megatron-Core's: factor 8, low/high frequency factors 1 and 4, original context "
-        "8192), applied once to the rotary frequencies; with --position-embedding-type rope.",
+        "Llama 3.x's rope scaling (Megatron-Core's: low/high frequency factors 1 and 4, original context 8192, "
+        "scaled by --rope-scaling-factor), applied once to the rotary frequencies; with --position-embedding-type "
+        "rope.",
+    )
+    rope_scaling_factor: float = opt(
+        8.0,
+        "The factor of --use-rope-scaling: 8 for Llama 3.1, 32 for Llama 3.2. Passed to Megatron-Core's rotary "
+        "embedding, as Megatron-LM after 0.16.1 does (0.16.1's GPT builder left it at 8).",
+        above=0,
     )
     swiglu: bool = opt(False, "Use a SwiGLU MLP (gated SiLU) instead of GeLU.", estimate=True)
     squared_relu: bool = opt(False, "MLP activation relu(x)² instead of GeLU (not with --swiglu).")

@@ -96,14 +96,6 @@ ACCEPTED: dict[str, Accepted] = {
         stands_for=("--seq-length",),
         unless_given="--seq-length",
     ),
-    "--rope-scaling-factor": Accepted(
-        "ignored as in Megatron-LM, whose GPT builder does not pass it: --use-rope-scaling applies Megatron-Core's "
-        "factor 8 (Llama 3.1's)",
-        values=("8", "8.0"),
-        otherwise="Megatron-LM 0.16.1's GPT builder does not pass --rope-scaling-factor to the model, so "
-        "--use-rope-scaling always scales by 8 (Llama 3.1); a run here does the same, and another factor would "
-        "not be the model Megatron-LM trains: drop the flag or give 8",
-    ),
     "--tiktoken-special-tokens": Accepted(
         "--tiktoken-special-tokens argument is deprecated and will be removed soon. Use --tokenizer-special-tokens "
         "instead.",

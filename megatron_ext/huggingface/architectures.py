@@ -156,7 +156,7 @@ def hf_config(model: ModelArgs, *, padded_vocab_size: int, tokens: TokenIds, dty
         "rms_norm_eps": model.norm_epsilon,
         "rope_theta": float(model.rotary_base),  # transformers 4
         "rope_parameters": {"rope_theta": float(model.rotary_base), **rope_scaling(model)},  # transformers 5
-        **({"rope_scaling": dict(LLAMA3_ROPE)} if model.use_rope_scaling else {}),  # transformers 4
+        **({"rope_scaling": rope_scaling(model)} if model.use_rope_scaling else {}),  # transformers 4
         "attention_dropout": model.attention_dropout,
     }
     if arch == QWEN2:
@@ -166,15 +166,18 @@ def hf_config(model: ModelArgs, *, padded_vocab_size: int, tokens: TokenIds, dty
     return rotary | {"attention_bias": not model.disable_bias_linear, "mlp_bias": not model.disable_bias_linear}
 
 
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}  # fmt: skip
-"""Llama 3.1's rope scaling: what Megatron-Core's ``RotaryEmbedding._apply_scaling`` computes (its defaults, which
-``--use-rope-scaling`` takes) in ``transformers``' terms (``_compute_llama3_parameters``)."""
+"""Llama 3.x's rope scaling: what Megatron-Core's ``RotaryEmbedding._apply_scaling`` computes (its fixed frequency
+factors and original context) in ``transformers``' terms (``_compute_llama3_parameters``); the ``factor`` is
+``--rope-scaling-factor`` (8 in Llama 3.1, 32 in Llama 3.2)."""
 
 
 def rope_scaling(model: ModelArgs) -> dict[str, Any]:
     """The rope type of ``config.json``'s ``rope_parameters`` (without ``rope_theta``)."""
-    return dict(LLAMA3_ROPE) if model.use_rope_scaling else {"rope_type": "default"}
+    if not model.use_rope_scaling:
+        return {"rope_type": "default"}
+    return {"rope_type": "llama3", "factor": model.rope_scaling_factor, **LLAMA3_ROPE}
 
 
 OTHER_ARCHITECTURES: dict[str, str] = {
@@ -320,11 +323,12 @@ def _expect(
         problems.append(f"{key}={value!r}{missing} ({why})")
 
 
-def _rope(arch: str, config: dict[str, Any], problems: list[str]) -> tuple[int, bool]:
-    """``--rotary-base`` and ``--use-rope-scaling`` of ``rope_parameters`` (transformers 5) or ``rope_theta`` and
-    ``rope_scaling`` (transformers 4)."""
+def _rope(arch: str, config: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """``--rotary-base``, ``--use-rope-scaling`` and ``--rope-scaling-factor`` of ``rope_parameters``
+    (transformers 5) or ``rope_theta`` and ``rope_scaling`` (transformers 4)."""
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
+    scaling: dict[str, Any] = {}
     if rope_type == "llama3":
         differ = [
             f"{key}={rope.get(key)!r} (Megatron-Core's is {value!r})"
@@ -333,19 +337,20 @@ def _rope(arch: str, config: dict[str, Any], problems: list[str]) -> tuple[int, 
         ]
         if differ:
             problems.append("llama3 rope scaling with " + ", ".join(differ))
+        scaling = {"use_rope_scaling": True, "rope_scaling_factor": float(rope["factor"])}
     elif rope_type != "default":
         problems.append(
-            f"rope type {rope_type!r} (the plain rotary embedding and Llama 3.1's scaling are implemented here)"
+            f"rope type {rope_type!r} (the plain rotary embedding and Llama 3.x's scaling are implemented here)"
         )
     theta = rope.get("rope_theta", _value(arch, config, "rope_theta"))
     if float(theta) != int(theta):
         problems.append(f"rope_theta={theta} (--rotary-base is an integer)")
-    return int(theta), rope_type == "llama3"
+    return {"rotary_base": int(theta), **scaling}
 
 
 def _rotary_flags(arch: str, config: dict[str, Any], problems: list[str], seq_length: int | None) -> dict[str, Any]:
     """Llama, Qwen2 and Mistral: one layer, differing in biases and the sliding window."""
-    rotary_base, llama3 = _rope(arch, config, problems)
+    rope = _rope(arch, config, problems)
     _expect(arch, config, problems, "hidden_act", ("silu",), "Megatron's SwiGLU gates with SiLU")
     if config.get("partial_rotary_factor", 1.0) not in (1.0, None):
         problems.append(
@@ -393,8 +398,7 @@ def _rotary_flags(arch: str, config: dict[str, Any], problems: list[str], seq_le
         "max_position_embeddings": positions,
         "seq_length": seq,
         "position_embedding_type": "rope",
-        "rotary_base": rotary_base,
-        "use_rope_scaling": llama3,
+        **rope,
         "swiglu": True,
         "normalization": "RMSNorm",
         "norm_epsilon": float(_value(arch, config, "rms_norm_eps")),

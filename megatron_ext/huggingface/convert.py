@@ -396,7 +396,8 @@ def import_from_hf(
     if dry_run:
         _check_target(save)
         recorded = read_tokenizer_flags(source, save.resolve() / "tokenizer", copy=False)
-        cfg, _ = _import_config(model, config, padded_vocab, recorded, read_tokenizer_flags(source, source, copy=False))
+        here = read_tokenizer_flags(source, source, copy=False)
+        cfg, _ = _import_config(config_file, model, config, padded_vocab, recorded, here)
         return Imported(save, arch, 0, _continue_flags(cfg, model, recorded))
     weights = _SafetensorsReader(source)
     with _staging(save, flag="--save") as staging:
@@ -406,12 +407,13 @@ def import_from_hf(
         recorded = (
             None if staged is None else {k: v.replace(str(staging), str(save.resolve())) for k, v in staged.items()}
         )
-        cfg, tok = _import_config(model, config, padded_vocab, recorded, staged)
+        cfg, tok = _import_config(config_file, model, config, padded_vocab, recorded, staged)
         count = _fill_and_save(cfg, weights, staging, RunIdentity.of(tok, cfg.data))
     return Imported(save, arch, count, _continue_flags(cfg, model, recorded))
 
 
 def _import_config(
+    config_file: Path,
     model: dict[str, Any],
     config: dict[str, Any],
     padded_vocab: int,
@@ -433,12 +435,12 @@ def _import_config(
             run={"device": "cpu"},
         )
     except ConfigError as exc:
-        raise ConversionError(f"config.json: {exc}") from exc
+        raise ConversionError(f"{config_file}: {exc}") from exc
     here: dict[str, Any] = readable or {}
     tok = tokenizer_of(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **here)))
     vocab_size = padded_vocab if recorded is None else tok.vocab_size
     if vocab_size > padded_vocab:
-        raise ConversionError(f"config.json: vocab_size {padded_vocab} is smaller than the tokenizer's {vocab_size}")
+        raise ConversionError(f"{config_file}: vocab_size {padded_vocab} is smaller than the tokenizer's {vocab_size}")
     cfg = dataclasses.replace(cfg, tokenizer_vocab_size=vocab_size, checkpoint_padded_vocab_size=padded_vocab)
     return cfg, tok
 

@@ -257,7 +257,8 @@ def gpt_model(
         position_embedding_type=m.position_embedding_type,
         rotary_percent=m.rotary_percent,
         rotary_base=m.rotary_base,
-        rope_scaling=m.use_rope_scaling,  # Megatron-Core's factor 8, as Megatron-LM's GPT builder leaves it
+        rope_scaling=m.use_rope_scaling,
+        rope_scaling_factor=m.rope_scaling_factor,
         vp_stage=vp_stage,
     )
 

@@ -85,12 +85,14 @@ def test_no_position_embedding_only_with_rope_as_megatron_lm() -> None:
     assert "--position-embedding-type none" in line
 
 
-def test_rope_scaling_is_llama_31s_and_its_factor_is_megatron_lms_fixed_8() -> None:
+def test_rope_scaling_is_llama_3s_with_its_factor() -> None:
+    """8 (Llama 3.1) by default; --rope-scaling-factor reaches Megatron-Core, as in Megatron-LM after 0.16.1."""
     rope = [*BASE, "--position-embedding-type", "rope", "--use-rope-scaling"]
     assert parse_args(rope).model.use_rope_scaling
     assert _same_run(parse_args([*rope, "--rope-scaling-factor", "8"]), parse_args(rope))
-    (line,) = _refusal_lines([*rope, "--rope-scaling-factor", "32"])
-    assert line.startswith("  --rope-scaling-factor 32: Megatron-LM 0.16.1's GPT builder does not pass")
+    assert parse_args([*rope, "--rope-scaling-factor", "32"]).model.rope_scaling_factor == 32.0
+    with pytest.raises(ConfigError, match="--rope-scaling-factor must be greater than 0"):
+        parse_args([*rope, "--rope-scaling-factor", "0"])
     with pytest.raises(ConfigError, match="--use-rope-scaling scales the rotary embedding"):
         parse_args([*BASE, "--use-rope-scaling"])
     with pytest.raises(ConfigError, match="--squared-relu and --swiglu each set the MLP's activation"):

@@ -50,8 +50,13 @@ def test_exports_match_megatron_and_round_trip(pipeline_run: SavedRun, tp2_run: 
     llama = work["llama-pp2-vp2"]
     out = tool("convert_checkpoint", "to-hf", "--load", str(pipeline_run.checkpoint), "--output", str(llama / "hf"))
     assert "exported iteration 16 as llama" in out.stdout, out.stdout
+    dry = tool("convert_checkpoint", "from-hf", "--input", str(llama / "hf"), "--save", str(llama / "imported"),
+               "--dry-run")  # fmt: skip
+    assert not (llama / "imported").exists(), dry.stdout
     out = tool("convert_checkpoint", "from-hf", "--input", str(llama / "hf"), "--save", str(llama / "imported"))
     assert "continue pretraining with: pretrain_gpt.py --load" in out.stdout and "--swiglu" in out.stdout, out.stdout
+    # The dry run prints the same command (the tokenizer's files named where the import puts them).
+    assert dry.stdout.splitlines()[-1] == out.stdout.splitlines()[-1], (dry.stdout, out.stdout)
     jobs = [
         {"checkpoint": str(run.checkpoint), "hf": str(work[n] / "hf"), "imported": str(work[n] / "imported"),
          "work": str(work[n])}

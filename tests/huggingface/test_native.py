@@ -1,5 +1,5 @@
-"""Models built by ``transformers`` itself, in and out: Llama 3.1 (rope scaling), Qwen2.5 (q/k/v biases, tied and
-untied), Mistral (a sliding window that covers the sequence) and a bf16 Llama.
+"""Models built by ``transformers`` itself, in and out: Llama 3.1 and 3.2 (rope scaling by 8 and 32, untied and
+tied), Qwen2.5 (q/k/v biases, tied and untied), Mistral (a sliding window that covers the sequence) and a bf16 Llama.
 
 Small but realistic shapes (grouped-query attention, 64-dimension heads, a vocabulary of a few thousand), random
 weights with norms and biases away from their initial values. For each: Megatron-Core's logits equal
@@ -44,6 +44,15 @@ JOBS: dict[str, dict[str, Any]] = {
         "dtype": "float32", "seq": 64, "seq_length": 64,
         "generation": {"bos_token_id": 1, "eos_token_id": [2, 3], "temperature": 0.6, "top_p": 0.9, "do_sample": True},
         "extra": ["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "3", *TRAIN],
+    },
+    "llama-3.2-tied": {
+        "model_type": "llama",
+        "config": SHAPE | {
+            "max_position_embeddings": 131072, "tie_word_embeddings": True,
+            "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        },
+        "dtype": "float32", "seq": 64, "seq_length": 64, "generation": {"eos_token_id": [2, 3]},
     },
     "qwen2.5-tied": {
         "model_type": "qwen2",

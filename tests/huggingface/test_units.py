@@ -34,6 +34,11 @@ LLAMA_31 = ModelArgs(
     position_embedding_type="rope", swiglu=True, normalization="RMSNorm", disable_bias_linear=True,
     seq_length=32, rotary_base=500000, use_rope_scaling=True,
 )  # fmt: skip
+LLAMA_32 = ModelArgs(
+    num_layers=2, hidden_size=64, num_attention_heads=4, group_query_attention=True, num_query_groups=2,
+    position_embedding_type="rope", swiglu=True, normalization="RMSNorm", disable_bias_linear=True,
+    seq_length=32, rotary_base=500000, use_rope_scaling=True, rope_scaling_factor=32.0,
+)  # fmt: skip
 QWEN2_TIED = ModelArgs(
     num_layers=2, hidden_size=64, num_attention_heads=4, group_query_attention=True, num_query_groups=2,
     position_embedding_type="rope", swiglu=True, normalization="RMSNorm", disable_bias_linear=True,
@@ -52,14 +57,23 @@ SHAPE_FIELDS = (
     "num_layers", "hidden_size", "effective_ffn_hidden_size", "num_attention_heads", "effective_num_query_groups",
     "effective_kv_channels", "position_embedding_type", "swiglu", "normalization", "norm_epsilon",
     "untie_embeddings_and_output_weights", "disable_bias_linear", "add_qkv_bias", "rotary_base", "use_rope_scaling",
-    "window_size",
+    "rope_scaling_factor", "window_size",
 )  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "model",
-    [LLAMA_GQA, LLAMA_BIAS_TIED, LLAMA_31, QWEN2_TIED, MISTRAL, GPT2, GPT2_UNTIED],
-    ids=["llama-gqa", "llama-bias-tied", "llama-3.1-rope-scaling", "qwen2-tied", "mistral", "gpt2", "gpt2-untied"],
+    [LLAMA_GQA, LLAMA_BIAS_TIED, LLAMA_31, LLAMA_32, QWEN2_TIED, MISTRAL, GPT2, GPT2_UNTIED],
+    ids=[
+        "llama-gqa",
+        "llama-bias-tied",
+        "llama-3.1-rope-scaling",
+        "llama-3.2-tied",
+        "qwen2-tied",
+        "mistral",
+        "gpt2",
+        "gpt2-untied",
+    ],
 )
 def test_config_round_trip_keeps_the_model(model: ModelArgs) -> None:
     config = hf_config(model, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32")
@@ -121,11 +135,11 @@ def test_models_without_a_transformers_architecture_are_refused_naming_why(chang
                     "rope_theta": 5e5,
                     "factor": 32.0,
                     "low_freq_factor": 1.0,
-                    "high_freq_factor": 4.0,
+                    "high_freq_factor": 2.0,
                     "original_max_position_embeddings": 8192,
                 }
             },
-            r"llama3 rope scaling with factor=32.0 \(Megatron-Core's is 8.0\)",
+            r"llama3 rope scaling with high_freq_factor=2.0 \(Megatron-Core's is 4.0\)",
         ),
         ({"attention_bias": True, "mlp_bias": False}, "attention_bias ≠ mlp_bias"),
     ],
@@ -137,18 +151,22 @@ def test_transformers_configs_we_cannot_compute_alike_are_refused(changes: dict,
         model_flags(config)
 
 
-def test_llama_31_rope_scaling_is_the_same_frequencies_in_megatron_core_and_transformers() -> None:
-    """``--use-rope-scaling`` (Megatron-Core's RotaryEmbedding) and the exported ``rope_parameters`` (transformers'
-    llama3 initialisation) rotate by the same frequencies, bit for bit."""
+@pytest.mark.parametrize("factor", [8.0, 32.0], ids=["llama-3.1", "llama-3.2"])
+def test_llama_3_rope_scaling_is_the_same_frequencies_in_megatron_core_and_transformers(factor: float) -> None:
+    """``--use-rope-scaling --rope-scaling-factor`` (Megatron-Core's RotaryEmbedding) and the exported
+    ``rope_parameters`` (transformers' llama3 initialisation) rotate by the same frequencies, bit for bit."""
+    import dataclasses
+
     import transformers
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    m = LLAMA_31
+    m = dataclasses.replace(LLAMA_31, rope_scaling_factor=factor)
     kv = m.effective_kv_channels
     ours = RotaryEmbedding(
-        kv, rotary_percent=1.0, rotary_base=m.rotary_base, rope_scaling=True, use_cpu_initialization=True
-    )
+        kv, rotary_percent=1.0, rotary_base=m.rotary_base, rope_scaling=True, rope_scaling_factor=factor,
+        use_cpu_initialization=True,
+    )  # fmt: skip
     config = transformers.LlamaConfig(**hf_config(m, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32"))
     theirs, attention_factor = ROPE_INIT_FUNCTIONS["llama3"](config, torch.device("cpu"))
     assert attention_factor == 1.0
