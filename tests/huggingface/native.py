@@ -19,6 +19,7 @@ through the library, and then:
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -32,7 +33,7 @@ NEW_TOKENS = 12
 
 def build(job: dict[str, Any], directory: Path) -> Any:
     """The ``transformers`` model of ``job``, saved in ``directory`` in its dtype (with a generation config whose
-    fields an export must keep)."""
+    fields an export must keep, and the job's SentencePiece model as its tokenizer if it names one)."""
     import transformers
 
     torch.manual_seed(job.get("seed", 0))
@@ -47,6 +48,8 @@ def build(job: dict[str, Any], directory: Path) -> Any:
     model = model.to(getattr(torch, job["dtype"])).eval()
     model.generation_config = transformers.GenerationConfig(**job["generation"])
     model.save_pretrained(str(directory))
+    if job.get("tokenizer_model"):
+        shutil.copyfile(job["tokenizer_model"], directory / "tokenizer.model")
     return model
 
 

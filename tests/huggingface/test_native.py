@@ -22,6 +22,7 @@ import pytest
 
 from tests import waits
 from tests.conftest import REPO, read_metrics, run_pretrain
+from tests.data.helpers import shared_data, tool
 from tests.waits import RUN_S
 
 pytestmark = pytest.mark.distributed
@@ -44,6 +45,7 @@ JOBS: dict[str, dict[str, Any]] = {
         "dtype": "float32", "seq": 64, "seq_length": 64,
         "generation": {"bos_token_id": 1, "eos_token_id": [2, 3], "temperature": 0.6, "top_p": 0.9, "do_sample": True},
         "extra": ["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "3", *TRAIN],
+        "tokenizer": True,  # a SentencePiece tokenizer.model beside the weights
     },
     "llama-3.2-tied": {
         "model_type": "llama",
@@ -84,7 +86,12 @@ JOBS: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     work = tmp_path_factory.mktemp("native")
-    jobs = [spec | {"name": name, "work": str(work / name)} for name, spec in JOBS.items()]
+    sentencepiece = str(shared_data(tmp_path_factory)["model"])
+    jobs = [
+        spec
+        | {"name": name, "work": str(work / name), "tokenizer_model": sentencepiece if "tokenizer" in spec else None}
+        for name, spec in JOBS.items()
+    ]
     (work / "jobs.json").write_text(json.dumps(jobs))
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = waits.run(
@@ -128,11 +135,21 @@ def test_the_export_of_an_import_is_the_original(results: dict[str, dict[str, An
 
 
 def test_continued_pretraining_starts_at_transformers_loss(results: dict[str, dict[str, Any]], tmp_path: Path) -> None:
-    """Under TP2 (Qwen2.5's q/k/v biases split over ranks), PP2 with stages of 3 and 1 layers (Llama 3.1) and DP2
-    (Mistral), with exactly the flags the import printed."""
+    """Under TP2 (Qwen2.5's q/k/v biases split over ranks), PP2 with stages of 3 and 1 layers (Llama 3.1, with its
+    SentencePiece tokenizer) and DP2 (Mistral), with exactly the flags the import printed. The export of the
+    continued Llama 3.1 keeps the original's list of end ids and generation_config.json."""
     for name in (n for n in JOBS if "extra" in JOBS[n]):
         result = results[name]
-        metrics = tmp_path / f"{name}.jsonl"
-        run_pretrain([*result["argv"], "--metrics-file", str(metrics)], nproc=2)
+        metrics, save = tmp_path / f"{name}.jsonl", tmp_path / f"{name}-continued"
+        run_pretrain([*result["argv"], "--metrics-file", str(metrics), "--save", str(save)], nproc=2)
         first = next(r for r in read_metrics(metrics) if r.get("iteration") == 1 and "lm_loss" in r)
         assert first["lm_loss"] == pytest.approx(result["hf_loss"], rel=1e-5), (name, first, result["hf_loss"])
+    assert "GPTSentencePieceTokenizer" in results["llama-3.1"]["argv"]
+    tool(
+        "convert_checkpoint", "to-hf", "--load", str(tmp_path / "llama-3.1-continued"), "--output", str(tmp_path / "hf")
+    )
+    original = Path(results["llama-3.1"]["work"]) / "hf"
+    for file in ("generation_config.json", "tokenizer.model"):
+        assert (tmp_path / "hf" / file).read_bytes() == (original / file).read_bytes(), file
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["eos_token_id"] == [2, 3] and config["bos_token_id"] == 1, config
