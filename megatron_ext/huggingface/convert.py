@@ -302,7 +302,7 @@ def export_to_hf(
         files = writer.close()
         max_length = cfg.model.max_position_embeddings or cfg.model.seq_length
         written = write_tokenizer(tok, cfg.data, staging, max_length=max_length)
-        ids, original = written.ids, original_files(cfg.data, ckpt.root / "tokenizer")
+        ids, original = written.ids, original_files(cfg.data, ckpt.root / "tokenizer", model_type=arch)
         config = hf_config(cfg.model, padded_vocab_size=cfg.padded_vocab_size, tokens=ids, dtype=_dtype_name(dtype))
         _write_json(staging / "config.json", with_original_config(config, original.get("config.json")))
         _write_json(
@@ -323,9 +323,8 @@ TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 def with_original_config(ours: dict[str, Any], original: dict[str, Any] | None) -> dict[str, Any]:
     """``config.json``: ours, which says everything that decides the function, with the original model's token
-    ids and the keys it has that no architecture here reads (``transformers_version``, a model card's extras).
-    Nothing of an original of another architecture is kept."""
-    if original is None or original.get("model_type") != ours["model_type"]:
+    ids and the keys it has that no architecture here reads (``transformers_version``, a model card's extras)."""
+    if original is None:
         return ours
     read = set(TRANSFORMERS_DEFAULTS[ours["model_type"]]) | set(ours) | READ_ELSEWHERE
     tokens = {k: original[k] for k in TOKEN_KEYS if k in original}

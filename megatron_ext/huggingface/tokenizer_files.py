@@ -140,9 +140,11 @@ def keep_originals(source: Path, directory: Path) -> None:
             shutil.copyfile(source / name, directory / name)
 
 
-def original_files(data: DataArgs, imported: Path) -> dict[str, dict[str, Any]]:
+def original_files(data: DataArgs, imported: Path, *, model_type: str) -> dict[str, dict[str, Any]]:
     """``ORIGIN_FILES`` that an import kept, by name: beside the run's tokenizer (so a continued run's export
-    finds them), else in ``imported`` (the ``tokenizer/`` of a checkpoint imported without a tokenizer)."""
+    finds them), else in ``imported`` (the ``tokenizer/`` of a checkpoint imported without a tokenizer). Only a
+    ``config.json`` of ``model_type`` makes them the model's originals; otherwise (another model's files beside a
+    tokenizer taken from it) there are none."""
     directory = tokenizer_directory(data) or imported
     found = {}
     for name in ORIGIN_FILES:
@@ -150,7 +152,7 @@ def original_files(data: DataArgs, imported: Path) -> dict[str, dict[str, Any]]:
             value = json.loads((directory / name).read_text(encoding="utf-8"))
             if isinstance(value, dict):
                 found[name] = value
-    return found
+    return found if found.get("config.json", {}).get("model_type") == model_type else {}
 
 
 def read_tokenizer_flags(directory: Path, copy_to: Path, *, copy: bool = True) -> dict[str, str] | None:
