@@ -38,6 +38,7 @@
 #   TRAIN_ITERS LOG_INTERVAL SAVE_INTERVAL EVAL_INTERVAL EVAL_ITERS   (recipe defaults)
 #   EXTRA_ARGS        more pretrain_gpt.py arguments, split on whitespace ('')
 #   DATA_PATH         dataset prefixes, optionally weighted: 'W1 PREFIX1 W2 PREFIX2' ('': mock data)
+#   DATA_ARGS_PATH    a blend file instead (--data-args-path; tools/merge_datasets.py --write-blend)
 #   DATA_SPLIT        train,valid,test split (969,30,1)
 #   DATA_CACHE_PATH   where index files are cached ('': next to the data)
 #   TOKENIZER_TYPE    (GPTSentencePieceTokenizer)   TOKENIZER_MODEL  (required with DATA_PATH)

@@ -12,6 +12,14 @@ refused (full, read-only, not permitted), 2 bad options::
     python tools/merge_datasets.py --input data/a_text_document data/b_text_document \\
         --output-prefix data/ab_text_document
     python tools/merge_datasets.py --input data/shards --output-prefix data/all_text_document
+
+``--write-blend FILE`` writes a blend of the inputs instead, for ``pretrain_gpt.py
+--data-args-path FILE`` (Megatron-LM's form): each dataset weighted by its
+tokens, or with ``--mix web:0.7 code:0.3`` each source (datasets whose prefix
+matches the pattern: a glob, or a word anywhere in it) given its share of the
+total, spread over its datasets by tokens::
+
+    python tools/merge_datasets.py --input data/shards --write-blend data/blend.txt --mix web:0.7 code:0.3
 """
 
 from __future__ import annotations
@@ -44,8 +52,17 @@ def prefixes_of(inputs: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="Dataset prefixes, or directories of them.")
-    p.add_argument("--output-prefix", required=True, help="Prefix of the merged .bin/.idx.")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("--output-prefix", help="Prefix of the merged .bin/.idx.")
+    out.add_argument("--write-blend", metavar="FILE", help="Write a blend of the inputs for --data-args-path instead.")
+    p.add_argument(
+        "--mix", nargs="+", default=[], metavar="PATTERN:SHARE", help="With --write-blend: shares by source."
+    )
     args = p.parse_args(argv)
+    if args.mix and not args.write_blend:
+        p.error("--mix goes with --write-blend")
+    if args.write_blend:
+        return _write_blend(args.input, args.write_blend, args.mix)
     try:
         prefixes = prefixes_of(args.input)
         if args.output_prefix in prefixes:
@@ -58,6 +75,30 @@ def main(argv: list[str] | None = None) -> int:
         f"merged {len(prefixes)} datasets into {args.output_prefix}: {writer.num_documents:,} documents, "
         f"{writer.num_sequences:,} sequences, {writer.num_tokens:,} tokens ({writer.dtype})"
     )
+    return ExitCode.OK
+
+
+def _write_blend(inputs: list[str], path: str, mix: list[str]) -> int:
+    from megatron_ext.data.blend_files import parse_mix, plan_blend, write_blend
+    from megatron_ext.data.sources import DataError
+
+    try:
+        entries = plan_blend(prefixes_of(inputs), parse_mix(mix))
+        write_blend(entries, path)
+    except (IndexedDatasetError, DataError, WriteError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.ERROR
+    tokens = sum(e.tokens for e in entries)
+    print(
+        f"wrote {path}: {len(entries):,} datasets, {sum(e.documents for e in entries):,} documents, {tokens:,} tokens"
+    )
+    total = sum(e.weight for e in entries)
+    for source in dict.fromkeys(e.source for e in entries if e.source is not None):
+        part = [e for e in entries if e.source == source]
+        print(
+            f"  {source}: {len(part):,} datasets, {sum(e.tokens for e in part):,} tokens, "
+            f"{sum(e.weight for e in part) / total:.1%} of the blend"
+        )
     return ExitCode.OK
 
 

@@ -60,6 +60,11 @@ SETTINGS = (
         "compute and fuse the cross entropy; default 1 on GPUs, 0 with DEVICE=cpu.",
     ),
     Setting("DATA_PATH", "", "Dataset prefixes, optionally weighted ('W1 P1 W2 P2'); empty: --mock-data."),
+    Setting(
+        "DATA_ARGS_PATH",
+        "",
+        "A blend file instead of DATA_PATH (--data-args-path: e.g. written by tools/merge_datasets.py --write-blend).",
+    ),
     Setting("CHECKPOINT_DIR", "", "--save and --load: a requeued job resumes from it."),
     Setting("EXTRA_ARGS", "", "More pretrain_gpt.py arguments, split on whitespace."),
     Setting(
@@ -157,11 +162,15 @@ def resolve(recipe_argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[st
             derived.append("--overlap-param-gather")
 
     layout = _table_flags(env, "model", "parallel", "batch", "optim")
-    data_path = _get(env, "DATA_PATH").split()
-    if data_path:
+    data_path, blend_file = _get(env, "DATA_PATH").split(), _get(env, "DATA_ARGS_PATH")
+    if data_path and blend_file:
+        raise RecipeError("DATA_PATH and DATA_ARGS_PATH both name the data: set one")
+    if data_path or blend_file:
+        name = "DATA_PATH" if data_path else "DATA_ARGS_PATH"
         if not _get(env, "TOKENIZER_MODEL"):
-            raise RecipeError("DATA_PATH is set: set TOKENIZER_MODEL to the tokenizer model file too")
-        data = ["--data-path", *data_path, *_table_flags(env, "data")]
+            raise RecipeError(f"{name} is set: set TOKENIZER_MODEL to the tokenizer model file too")
+        given = ["--data-path", *data_path] if data_path else ["--data-args-path", blend_file]
+        data = [*given, *_table_flags(env, "data")]
     else:
         data = ["--mock-data"]
     checkpoints = _get(env, "CHECKPOINT_DIR")

@@ -618,6 +618,16 @@ class DataArgs(_Options):
     train_data_path: tuple[str, ...] = opt((), "Training blend when the splits come from separate datasets.")
     valid_data_path: tuple[str, ...] = opt((), "Validation blend (with --train-data-path).")
     test_data_path: tuple[str, ...] = opt((), "Test blend (with --train-data-path).")
+    data_args_path: str | None = opt(
+        None,
+        "A file holding --data-path's value (Megatron-LM's): 'W1 P1 W2 P2 …' or 'P1 P2 …', whitespace-separated, "
+        "for blends too long for a command line (tools/merge_datasets.py --blend-output writes one).",
+    )
+    per_split_data_args_path: str | None = opt(
+        None,
+        "A JSON file with keys train, valid and test, each a list or a string in --data-path's form "
+        "(Megatron-LM's): the blends of --train/valid/test-data-path.",
+    )
     data_cache_path: str | None = opt(
         None,
         "Where Megatron-Core caches its sample/shuffle indices (default: next to each dataset).",
@@ -678,7 +688,11 @@ class DataArgs(_Options):
             raise ConfigError("--data-path and --train/valid/test-data-path are mutually exclusive; use one form")
         if per_split and not self.train_data_path:
             raise ConfigError("--valid-data-path/--test-data-path need --train-data-path")
-        if self.mock_data and (self.data_path or per_split):
+        if self.data_args_path and (self.data_path or per_split or self.per_split_data_args_path):
+            raise ConfigError("--data-args-path holds the blend: give it alone, without another data path")
+        if self.per_split_data_args_path and (self.data_path or per_split):
+            raise ConfigError("--per-split-data-args-path holds the blends: give it without another data path")
+        if self.mock_data and (self.data_path or per_split or self.data_args_path or self.per_split_data_args_path):
             raise ConfigError("--mock-data and a data path are mutually exclusive; drop one")
         if self.no_data_sharding and self.dataloader_type != "cyclic":
             raise ConfigError("--no-data-sharding applies to --dataloader-type cyclic only (as in Megatron-LM)")

@@ -389,8 +389,9 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     # ---- data
     _r(
-        "give the blend on the command line: --data-path, or --train/valid/test-data-path",
-        "--data-args-path --per-split-data-args-path --per-dataset-sequences-path",
+        "Megatron-Core counts each dataset's sequences itself: give the blend alone (--data-path, "
+        "--data-args-path or the per-split forms)",
+        "--per-dataset-sequences-path",
     ),
     _r(
         NOT_EXPOSED + " (Megatron-Core's dataset builder)",

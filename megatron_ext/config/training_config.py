@@ -190,7 +190,9 @@ def make_config(
 
     if world_size is None:
         world_size = parallel.world_size or default_world_size
-    if not data.mock_data and not data.data_path and not data.train_data_path:
+    if not (data.mock_data or data.data_path or data.train_data_path or data.data_args_path) and not (
+        data.per_split_data_args_path
+    ):
         raise ConfigError("no training data: give --mock-data or --data-path PREFIX [...]")
     if data.mock_data and model.vocab_size is None and data.tokenizer_type == "NullTokenizer":
         model = dataclasses.replace(model, vocab_size=1023)

@@ -18,6 +18,7 @@ from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.tokenizer_types import VOCAB_SIZE_TOKENIZERS
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.data import sources
+from megatron_ext.data.blend_files import with_blend_files
 from megatron_ext.data.indexed import IndexedDatasetFiles
 from megatron_ext.data.tokenizers import Tokenizer
 
@@ -33,7 +34,8 @@ class Checked:
 
 
 def preflight(cfg: TrainingConfig, *, full: bool) -> Checked:
-    """Build the tokenizer and check every dataset of ``cfg`` against it; ConfigError names a problem.
+    """Read the blend files, build the tokenizer and check every dataset of ``cfg`` against it; ConfigError names
+    a problem. The returned config holds the blends the files held.
 
     ``full``: the O(number of sequences) checks as well as the O(1) ones (one
     process per job affords them: ``--dry-run``, global rank 0).
@@ -41,10 +43,13 @@ def preflight(cfg: TrainingConfig, *, full: bool) -> Checked:
     if cfg.run.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard-dir needs the tensorboard package: pip install tensorboard")
     null = cfg.data.tokenizer_type in VOCAB_SIZE_TOKENIZERS
+    blend_file = cfg.data.data_args_path or cfg.data.per_split_data_args_path
     try:
+        cfg = dataclasses.replace(cfg, data=with_blend_files(cfg.data))
         tokenizer = sources.resolve(cfg.data, vocab_size=cfg.model.vocab_size if null else None, full=full)
     except sources.DataError as exc:
-        raise ConfigError(str(exc)) from exc
+        text = str(exc) if blend_file is None or blend_file in str(exc) else f"{exc} (a dataset of {blend_file})"
+        raise ConfigError(text) from exc
     problems = empty_split_problems(cfg)
     if problems:
         raise ConfigError("; ".join(problems))
