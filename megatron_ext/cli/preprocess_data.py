@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="One dataset per input file and key: PREFIX_NAME_KEY_document, NAME being the file's path below the "
         "inputs' common directory without its suffixes, '/' as '_' (default: one dataset for all inputs).",
     )
+    g.add_argument(
+        "--input-root",
+        help="With --output-per-file: NAME is the path below this directory instead, so that runs over parts of "
+        "one corpus (the tasks of recipes/preprocess_corpus.sh) name its files alike.",
+    )
     g = p.add_argument_group("runtime")
     g.add_argument(
         "--workers",
@@ -134,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return ExitCode.INVALID
+    if args.input_root is not None and not args.output_per_file:
+        print("error: --input-root names the datasets of --output-per-file; give both or neither", file=sys.stderr)
+        return ExitCode.INVALID
     spec = TokenizerSpec(
         tokenizer_type=args.tokenizer_type,
         tokenizer_model=args.tokenizer_model,
@@ -157,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         allow_empty=args.allow_empty_output,
         input_format=args.input_format,
         output_per_file=args.output_per_file,
+        input_root=args.input_root,
     )
     report = preprocess.report_path(args.output_prefix)
     try:

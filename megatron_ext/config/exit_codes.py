@@ -26,8 +26,8 @@ class ExitCode(enum.IntEnum):
     DOES_NOT_FIT = 5
     """``tools/layout.py``: the layout is valid but estimated not to fit in GPU memory."""
     SAVED_AND_STOPPED = 75
-    """Stopped early on purpose (signal, time or iteration limit) after saving: resume by running again
-    (``EX_TEMPFAIL``; the recipes requeue the job)."""
+    """Stopped early on purpose (signal, time or iteration limit) after saving, or a preprocessing task stopped
+    keeping nothing: run again to go on (``EX_TEMPFAIL``; the recipes requeue the job or the array task)."""
 
 
 SIGNAL_BASE = 128

@@ -228,13 +228,21 @@ def open_inputs(patterns: Sequence[str], input_format: str | None, keys: Sequenc
     return files
 
 
-def output_labels(files: Sequence[InputFile]) -> list[str]:
-    """One name per input for ``--output-per-file``: its path below the inputs' common directory,
-    without the format suffixes, ``/`` replaced by ``_``; two inputs with one name are an error."""
+def output_labels(files: Sequence[InputFile], root: str | os.PathLike[str] | None = None) -> list[str]:
+    """One name per input for ``--output-per-file``: its path below ``root`` (default: the inputs' common
+    directory), without the format suffixes, ``/`` replaced by ``_``; two inputs with one name, or an input
+    outside ``root``, are an error."""
     if not files:
         return []
     parents = [os.path.abspath(f.path.parent) for f in files]
-    common = os.path.commonpath(parents)
+    common = os.path.commonpath(parents) if root is None else os.path.abspath(root)
+    outside = [
+        str(f.path) for f, parent in zip(files, parents, strict=True) if os.path.commonpath([parent, common]) != common
+    ]
+    if outside:
+        raise InputError(
+            f"--input-root {root}: {outside[0]} is not below it; give the directory that holds every input"
+        )
     labels = []
     for f in files:
         rel = Path(os.path.relpath(os.path.abspath(f.path), common))

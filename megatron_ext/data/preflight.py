@@ -14,7 +14,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from megatron_ext.config import iterations
-from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.arguments import ConfigError, parse_split
 from megatron_ext.config.tokenizer_types import VOCAB_SIZE_TOKENIZERS
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.data import sources
@@ -53,7 +53,30 @@ def preflight(cfg: TrainingConfig, *, full: bool) -> Checked:
     problems = empty_split_problems(cfg)
     if problems:
         raise ConfigError("; ".join(problems))
+    datasets, dataset_splits = dataset_counts(cfg)
+    try:
+        sources.allow_open_files(datasets, dataset_splits, mmap=not cfg.data.no_mmap_bin_files)
+    except sources.DataError as exc:
+        raise ConfigError(str(exc)) from exc
     return Checked(cfg=dataclasses.replace(cfg, tokenizer_vocab_size=tokenizer.vocab_size), tokenizer=tokenizer)
+
+
+def dataset_counts(cfg: TrainingConfig) -> tuple[int, int]:
+    """The run's datasets, and its (dataset, split) pairs: the splits each dataset serves that the run reads."""
+    if cfg.data.mock_data:
+        return 0, 0
+    needed = iterations.split_samples(cfg.run, cfg.batch, cfg.layout)
+    if cfg.data.data_path:
+        shares = parse_split(cfg.data.split)
+        used = sum(1 for share, samples in zip(shares, needed, strict=True) if share > 0 and samples > 0)
+        count = len(set(sources.parse_blend(cfg.data.data_path).prefixes))
+        return count, count * used
+    per_split = [cfg.data.train_data_path, cfg.data.valid_data_path, cfg.data.test_data_path]
+    prefixes = [
+        set(sources.parse_blend(items).prefixes) if items and samples else set()
+        for items, samples in zip(per_split, needed, strict=True)
+    ]
+    return len(set().union(*prefixes)), sum(len(p) for p in prefixes)
 
 
 def empty_split_problems(cfg: TrainingConfig) -> list[str]:
@@ -71,16 +94,22 @@ def empty_split_problems(cfg: TrainingConfig) -> list[str]:
 
     matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(cfg.data.split))
     needed = iterations.split_samples(cfg.run, cfg.batch, cfg.layout)
-    problems = []
+    empty: dict[str, list[tuple[str, int, float]]] = {"train": [], "valid": [], "test": []}
     for prefix in sources.parse_blend(cfg.data.data_path).prefixes:
         documents = IndexedDatasetFiles.open(prefix).num_documents
         for name, part, size in zip(("train", "valid", "test"), matrix, needed, strict=True):
-            if not size or part is None:
-                continue
-            if round(part[1] * documents) <= round(part[0] * documents):  # Megatron-Core's rounding
-                instead = "" if name == "train" else " (or --eval-iters 0)"
-                problems.append(
-                    f"the {name} split of {prefix} holds no document: --split {cfg.data.split} gives it "
-                    f"{part[1] - part[0]:.2%} of its {documents:,} documents; give it a larger share{instead}"
-                )
+            if size and part is not None and round(part[1] * documents) <= round(part[0] * documents):
+                empty[name].append((prefix, documents, part[1] - part[0]))  # Megatron-Core's rounding, above
+    problems = []
+    for name, found in empty.items():
+        if not found:
+            continue
+        prefix, documents, share = found[0]
+        instead = "" if name == "train" else " (or --eval-iters 0)"
+        # A blend of thousands of small shards: one line for all of them, the first named.
+        others = f" (and the same split of {len(found) - 1:,} more datasets)" if len(found) > 1 else ""
+        problems.append(
+            f"the {name} split of {prefix} holds no document{others}: --split {cfg.data.split} gives it "
+            f"{share:.2%} of its {documents:,} documents; give it a larger share{instead}"
+        )
     return problems

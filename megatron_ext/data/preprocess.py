@@ -94,6 +94,8 @@ class Options:
     """One of ``formats.FORMATS`` for every input (default: each file's name says)."""
     output_per_file: bool = False
     """One dataset per input file and key, ``{output_prefix}_{name}_{key}_document`` (see ``formats.output_labels``)."""
+    input_root: str | None = None
+    """With ``output_per_file``: names are paths below this directory (default: the inputs' common directory)."""
 
 
 @dataclass
@@ -330,7 +332,7 @@ class _Outputs:
         self.opts = opts
         self.files = files
         self.dtype = dtype
-        self.labels = formats.output_labels(files) if opts.output_per_file else None
+        self.labels = formats.output_labels(files, opts.input_root) if opts.output_per_file else None
         self.staged: list[IndexedWriter] = []
         self.current: dict[str, IndexedWriter] = {}
         self.file_id = -1

@@ -190,3 +190,41 @@ def resolve(data: Any, *, vocab_size: int | None, full: bool | None = None) -> T
             for prefix in blend.prefixes if blend is not None else ():
                 check_dataset(prefix, tokenizer, full=full)
     return tokenizer
+
+
+OPEN_FILES_PER_DATASET = {True: 2, False: 1}
+"""Files Megatron-Core keeps open for each dataset of a blend, with and without ``.bin`` memory maps (the
+``.idx`` map and the ``.bin`` map, or the ``.idx`` map alone), beside ``OPEN_FILES_PER_SPLIT``."""
+OPEN_FILES_PER_SPLIT = 3
+"""And for each split a dataset serves, read from the cache: its document, sample and shuffle index maps.
+Measured with ``bench/blend_build_bench.py``: 12 open files per dataset of a 3-split blend, 10 with
+``--no-mmap-bin-files`` (a first, uncached build holds 3 and 1)."""
+SPARE_FILES = 512
+"""For everything else a rank opens: libraries, sockets of the process groups, checkpoint files, logs."""
+
+
+def open_files_needed(datasets: int, dataset_splits: int, *, mmap: bool) -> int:
+    """Open files a rank needs for ``datasets`` datasets serving ``dataset_splits`` (dataset, split) pairs."""
+    return datasets * OPEN_FILES_PER_DATASET[mmap] + dataset_splits * OPEN_FILES_PER_SPLIT + SPARE_FILES
+
+
+def allow_open_files(datasets: int, dataset_splits: int, *, mmap: bool) -> None:
+    """Raise this process's soft limit on open files (``ulimit -n``) as far as the blend needs, up to the hard
+    limit; DataError when even the hard limit is too low, with the fixes. A blend of thousands of shards otherwise
+    fails inside Megatron-Core's dataset builder with "Too many open files"."""
+    import resource
+
+    needed = open_files_needed(datasets, dataset_splits, mmap=mmap)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        fewer = open_files_needed(datasets, dataset_splits, mmap=False)
+        raise DataError(
+            f"the data has {datasets:,} datasets and Megatron-Core keeps up to {OPEN_FILES_PER_DATASET[mmap]} + "
+            f"{OPEN_FILES_PER_SPLIT} per split files open for each: about {needed:,} open files, over this process's "
+            f"hard limit of {hard:,} (ulimit -Hn). Raise the limit (limits.conf, the cluster's settings)"
+            + (f", or pass --no-mmap-bin-files ({fewer:,})" if mmap else "")
+            + ", or merge shards into fewer datasets (tools/merge_datasets.py)"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else hard, hard))

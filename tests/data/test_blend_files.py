@@ -4,6 +4,8 @@ tools/merge_datasets.py --write-blend writes from a directory of datasets (by to
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,9 @@ from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.training_config import parse_args
 from megatron_ext.data.indexed import IndexedWriter
 from megatron_ext.data.preflight import preflight
-from tests.conftest import MODEL, run_script
+from tests import waits
+from tests.conftest import MODEL, REPO, run_script
+from tests.waits import QUICK_S
 
 pytestmark = pytest.mark.unit
 
@@ -115,3 +119,39 @@ def test_pretrain_gpt_dry_run_reads_a_blend_file(shards: dict[str, Path], tmp_pa
     shards["code-000"].with_suffix(".idx").unlink()
     proc = run_script([*MODEL, *NULL, "--data-args-path", str(tmp_path / "blend.txt"), "--dry-run"])
     assert proc.returncode == 2 and "code-000_text_document: missing" in proc.stderr, proc.stderr
+
+
+CHILD = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])))
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.training_config import parse_args
+from megatron_ext.data.preflight import preflight
+try:
+    preflight(parse_args(sys.argv[3:]), full=False)
+except ConfigError as exc:
+    print("refused:", exc)
+print("soft limit:", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+"""
+
+
+def test_a_blend_of_many_datasets_gets_the_open_files_megatron_core_keeps(tmp_path: Path) -> None:
+    """60 datasets serving 3 splits: 60 × (2 maps + 3 splits × 3 index maps) + 512 = 1,172 open files. A soft limit
+    below that is raised (up to the hard limit); a hard limit below it is refused before anything starts."""
+    root = tmp_path / "many"
+    root.mkdir()
+    for i in range(60):
+        dataset(root / f"s{i:02d}_text_document", tokens_per_doc=10 + i)
+    assert merge_datasets.main(["--input", str(root), "--write-blend", str(tmp_path / "blend.txt")]) == 0
+    argv = [*MODEL, *NULL, "--data-args-path", str(tmp_path / "blend.txt"), "--split", "90,5,5", "--eval-iters", "1"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+
+    def child(soft: int, hard: int) -> str:
+        proc = waits.run([sys.executable, "-c", CHILD, str(soft), str(hard), *argv], timeout=QUICK_S, env=env)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert "soft limit: 5000" in child(600, 5000)  # raised to the hard limit
+    out = child(800, 800)
+    assert "refused: the data has 60 datasets" in out and "about 1,172 open files" in out, out
+    assert "hard limit of 800 (ulimit -Hn)" in out and "--no-mmap-bin-files (1,112)" in out, out
