@@ -19,7 +19,7 @@
 #   TASKS            array tasks (8); fewer when there are fewer files
 #   PREPROCESS_ARGS  tools/preprocess_data.py's options other than input and output
 #   MERGE            1: the last step also merges each key into OUTPUT/corpus_KEY_document (0)
-#   SBATCH_ARGS      more sbatch arguments for both jobs, split on whitespace (e.g. '-p cpu -A proj')
+#   SUBMIT_ARGS      more sbatch arguments for both jobs, split on whitespace (e.g. '-p cpu -A proj')
 #   TASK_TIME        each task's time limit (04:00:00); SLURM warns it 5 minutes before, and a
 #                    task stopped so is requeued (REQUEUE=1) and starts its share again
 #   REQUEUE          1: requeue a task stopped by its time limit or a preemption (1)
@@ -42,12 +42,14 @@ die() {
 if [[ -z "${PREPROCESS_REPO:-}" ]]; then
   PREPROCESS_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 fi
-: "${OUTPUT:?set OUTPUT, the job's directory}"
-: "${TASKS:=8}" "${MERGE:=0}" "${SBATCH_ARGS:=}" "${TASK_TIME:=04:00:00}" "${REQUEUE:=1}" "${DRY_RUN:=0}"
+: "${OUTPUT:?set OUTPUT, the directory of the job}"
+: "${TASKS:=8}" "${MERGE:=0}" "${SUBMIT_ARGS:=}" "${TASK_TIME:=04:00:00}" "${REQUEUE:=1}" "${DRY_RUN:=0}"
 : "${PREPROCESS_ARGS:=}" "${PREPROCESS_STEP:=submit}"
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x "${PREPROCESS_REPO}/.venv/bin/python" ]]; then PYTHON="${PREPROCESS_REPO}/.venv/bin/python"; else PYTHON=python3; fi
 fi
+# shellcheck source=recipes/words.sh
+source "${PREPROCESS_REPO}/recipes/words.sh"
 export PREPROCESS_REPO PYTHONPATH="${PREPROCESS_REPO}${PYTHONPATH:+:${PYTHONPATH}}"
 job=("${PYTHON}" -m megatron_ext.cli.preprocess_job)
 
@@ -55,21 +57,21 @@ case "${PREPROCESS_STEP}" in
 submit)
   : "${INPUT:?set INPUT, the files and globs to preprocess}"
   read -r -a inputs <<<"${INPUT}"
-  read -r -a sbatch_args <<<"${SBATCH_ARGS}"
+  read -r -a submit_args <<<"${SUBMIT_ARGS}"
   plan=("${job[@]}" plan --input "${inputs[@]}" --output "${OUTPUT}" --tasks "${TASKS}"
     --preprocess-args "${PREPROCESS_ARGS}")
   ((DRY_RUN)) && plan+=(--dry-run)
   pending="$("${plan[@]}")" || exit $?
   self="${PREPROCESS_REPO}/recipes/preprocess_corpus.sh"
   logs="${OUTPUT}/job/logs"
-  array=(sbatch --parsable "${sbatch_args[@]}" --array="${pending}" --time="${TASK_TIME}" --signal=B:USR1@300
-    --requeue --output="${logs}/task-%a.%A.out" --export=ALL,PREPROCESS_STEP=task "${self}")
-  last=(sbatch --parsable "${sbatch_args[@]}" --time=01:00:00 --output="${logs}/finish.%j.out"
-    --export=ALL,PREPROCESS_STEP=finish "${self}")
+  array=(sbatch --parsable "${submit_args[@]}" --array="${pending}" --time="${TASK_TIME}" --signal=B:USR1@300
+    --requeue --output="${logs}/task-%a.%A.out" --export="ALL,PREPROCESS_STEP=task" "${self}")
+  last=(sbatch --parsable "${submit_args[@]}" --time=01:00:00 --output="${logs}/finish.%j.out"
+    --export="ALL,PREPROCESS_STEP=finish" "${self}")
   if ((DRY_RUN)); then
     log "dry run: nothing submitted; would run:"
-    [[ -n "${pending}" ]] && printf '  %q' "${array[@]}" && printf '\n'
-    printf '  %q' "${last[@]:0:2}" "--dependency=afterok:ARRAY_JOB_ID" "${last[@]:2}" && printf '\n'
+    [[ -z "${pending}" ]] || show "${array[@]}"
+    show "${last[@]:0:2}" "--dependency=afterok:ARRAY_JOB_ID" "${last[@]:2}"
     exit 0
   fi
   mkdir -p "${logs}"

@@ -1,6 +1,6 @@
 """The SLURM recipes without SLURM: every recipe's dry run, refusals, shellcheck, one local run.
 
-Every ``recipes/*.sh`` but ``common.sh`` is discovered: a new recipe is checked
+Every training recipe (a ``recipes/*.sh`` that sources ``common.sh``) is discovered: a new one is checked
 at its intended node count (its ``#SBATCH --nodes``) and must come with an
 invalid override in ``INVALID`` below. The real cluster is in test_slurm.py.
 """
@@ -22,7 +22,8 @@ from tests.conftest import REPO
 from tests.waits import QUICK_S
 
 RECIPES_DIR = REPO / "recipes"
-RECIPES = sorted(p for p in RECIPES_DIR.glob("*.sh") if p.name != "common.sh")
+RECIPES = sorted(p for p in RECIPES_DIR.glob("*.sh") if 'source "${recipes}/common.sh"' in p.read_text())
+"""The training recipes: every one that sources common.sh (not the preprocessing job, nor the shared words)."""
 CPU_RECIPE = RECIPES_DIR / "gpt_tiny_cpu_pp2_vp2.sh"
 SETTINGS = sorted(
     set(re.findall(r'"\$\{([A-Z_]+):=', (RECIPES_DIR / "common.sh").read_text()))

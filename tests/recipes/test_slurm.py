@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -30,7 +29,7 @@ from megatron_ext.checkpoint.on_disk import read_tracker
 from megatron_ext.config.exit_codes import ExitCode
 from tests import waits
 from tests.conftest import REPO, read_metrics, train_losses
-from tests.recipes.slurm_cluster import ClusterUnavailable, SlurmCluster, check_available, running_cluster
+from tests.recipes.slurm_cluster import SlurmCluster
 from tests.recipes.test_recipes import recipe_env, run_recipe
 from tests.waits import QUICK_S, READY_S, RUN_S, STOP_S
 
@@ -41,18 +40,6 @@ ITERS = 40
 """The recipe's default TRAIN_ITERS."""
 
 T = TypeVar("T")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[SlurmCluster]:
-    try:
-        check_available()
-    except ClusterUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the SLURM tests: {exc}")
-        pytest.skip(str(exc))
-    with running_cluster() as started:
-        yield started
 
 
 @dataclass(frozen=True)
