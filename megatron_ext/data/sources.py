@@ -192,9 +192,9 @@ def resolve(data: Any, *, vocab_size: int | None, full: bool | None = None) -> T
     return tokenizer
 
 
-OPEN_FILES_PER_DATASET = {True: 2, False: 1}
+OPEN_FILES_PER_DATASET = {True: 3, False: 1}
 """Files Megatron-Core keeps open for each dataset of a blend, with and without ``.bin`` memory maps (the
-``.idx`` map and the ``.bin`` map, or the ``.idx`` map alone), beside ``OPEN_FILES_PER_SPLIT``."""
+``.idx`` and ``.bin`` maps and a handle, or the ``.idx`` map alone), beside ``OPEN_FILES_PER_SPLIT``."""
 OPEN_FILES_PER_SPLIT = 3
 """And for each split a dataset serves, read from the cache: its document, sample and shuffle index maps.
 Measured with ``bench/blend_build_bench.py``: 12 open files per dataset of a 3-split blend, 10 with
@@ -221,8 +221,8 @@ def allow_open_files(datasets: int, dataset_splits: int, *, mmap: bool) -> None:
     if hard != resource.RLIM_INFINITY and hard < needed:
         fewer = open_files_needed(datasets, dataset_splits, mmap=False)
         raise DataError(
-            f"the data has {datasets:,} datasets and Megatron-Core keeps up to {OPEN_FILES_PER_DATASET[mmap]} + "
-            f"{OPEN_FILES_PER_SPLIT} per split files open for each: about {needed:,} open files, over this process's "
+            f"the data has {datasets:,} datasets and Megatron-Core keeps {OPEN_FILES_PER_DATASET[mmap]} files open for "
+            f"each, and {OPEN_FILES_PER_SPLIT} more for each split it serves: about {needed:,}, over this process's "
             f"hard limit of {hard:,} (ulimit -Hn). Raise the limit (limits.conf, the cluster's settings)"
             + (f", or pass --no-mmap-bin-files ({fewer:,})" if mmap else "")
             + ", or merge shards into fewer datasets (tools/merge_datasets.py)"
