@@ -49,7 +49,11 @@ def describe_inputs(workload: Workload, cluster: Cluster, batch: int | None) -> 
     options.append(f"recompute {workload.recompute_granularity}")
     if workload.recompute_granularity == "full":
         options[-1] += f" ({workload.recompute_method}, {workload.recompute_num_layers} layer(s))"
-    options += [name for name in ("overlap_grad_reduce", "overlap_param_gather") if getattr(workload, name)]
+    options += [
+        name
+        for name in ("overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_bf16")
+        if getattr(workload, name)
+    ]
     if batch is not None:
         options.append(f"global batch {batch} sequences ({batch * m.seq_length:,} tokens)")
     lines.append("training: " + ", ".join(o.replace("_", "-") for o in options))

@@ -465,7 +465,7 @@ class OptimizerArgs(_Options):
     loss_scale_window: float = opt(1000, "Steps without overflow before the dynamic loss scale grows.", above=0)
     hysteresis: int = opt(2, "Overflows tolerated before the dynamic loss scale shrinks.", minimum=1)
     grad_reduce_in_bf16: bool = opt(
-        False, "With --bf16: reduce gradients in bf16 instead of fp32 (half the traffic, less precise)."
+        False, "With --bf16: reduce gradients in bf16 instead of fp32 (half the traffic, less precise).", estimate=True
     )
     seed: int = opt(1234, "Random seed.", minimum=0)
     recompute_granularity: str | None = opt(

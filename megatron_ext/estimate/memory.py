@@ -162,9 +162,10 @@ class MemoryEstimate:
 
 
 def bytes_per_parameter(workload: Workload, layout: ParallelLayout) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer states) bytes per parameter: Megatron-LM's 2 + 4 + 12 or 2 + 4 + 12/DP."""
+    """(weights, gradients, optimizer states) bytes per parameter: Megatron-LM's 2 + 4 + 12 or 2 + 4 + 12/DP;
+    the gradients 2 with --grad-reduce-in-bf16 (the optimizer's fp32 copy of its shard is transient)."""
     if workload.mixed_precision:
-        weights, grads, optim = 2.0, 4.0, 12.0
+        weights, grads, optim = 2.0, workload.gradient_bytes, 12.0
     else:
         weights, grads, optim = 4.0, 4.0, 8.0
     if layout.use_distributed_optimizer:

@@ -358,14 +358,15 @@ def estimate_step_time(
     else:
         pp_comm = 0.0
 
-    # Data parallelism: fp32 gradient reduction (+ bf16 parameter all-gather with the distributed optimizer).
+    # Data parallelism: fp32 (or bf16) gradient reduction (+ bf16 parameter all-gather with the distributed
+    # optimizer).
     if dp > 1:
         if t * dp <= gpus_per_node:
             bandwidth = gpu.intra_node_bandwidth
         else:
             per_node = max(1, min(dp, gpus_per_node // t))
             bandwidth = min(gpu.intra_node_bandwidth, per_node * gpu.inter_node_bandwidth)
-        grad_bytes = 4.0 * rank_parameters
+        grad_bytes = workload.gradient_bytes * rank_parameters
         param_bytes = float(e * rank_parameters)
         if layout.use_distributed_optimizer:
             reduce = _ring(dp) * grad_bytes / bandwidth

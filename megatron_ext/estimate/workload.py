@@ -31,6 +31,9 @@ class Workload:
     """Overlap the data-parallel gradient reduction with the last backward pass."""
     overlap_param_gather: bool = False
     """Overlap the distributed optimizer's parameter all-gather with the first forward pass."""
+    grad_reduce_in_bf16: bool = False
+    """``--grad-reduce-in-bf16``: Megatron-Core's DDP holds and reduces the gradients in bf16 (2 bytes per
+    parameter, half the data-parallel traffic) instead of fp32."""
     p2p_scatter_gather: bool = False
     """Send 1/TP of each pipeline activation per TP rank and all-gather it after (Narayanan et al. 2021,
     §4.1; Megatron-LM 2021). Megatron-Core splits p2p messages only with sequence parallelism."""
@@ -51,6 +54,7 @@ class Workload:
             recompute_num_layers=optim.recompute_num_layers or 1,
             overlap_grad_reduce=parallel.overlap_grad_reduce,
             overlap_param_gather=parallel.overlap_param_gather,
+            grad_reduce_in_bf16=optim.grad_reduce_in_bf16,
         )
 
     def __post_init__(self) -> None:
@@ -66,6 +70,8 @@ class Workload:
             problems.append(
                 f"--recompute-method {self.recompute_method!r} is not one of {', '.join(RECOMPUTE_METHODS)}"
             )
+        if self.grad_reduce_in_bf16 and self.precision != "bf16":
+            problems.append("--grad-reduce-in-bf16 needs --bf16")
         if self.recompute_num_layers < 1:
             problems.append(f"--recompute-num-layers must be at least 1, got {self.recompute_num_layers}")
         if self.model.vocab_size is None or self.model.vocab_size < 1:
@@ -76,6 +82,12 @@ class Workload:
     @property
     def mixed_precision(self) -> bool:
         return self.precision != "fp32"
+
+    @property
+    def gradient_bytes(self) -> float:
+        """Bytes per gradient in the DDP buffer, held and reduced: fp32 (``grad_reduce_in_fp32``, Megatron-LM's
+        default with --bf16/--fp16), bf16 with --grad-reduce-in-bf16."""
+        return 2.0 if self.grad_reduce_in_bf16 else 4.0
 
     @property
     def activation_bytes(self) -> int:

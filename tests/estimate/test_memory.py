@@ -119,6 +119,29 @@ def test_bytes_per_parameter_are_megatrons_18_or_6_plus_12_over_dp() -> None:
     assert sum(bytes_per_parameter(fp32, layout(256, tp=8, pp=8, use_distributed_optimizer=True))) == 8 + 8 / 4
 
 
+def test_bf16_gradient_reduction_halves_the_gradients_and_their_traffic() -> None:
+    """--grad-reduce-in-bf16: Megatron-Core's DDP buffer in bf16, 16 bytes per parameter instead of 18, and the
+    data-parallel reduction moves half the bytes."""
+    bf16 = Workload(model=gpt(), precision="bf16", grad_reduce_in_bf16=True)
+    assert sum(bytes_per_parameter(bf16, layout(64, tp=8, pp=8))) == 16
+    with pytest.raises(ValueError, match="--grad-reduce-in-bf16 needs --bf16"):
+        Workload(model=gpt(), precision="fp16", grad_reduce_in_bf16=True)
+    gpu, model = get_profile("a100-80g"), gpt(num_layers=8)
+    lay = layout(32, tp=8, pp=1, gbs=4, model=model)
+    fp32_grads = estimate_step_time(Workload(model=model, precision="bf16"), lay, gpu, gpus_per_node=8,
+                                    rank_parameters=10**9)  # fmt: skip
+    bf16_grads = estimate_step_time(Workload(model=model, precision="bf16", grad_reduce_in_bf16=True), lay, gpu,
+                                    gpus_per_node=8, rank_parameters=10**9)  # fmt: skip
+    assert bf16_grads.dp_comm_total_s == pytest.approx(fp32_grads.dp_comm_total_s / 2)
+    # From pretrain_gpt.py's flags, as the calculator takes them.
+    cfg = make_config(world_size=8, model={"num_layers": 2}, optim={"bf16": True, "grad_reduce_in_bf16": True},
+                      data={"mock_data": True})  # fmt: skip
+    assert Workload.of_config(cfg).gradient_bytes == 2.0
+    from megatron_ext.estimate.search import pretrain_flags
+
+    assert "--grad-reduce-in-bf16" in pretrain_flags(bf16, layout(64, tp=8, pp=8))  # the emitted flags keep it
+
+
 def test_in_flight_microbatches_1f1b_and_interleaved() -> None:
     # 1F1B: rank r holds min(m, p - r) microbatches.
     assert [in_flight_passes(pp=4, vp=1, num_microbatches=16, pipeline_rank=r) for r in range(4)] == [4, 3, 2, 1]
