@@ -116,14 +116,14 @@ class ModelArgs(_Options):
         False,
         "A bias on the query, key and value projections even with --disable-bias-linear (Qwen2's attention); "
         "the linear layers' biases include it otherwise, as in Megatron-LM.",
+        estimate=True,
     )
     window_size: str | None = opt(
         None,
-        "Sliding-window attention as Megatron-LM writes it, LEFT,RIGHT (e.g. 4095,0: each token sees itself and "
-        "the 4095 before it; -1 is unbounded). Taken when the window covers --seq-length (LEFT ≥ seq-length − 1, "
-        "full causal attention, as a Mistral imported for training at or below its window); a shorter window is "
-        "refused: Megatron-Core's local attention builds its window mask on CUDA only and its fused softmax "
-        "ignores it.",
+        "Sliding-window attention as Megatron-LM writes it, LEFT,RIGHT (4095,0: each token sees itself and the "
+        "4095 before it; -1: unbounded). Taken where the window covers --seq-length (full causal attention, as a "
+        "Mistral imported to train within its window); a shorter one is refused: Megatron-Core's local attention "
+        "builds the window's mask on CUDA only, and its fused softmax ignores it.",
     )
     # Probabilities in [0, 1): 1 would zero every activation (or every attention weight) and train nothing.
     hidden_dropout: float = opt(0.1, "Dropout probability after attention and MLP.", estimate=True, minimum=0, below=1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from megatron_ext.config import iterations
 from megatron_ext.config.training_config import TrainingConfig, pad_vocab_size
+from megatron_ext.estimate.coverage import approximations
 from megatron_ext.estimate.memory import checkpoint_bytes_per_parameter
 from megatron_ext.estimate.shapes import ParameterCounts
 from megatron_ext.estimate.shapes import parameter_counts as model_parameter_counts
@@ -66,4 +67,6 @@ def describe(cfg: TrainingConfig) -> list[str]:
             f"batch ramp-up: global batch {shown} ({len(sizes)} sizes) over the first {len(ramped):,} iterations "
             f"({sum(ramped):,} samples)"
         )
+    groups = {"model": cfg.model, "parallel": cfg.parallel, "batch": cfg.batch, "optim": cfg.optim}
+    lines += [f"the memory and time estimates approximate {note}" for note in approximations(groups)]
     return lines

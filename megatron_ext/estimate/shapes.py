@@ -61,6 +61,8 @@ def layer_parameters(model: ModelArgs) -> LayerParameters:
     fc1_out = f * (2 if model.swiglu else 1)
     split = h * qkv_out + n * d * h + h * fc1_out + f * h
     replicated = 2 * norm_parameters(model)
+    if model.qk_layernorm:  # one norm over the head dimension for the queries, one for the keys
+        replicated += 2 * (d if model.normalization == "RMSNorm" else 2 * d)
     if not model.disable_bias_linear:
         split += qkv_out + fc1_out
         replicated += 2 * h  # the row-parallel (projection, fc2) biases

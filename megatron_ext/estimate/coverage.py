@@ -1,0 +1,125 @@
+"""Which of ``pretrain_gpt.py``'s flags the memory and step-time estimates take into account, and how.
+
+Every flag of the groups that shape a training step (model, parallelism, batch, optimizer) is one of:
+
+- **modelled**: the flag table marks it ``estimate=True`` (the layout calculator takes it, and the estimate
+  follows it);
+- **approximated** (``APPROXIMATED``): it changes memory or time in a way the estimate does not follow exactly;
+  the note says how, and the dry run prints it whenever the flag is given;
+- **no effect** (``NO_EFFECT``): it changes neither the memory nor the time of a step, and says why.
+
+``tests/estimate/test_coverage.py`` fails when a flag is in none of these, so a new flag is classified when it
+is added.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from megatron_ext.config.arguments import BatchArgs, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.flags import flag_of
+
+STEP_GROUPS: tuple[type, ...] = (ModelArgs, ParallelArgs, BatchArgs, OptimizerArgs)
+"""The argument groups whose flags can change a step's memory or time."""
+
+_KERNEL = "a kernel fusion: the element-wise passes' time is not counted pass by pass"
+_FP8 = "FP8 GEMMs are counted at the bf16 peak, and FP8 weight copies and scaling state are not counted"
+
+APPROXIMATED: dict[str, str] = {
+    "squared_relu": "memory and time as GeLU's (the MLP keeps its input either way)",
+    "qk_layernorm": "its parameters are counted, not the normalized queries and keys kept for the backward pass",
+    "cross_entropy_loss_fusion": "the output logits are counted as the unfused loss keeps them (the fused one "
+    "keeps less)",
+    "no_bias_gelu_fusion": _KERNEL,
+    "no_bias_swiglu_fusion": _KERNEL,
+    "no_bias_dropout_fusion": _KERNEL,
+    "no_masked_softmax_fusion": _KERNEL,
+    "no_rope_fusion": _KERNEL,
+    "no_gradient_accumulation_fusion": "the bf16 weight gradient it materialises before adding it to the fp32 "
+    "buffer is transient and not counted",
+    "optimizer": "optimizer memory is Adam's (two fp32 moments); SGD keeps one or none, less than estimated",
+    "fp8_format": _FP8,
+    "fp8_param_gather": _FP8,
+    "tp_comm_overlap": "tensor-parallel communication is counted as exposed; the overlap hides part of it "
+    "(the step time is pessimistic)",
+    "rampup_batch_size": "the step is the full batch's; the ramp-up's first steps are shorter",
+}
+"""Flags whose effect on memory or time the estimate does not follow exactly: what it does instead."""
+
+_SCHEDULE = "a value of the learning-rate or weight-decay schedule"
+_LOSS_SCALE = "fp16's loss scaling: one multiply and a check per step"
+_FP8_DETAIL = "a detail of --fp8-format's recipe (see there)"
+
+NO_EFFECT: dict[str, str] = {
+    **dict.fromkeys(("rotary_base", "use_rope_scaling", "rope_scaling_factor"), "the rotary frequencies"),
+    "rotary_percent": "the rotary embedding's element-wise cost is not counted at any share of the head",
+    "attention_softmax_in_fp32": "the fp32 scores are transient; the kept probabilities are in the training precision",
+    "apply_query_key_layer_scaling": "a scale inside the softmax",
+    "norm_epsilon": "a constant of the normalization",
+    "apply_layernorm_1p": "the same parameters and cost as LayerNorm",
+    "window_size": "taken only where the window covers the sequence: full causal attention",
+    "init_method_std": "the initial weights' scale",
+    **dict.fromkeys(
+        (
+            "lr",
+            "min_lr",
+            "lr_warmup_iters",
+            "lr_warmup_samples",
+            "lr_warmup_fraction",
+            "lr_warmup_init",
+            "lr_decay_iters",
+            "lr_decay_samples",
+            "lr_decay_style",
+            "lr_wsd_decay_style",
+            "lr_wsd_decay_iters",
+            "lr_wsd_decay_samples",
+            "decoupled_lr",
+            "decoupled_min_lr",
+            "weight_decay",
+            "start_weight_decay",
+            "end_weight_decay",
+            "weight_decay_incr_style",
+            "apply_wd_to_qk_layernorm",
+        ),
+        _SCHEDULE,
+    ),
+    **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps", "sgd_momentum"), "a constant of the optimizer's update"),
+    "clip_grad": "one norm of the gradients per step (one small all-reduce)",
+    **dict.fromkeys(
+        ("loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis"), _LOSS_SCALE
+    ),
+    "seed": "the random numbers",
+    **dict.fromkeys(
+        ("fp8_recipe", "fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo", "no_fp8_wgrad"),
+        _FP8_DETAIL,
+    ),
+    "log_num_zeros_in_grad": "a count over the gradients when the step is logged",
+    "calculate_per_token_loss": "how the loss is averaged",
+    "tp_comm_bootstrap_backend": "how --tp-comm-overlap's buffers are set up, once",
+    "world_size": "the GPU count: the calculator's --gpus",
+    "decrease_batch_size_if_needed": "which global batch an elastic job keeps: the layout, estimated as given",
+}
+"""Flags of the step groups that change neither memory nor time, with why."""
+
+
+def classification(group: type, name: str) -> str:
+    """``modelled``, ``approximated`` or ``no effect`` for field ``name`` of ``group``; KeyError if none."""
+    field = next(f for f in dataclasses.fields(group) if f.name == name)
+    if field.metadata.get("estimate"):
+        return "modelled"
+    if name in APPROXIMATED:
+        return "approximated"
+    if name in NO_EFFECT:
+        return "no effect"
+    raise KeyError(f"{flag_of(field)} ({group.__name__}) is not classified in megatron_ext/estimate/coverage.py")
+
+
+def approximations(groups: dict[str, Any]) -> list[str]:
+    """One line for every approximated flag that ``groups`` (argument group instances) give a non-default value."""
+    lines = []
+    for values in groups.values():
+        for field in dataclasses.fields(values):
+            if field.name in APPROXIMATED and getattr(values, field.name) not in (field.default, None, False):
+                lines.append(f"{flag_of(field)}: {APPROXIMATED[field.name]}")
+    return lines

@@ -1,0 +1,46 @@
+"""Every flag that can change a step's memory or time is modelled, approximated with a note the dry run prints,
+or of no effect with the reason (megatron_ext/estimate/coverage.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from megatron_ext.config.training_config import parse_args
+from megatron_ext.estimate import coverage
+from megatron_ext.estimate.plan import describe
+
+pytestmark = pytest.mark.unit
+
+
+def test_every_flag_of_the_step_is_classified() -> None:
+    names = {f.name for group in coverage.STEP_GROUPS for f in dataclasses.fields(group)}
+    unclassified = []
+    for group in coverage.STEP_GROUPS:
+        for field in dataclasses.fields(group):
+            try:
+                coverage.classification(group, field.name)
+            except KeyError as exc:
+                unclassified.append(str(exc))
+    assert unclassified == []
+    # Nothing classified twice or left over from a removed flag.
+    assert not set(coverage.APPROXIMATED) & set(coverage.NO_EFFECT)
+    assert set(coverage.APPROXIMATED) | set(coverage.NO_EFFECT) <= names
+    modelled = {f.name for g in coverage.STEP_GROUPS for f in dataclasses.fields(g) if f.metadata.get("estimate")}
+    assert not modelled & (set(coverage.APPROXIMATED) | set(coverage.NO_EFFECT))
+    # bf16 gradient buffers and Q/K/V-only biases: in the memory model and the calculator's flags.
+    assert {"grad_reduce_in_bf16", "add_qkv_bias"} <= modelled
+
+
+def test_the_dry_run_names_each_approximation_in_use() -> None:
+    base = ["--mock-data", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"]
+    assert not any("approximate" in line for line in describe(parse_args(base)))
+    lines = describe(parse_args([*base, "--squared-relu", "--optimizer", "sgd"]))
+    approximated = [line for line in lines if line.startswith("the memory and time estimates approximate")]
+    assert approximated == [
+        "the memory and time estimates approximate --squared-relu: memory and time as GeLU's (the MLP keeps its "
+        "input either way)",
+        "the memory and time estimates approximate --optimizer: optimizer memory is Adam's (two fp32 moments); SGD "
+        "keeps one or none, less than estimated",
+    ]
