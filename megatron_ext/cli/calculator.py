@@ -247,10 +247,12 @@ def main(
         workload, preset_batch = _workload(args)
         if args.top < 1:
             raise CalculatorError(f"--top must be at least 1, got {args.top}")
-    except CalculatorError as exc:
+        batch = args.global_batch_size if args.global_batch_size is not None else preset_batch
+        # The batch flags' own bounds, as pretrain_gpt.py checks them (the layout rules come later).
+        BatchArgs(micro_batch_size=args.micro_batch_size or 1, global_batch_size=batch)
+    except (CalculatorError, ConfigError) as exc:
         print(f"error: {exc}", file=err)
         return ExitCode.INVALID
-    batch = args.global_batch_size if args.global_batch_size is not None else preset_batch
     # A layout factor given (any non-switch parallel flag: TP, PP, VP, layers per virtual stage) evaluates it.
     factors = [f.name for f in options(ParallelArgs, estimate=True) if value_type(ParallelArgs, f.name)[0] is not bool]
     evaluate_mode = any(getattr(args, name) is not None for name in factors)

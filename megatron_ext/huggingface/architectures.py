@@ -10,6 +10,8 @@ Four architectures carry over exactly (same functions, same weights):
   only (Megatron-Core's ``add_qkv_bias``).
 - **Mistral** (``MistralForCausalLM``): Llama without biases and with a sliding window. It is the same
   function where the window covers the sequence (``--window-size``), and refused where it does not.
+- **Qwen3** (``Qwen3ForCausalLM``): Llama without biases, with each head's queries and keys RMS-normalized
+  before the rotary embedding (Megatron-Core's ``--qk-layernorm``).
 - **GPT-2** (``GPT2LMHeadModel``): learned absolute positions, GeLU (exact, erf: the ``gelu`` activation;
   GPT-2's own ``gelu_new`` is the tanh approximation), LayerNorm, biases, as many key/value heads as query
   heads.
@@ -26,17 +28,19 @@ from megatron_ext.config.arguments import ModelArgs
 
 LLAMA = "llama"
 QWEN2 = "qwen2"
+QWEN3 = "qwen3"
 MISTRAL = "mistral"
 GPT2 = "gpt2"
 ARCHITECTURES = {
     LLAMA: "LlamaForCausalLM",
     QWEN2: "Qwen2ForCausalLM",
+    QWEN3: "Qwen3ForCausalLM",
     MISTRAL: "MistralForCausalLM",
     GPT2: "GPT2LMHeadModel",
 }
 """``model_type`` → the ``transformers`` class written to and read from ``config.json``."""
 
-ROTARY = (LLAMA, QWEN2, MISTRAL)
+ROTARY = (LLAMA, QWEN2, QWEN3, MISTRAL)
 """The Llama family: one reading of their configs, one weight layout."""
 
 
@@ -48,7 +52,8 @@ def architecture(model: ModelArgs) -> str:
     """The ``model_type`` of a model that converts exactly; ConversionError names every obstacle.
 
     Rotary models are Llama, unless they have Qwen2's query/key/value-only biases (``--add-qkv-bias
-    --disable-bias-linear``) or Mistral's sliding window (``--window-size``); learned positions are GPT-2.
+    --disable-bias-linear``), Qwen3's query and key norms (``--qk-layernorm``) or Mistral's sliding window
+    (``--window-size``); learned positions are GPT-2.
     """
     rope = model.position_embedding_type == "rope"
     problems = []
@@ -56,8 +61,6 @@ def architecture(model: ModelArgs) -> str:
         problems.append(f"--position-embedding-type {model.position_embedding_type} (neither rope nor learned)")
     if model.apply_layernorm_1p:
         problems.append("--apply-layernorm-1p (zero-centred norm weights)")
-    if model.qk_layernorm:
-        problems.append("--qk-layernorm (neither Llama nor GPT-2 normalizes queries and keys)")
     if model.squared_relu:
         problems.append("--squared-relu (neither Llama's SwiGLU nor GPT-2's GeLU)")
     qkv_bias_only = model.add_qkv_bias and model.disable_bias_linear
@@ -72,6 +75,11 @@ def architecture(model: ModelArgs) -> str:
             problems.append("--window-size with biases (Mistral's linear layers have none)")
         if model.window_size is not None and qkv_bias_only:
             problems.append("--window-size with --add-qkv-bias (Mistral has no biases, Qwen2 no window here)")
+        if model.qk_layernorm and (not model.disable_bias_linear or model.add_qkv_bias or model.window_size):
+            problems.append("--qk-layernorm with biases or a window (Qwen3, which normalizes queries and keys, has "
+                            "neither)")  # fmt: skip
+        if model.qk_layernorm and model.normalization != "RMSNorm":
+            problems.append("--qk-layernorm with LayerNorm (Qwen3's query and key norms are RMSNorm)")
     else:
         if model.swiglu:
             problems.append("learned positions with --swiglu (GPT-2's MLP is GeLU)")
@@ -85,18 +93,23 @@ def architecture(model: ModelArgs) -> str:
             problems.append("--kv-channels × heads ≠ --hidden-size (GPT-2's heads split the hidden size)")
         if model.window_size is not None:
             problems.append("--window-size with learned positions (GPT-2 attends over the whole context)")
+        if model.qk_layernorm:
+            problems.append("--qk-layernorm with learned positions (GPT-2 does not normalize queries and keys)")
     if problems:
         raise ConversionError(
             "this model has no Hugging Face architecture that computes the same function: "
             + "; ".join(problems)
             + ". Supported: Llama (--position-embedding-type rope --swiglu --normalization RMSNorm), Qwen2 (the "
-            "same with --disable-bias-linear --add-qkv-bias), Mistral (the same with --disable-bias-linear "
-            "--window-size) and GPT-2 (learned absolute positions, GeLU, LayerNorm, biases)"
+            "same with --disable-bias-linear --add-qkv-bias), Qwen3 (with --disable-bias-linear --qk-layernorm), "
+            "Mistral (with --disable-bias-linear --window-size) and GPT-2 (learned absolute positions, GeLU, "
+            "LayerNorm, biases)"
         )
     if not rope:
         return GPT2
     if model.window_size is not None:
         return MISTRAL
+    if model.qk_layernorm:
+        return QWEN3
     return QWEN2 if qkv_bias_only else LLAMA
 
 
@@ -159,8 +172,11 @@ def hf_config(model: ModelArgs, *, padded_vocab_size: int, tokens: TokenIds, dty
         **({"rope_scaling": rope_scaling(model)} if model.use_rope_scaling else {}),  # transformers 4
         "attention_dropout": model.attention_dropout,
     }
+    no_window = {"use_sliding_window": False, "sliding_window": None, "max_window_layers": model.num_layers}
     if arch == QWEN2:
-        return rotary | {"use_sliding_window": False, "sliding_window": None, "max_window_layers": model.num_layers}
+        return rotary | no_window
+    if arch == QWEN3:
+        return rotary | no_window | {"attention_bias": False}
     if arch == MISTRAL:
         return rotary | {"sliding_window": sliding_window(model)}
     return rotary | {"attention_bias": not model.disable_bias_linear, "mlp_bias": not model.disable_bias_linear}
@@ -181,7 +197,6 @@ def rope_scaling(model: ModelArgs) -> dict[str, Any]:
 
 
 OTHER_ARCHITECTURES: dict[str, str] = {
-    "qwen3": "per-head RMSNorm of queries and keys (q_norm, k_norm) is not mapped to --qk-layernorm here",
     "gemma": "embeddings scaled by √hidden, RMSNorm scaling by 1 + weight and a tanh-GeLU gate (GeGLU)",
     "gemma2": "embeddings scaled by √hidden, RMSNorm by 1 + weight, GeGLU, norms after attention and MLP, "
     "logit soft-capping and a sliding window on alternate layers",
@@ -263,6 +278,19 @@ TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_window_layers": 28,
         "layer_types": None,
     },
+    QWEN3: _ROTARY_DEFAULTS
+    | {
+        "vocab_size": 151936,
+        "intermediate_size": 22016,
+        "num_key_value_heads": 32,
+        "head_dim": 128,
+        "max_position_embeddings": 32768,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
+        "layer_types": None,
+    },
     MISTRAL: _ROTARY_DEFAULTS
     | {
         "vocab_size": 32000,
@@ -291,7 +319,8 @@ TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 """What ``transformers`` uses for each ``config.json`` key this importer reads, when the key is absent (its
-``LlamaConfig``'s, ``Qwen2Config``'s, ``MistralConfig``'s and ``GPT2Config``'s defaults; a test compares them):
+``LlamaConfig``'s, ``Qwen2Config``'s, ``Qwen3Config``'s, ``MistralConfig``'s and ``GPT2Config``'s defaults; a test
+compares them):
 a missing key means that, never the value we would like. None: computed from other keys (``head_dim`` is hidden
 ÷ heads, ``num_key_value_heads`` the heads, ``n_inner`` 4 × hidden)."""
 
@@ -362,8 +391,13 @@ def _rotary_flags(arch: str, config: dict[str, Any], problems: list[str], seq_le
         if bool(_value(arch, config, "attention_bias")) != bool(_value(arch, config, "mlp_bias")):
             problems.append("attention_bias ≠ mlp_bias (--disable-bias-linear sets both)")
         biases = {"disable_bias_linear": not _value(arch, config, "attention_bias")}
-    elif arch == QWEN2:
-        biases = {"disable_bias_linear": True, "add_qkv_bias": True}  # q/k/v biases, none elsewhere
+    elif arch in (QWEN2, QWEN3):
+        if arch == QWEN2:
+            biases = {"disable_bias_linear": True, "add_qkv_bias": True}  # q/k/v biases, none elsewhere
+        else:
+            biases = {"disable_bias_linear": True, "qk_layernorm": True}
+            _expect(arch, config, problems, "attention_bias", (False,), "biases on the attention projections "
+                    "without the MLP's: --add-qkv-bias covers Q/K/V, not the output projection")  # fmt: skip
         sliding = [i for i, t in enumerate(config.get("layer_types") or []) if t == "sliding_attention"]
         if _value(arch, config, "use_sliding_window") and _value(arch, config, "sliding_window") is not None:
             first = int(_value(arch, config, "max_window_layers"))

@@ -134,6 +134,9 @@ def rules(model: ModelArgs) -> list[Rule]:
         if qkv_bias:
             add(LAYERS + "self_attention.linear_qkv.bias", layer(*(n + ".bias" for n in qkv)), heads.split, heads.join)
         add(LAYERS + "self_attention.linear_proj.weight", layer("self_attn.o_proj.weight"))
+        if model.qk_layernorm:  # Qwen3: one RMSNorm over the head dimension, shared by the heads
+            add(LAYERS + "self_attention.q_layernorm.weight", layer("self_attn.q_norm.weight"))
+            add(LAYERS + "self_attention.k_layernorm.weight", layer("self_attn.k_norm.weight"))
         add(LAYERS + "mlp.linear_fc1.layer_norm_weight", layer("post_attention_layernorm.weight"))
         add(LAYERS + "mlp.linear_fc1.weight", layer("mlp.gate_proj.weight", "mlp.up_proj.weight"), _halves, _cat)
         add(LAYERS + "mlp.linear_fc2.weight", layer("mlp.down_proj.weight"))

@@ -1,5 +1,6 @@
 """Models built by ``transformers`` itself, in and out: Llama 3.1 and 3.2 (rope scaling by 8 and 32, untied and
-tied), Qwen2.5 (q/k/v biases, tied and untied), Mistral (a sliding window that covers the sequence) and a bf16 Llama.
+tied), Qwen2.5 (q/k/v biases, tied and untied), Qwen3 (query and key norms), Mistral (a sliding window that
+covers the sequence) and a bf16 Llama.
 
 Small but realistic shapes (grouped-query attention, 64-dimension heads, a vocabulary of a few thousand), random
 weights with norms and biases away from their initial values. For each: Megatron-Core's logits equal
@@ -68,6 +69,13 @@ JOBS: dict[str, dict[str, Any]] = {
         "config": SHAPE | {"tie_word_embeddings": False, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
         "dtype": "float32", "seq": 64, "generation": {"eos_token_id": 4},
     },
+    "qwen3": {
+        "model_type": "qwen3",
+        "config": SHAPE | {"head_dim": 64, "num_attention_heads": 8, "rope_parameters": {"rope_type": "default",
+                                                                                          "rope_theta": 1e6}},
+        "dtype": "float32", "seq": 64, "generation": {"eos_token_id": [4, 5]},
+        "extra": ["--tensor-model-parallel-size", "2", *TRAIN],
+    },
     "mistral": {
         "model_type": "mistral",
         "config": SHAPE | {"sliding_window": 64, "head_dim": 64, "num_attention_heads": 8},
@@ -135,7 +143,8 @@ def test_the_export_of_an_import_is_the_original(results: dict[str, dict[str, An
 
 
 def test_continued_pretraining_starts_at_transformers_loss(results: dict[str, dict[str, Any]], tmp_path: Path) -> None:
-    """Under TP2 (Qwen2.5's q/k/v biases split over ranks), PP2 with stages of 3 and 1 layers (Llama 3.1, with its
+    """Under TP2 (Qwen2.5's q/k/v biases and Qwen3's query and key norms, over ranks), PP2 with stages of 3 and 1
+    layers (Llama 3.1, with its
     SentencePiece tokenizer) and DP2 (Mistral), with exactly the flags the import printed. The export of the
     continued Llama 3.1 keeps the original's list of end ids and generation_config.json."""
     for name in (n for n in JOBS if "extra" in JOBS[n]):

@@ -44,6 +44,11 @@ QWEN2_TIED = ModelArgs(
     position_embedding_type="rope", swiglu=True, normalization="RMSNorm", disable_bias_linear=True,
     add_qkv_bias=True, seq_length=32, rotary_base=1000000,
 )  # fmt: skip
+QWEN3 = ModelArgs(
+    num_layers=2, hidden_size=64, num_attention_heads=4, group_query_attention=True, num_query_groups=2,
+    kv_channels=32, position_embedding_type="rope", swiglu=True, normalization="RMSNorm", disable_bias_linear=True,
+    qk_layernorm=True, untie_embeddings_and_output_weights=True, seq_length=32, rotary_base=1000000,
+)  # fmt: skip
 MISTRAL = ModelArgs(
     num_layers=2, hidden_size=64, num_attention_heads=4, group_query_attention=True, num_query_groups=2,
     position_embedding_type="rope", swiglu=True, normalization="RMSNorm", disable_bias_linear=True,
@@ -57,19 +62,20 @@ SHAPE_FIELDS = (
     "num_layers", "hidden_size", "effective_ffn_hidden_size", "num_attention_heads", "effective_num_query_groups",
     "effective_kv_channels", "position_embedding_type", "swiglu", "normalization", "norm_epsilon",
     "untie_embeddings_and_output_weights", "disable_bias_linear", "add_qkv_bias", "rotary_base", "use_rope_scaling",
-    "rope_scaling_factor", "window_size",
+    "rope_scaling_factor", "window_size", "qk_layernorm",
 )  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "model",
-    [LLAMA_GQA, LLAMA_BIAS_TIED, LLAMA_31, LLAMA_32, QWEN2_TIED, MISTRAL, GPT2, GPT2_UNTIED],
+    [LLAMA_GQA, LLAMA_BIAS_TIED, LLAMA_31, LLAMA_32, QWEN2_TIED, QWEN3, MISTRAL, GPT2, GPT2_UNTIED],
     ids=[
         "llama-gqa",
         "llama-bias-tied",
         "llama-3.1-rope-scaling",
         "llama-3.2-tied",
         "qwen2-tied",
+        "qwen3",
         "mistral",
         "gpt2",
         "gpt2-untied",
@@ -96,7 +102,9 @@ def test_config_round_trip_keeps_the_model(model: ModelArgs) -> None:
         ({"group_query_attention": True, "num_query_groups": 2}, ["grouped-query attention"]),
         ({"position_embedding_type": "none"}, ["neither rope nor learned"]),
         ({"apply_layernorm_1p": True}, ["--apply-layernorm-1p"]),
-        ({"qk_layernorm": True}, ["--qk-layernorm"]),
+        ({"qk_layernorm": True}, ["--qk-layernorm with learned positions"]),
+        ({"position_embedding_type": "rope", "swiglu": True, "normalization": "RMSNorm", "qk_layernorm": True},
+         ["--qk-layernorm with biases or a window"]),
         ({"squared_relu": True}, ["--squared-relu"]),
         ({"window_size": "127,0"}, ["--window-size with learned positions"]),
         ({"position_embedding_type": "rope", "swiglu": True, "normalization": "RMSNorm", "window_size": "127,0"},
@@ -124,7 +132,8 @@ def test_models_without_a_transformers_architecture_are_refused_naming_why(chang
             {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 1},
             "a sliding window on layers 1–1 only",
         ),
-        ({"model_type": "qwen3"}, r"model_type 'qwen3': per-head RMSNorm of queries and keys"),
+        ({"model_type": "olmo2"}, r"model_type 'olmo2': norms after attention and MLP"),
+        ({"model_type": "qwen3", "attention_bias": True}, r"attention_bias=True \(biases on the attention projections"),
         ({"model_type": "gemma2"}, "logit soft-capping"),
         ({"model_type": "brand_new"}, r"model_type 'brand_new' is not one of the architectures read here"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5}}, "rope type 'yarn'"),
@@ -385,7 +394,7 @@ def test_tools_refuse_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFi
     assert "holds no checkpoint" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "gpt2"])
 def test_a_missing_config_key_means_transformers_default(arch: str) -> None:
     """Every key the importer reads falls back to what transformers itself uses when config.json lacks it (its
     config class's field default: a Qwen2 without num_key_value_heads has 32, a Mistral 8 and a sliding window of
@@ -396,7 +405,7 @@ def test_a_missing_config_key_means_transformers_default(arch: str) -> None:
 
     from megatron_ext.huggingface.architectures import TRANSFORMERS_DEFAULTS
 
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
            "mistral": transformers.MistralConfig, "gpt2": transformers.GPT2Config}[arch]  # fmt: skip
     fields = {f.name: f.default for f in dataclasses.fields(cls)}
     for key, ours in TRANSFORMERS_DEFAULTS[arch].items():
@@ -406,7 +415,7 @@ def test_a_missing_config_key_means_transformers_default(arch: str) -> None:
             assert key in fields or (arch, key) == ("qwen2", "head_dim"), (arch, key)
             theirs = fields.get(key)
         assert ours == theirs, (arch, key, ours, theirs)
-    model = {"llama": LLAMA_GQA, "qwen2": QWEN2_TIED, "mistral": MISTRAL, "gpt2": GPT2_UNTIED}[arch]
+    model = {"llama": LLAMA_GQA, "qwen2": QWEN2_TIED, "qwen3": QWEN3, "mistral": MISTRAL, "gpt2": GPT2_UNTIED}[arch]
     exported = hf_config(model, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32")
     for key, default in TRANSFORMERS_DEFAULTS[arch].items():
         without = {k: v for k, v in exported.items() if k != key}
