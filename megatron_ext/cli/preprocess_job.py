@@ -20,7 +20,19 @@ import sys
 
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser
-from megatron_ext.data.corpus_job import JobError, finish, fix_plan, load_plan, make_plan, pending_tasks, run_task
+from megatron_ext.data.atomic_files import WriteError
+from megatron_ext.data.corpus_job import (
+    JobError,
+    check_task_time,
+    finish,
+    fix_plan,
+    load_plan,
+    make_plan,
+    pending_tasks,
+    run_task,
+)
+from megatron_ext.data.indexed import IndexedDatasetError
+from megatron_ext.data.sources import DataError
 
 
 def _keys(preprocess_args: list[str]) -> list[str]:
@@ -46,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--tasks", type=int, required=True, help="Array tasks (fewer when there are fewer files).")
     plan.add_argument("--preprocess-args", default="", help="tools/preprocess_data.py's other options, one string.")
     plan.add_argument("--dry-run", action="store_true", help="Print the plan; write nothing.")
+    plan.add_argument("--task-time", help="The tasks' SLURM time limit, checked against SLURM's warning before it.")
     task = steps.add_parser("task", help="run one array task")
     task.add_argument("--output", required=True)
     task.add_argument("--task", type=int, required=True)
@@ -64,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     except JobError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.INVALID if args.step == "plan" else ExitCode.ERROR
+    except (DataError, IndexedDatasetError, WriteError) as exc:  # a dataset, the blend or a full disk: named
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.ERROR
     for key in done.documents:
         print(
             f"{key}: {done.datasets:,} datasets verified, {done.documents[key]:,} documents, {done.tokens[key]:,} tokens"
@@ -74,13 +90,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    if args.task_time is not None:
+        check_task_time(args.task_time)
     preprocess_args = shlex.split(args.preprocess_args)
     new = make_plan(
         args.input, args.output, tasks=args.tasks, preprocess_args=preprocess_args, keys=_keys(preprocess_args)
     )
     plan = fix_plan(new, write=not args.dry_run)
     if plan is not new:
-        print(f"the job of {args.output} goes on: its plan is kept", file=sys.stderr)
+        fewer = f" ({plan.tasks} tasks: TASKS={args.tasks} is not taken)" if plan.tasks != new.tasks else ""
+        print(f"the job of {args.output} goes on: its plan is kept{fewer}", file=sys.stderr)
     for line in plan.describe():
         print(line, file=sys.stderr)
     print(",".join(map(str, pending_tasks(plan))))

@@ -85,10 +85,11 @@ class Source:
 
     def matches(self, prefix: str) -> bool:
         """A glob (``*``, ``?``, ``[…]``) against the dataset's name or its whole prefix; a plain word anywhere in
-        the prefix."""
+        the name (not in the directories above it, which all datasets of a corpus may share)."""
+        name = os.path.basename(prefix)
         if not any(c in self.pattern for c in "*?["):
-            return self.pattern in prefix
-        return fnmatch.fnmatchcase(os.path.basename(prefix), self.pattern) or fnmatch.fnmatchcase(prefix, self.pattern)
+            return self.pattern in name
+        return fnmatch.fnmatchcase(name, self.pattern) or fnmatch.fnmatchcase(prefix, self.pattern)
 
 
 def parse_mix(items: Sequence[str]) -> list[Source]:
@@ -159,7 +160,11 @@ def write_blend(entries: Sequence[BlendEntry], path: str | os.PathLike[str]) -> 
     target = Path(path)
     if target.exists():
         raise DataError(f"{target} exists; choose another --write-blend path or remove it")
-    text = "".join(f"{entry.weight:.12g} {entry.prefix}\n" for entry in entries)
+    spaced = [e.prefix for e in entries if any(c.isspace() for c in e.prefix)]
+    if spaced:
+        raise DataError(f"{spaced[0]!r} holds whitespace, which splits it in a blend file (Megatron-LM reads words)")
+    # Absolute: the training job reads the blend from its own working directory.
+    text = "".join(f"{entry.weight:.12g} {os.path.abspath(entry.prefix)}\n" for entry in entries)
     staged = stage_file(target, text.encode("utf-8"))
     try:
         os.link(staged, target)  # unlike a rename, never replaces a file that appeared meanwhile

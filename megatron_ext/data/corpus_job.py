@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -168,6 +169,38 @@ def _option(args: Sequence[str], flag: str) -> str | None:
     return None
 
 
+WARNING_S = 300
+"""SLURM warns a task this long before its time limit (``--signal=B:USR1@300``): the task stops and is requeued."""
+
+
+def slurm_minutes(text: str) -> float:
+    """A SLURM time limit (``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``) in minutes; JobError if not."""
+    days, _, rest = text.strip().rpartition("-")
+    try:
+        parts = [int(x) for x in rest.split(":")]
+        d = int(days) if days else 0
+    except ValueError:
+        raise JobError(f"TASK_TIME {text!r} is not a SLURM time (e.g. 04:00:00 or 1-00:00:00)") from None
+    if days:
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    elif len(parts) == 1:
+        hours, minutes, seconds = 0, parts[0], 0
+    elif len(parts) == 2:
+        hours, minutes, seconds = 0, parts[0], parts[1]
+    else:
+        hours, minutes, seconds = parts[:3]
+    return d * 1440 + hours * 60 + minutes + seconds / 60
+
+
+def check_task_time(text: str) -> None:
+    """A task's time limit must leave room after SLURM's warning: 3 × the warning at least."""
+    if slurm_minutes(text) * 60 < 3 * WARNING_S:
+        raise JobError(
+            f"TASK_TIME {text}: SLURM warns a task {WARNING_S // 60} minutes before its limit, and the task then "
+            f"stops and starts again; give at least {3 * WARNING_S // 60} minutes, and more than a share takes"
+        )
+
+
 def plan_path(output: str | os.PathLike[str]) -> Path:
     return Path(output) / "job" / "plan.json"
 
@@ -186,6 +219,11 @@ def load_plan(output: str | os.PathLike[str]) -> Plan:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise JobError(f"{path} does not exist: submit the job first (bash recipes/preprocess_corpus.sh)") from None
+    if os.path.abspath(raw["output"]) != os.path.abspath(output):
+        raise JobError(
+            f"{path} was made for OUTPUT {raw['output']}: the job's directory moved; submit it again from there, or "
+            "start a new job"
+        )
     return Plan(
         output=raw["output"],
         root=raw["root"],
@@ -196,33 +234,73 @@ def load_plan(output: str | os.PathLike[str]) -> Plan:
     )
 
 
+SAFE_OPTIONS = {"--skip-bad-lines": 0, "--allow-empty-output": 0, "--workers": 1, "--log-interval": 1,
+                "--quiet": 0, "--chunk-mb": 1}  # fmt: skip
+"""``tools/preprocess_data.py`` options (with their value counts) that a resubmission may change: they change no
+byte of a dataset that a task has finished (skipping bad lines or writing empty datasets only lets a task finish
+that failed on them)."""
+
+
+def _without_safe(args: Sequence[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(args):
+        flag = args[i].split("=", 1)[0]
+        if flag in SAFE_OPTIONS:
+            i += 1 + (SAFE_OPTIONS[flag] if "=" not in args[i] else 0)
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
 def fix_plan(new: Plan, *, write: bool = True) -> Plan:
-    """The job's plan: ``new``, written to ``OUTPUT/job/plan.json`` (unless not ``write``: a dry run); or the one
-    already there when it is the same job (the same files, sizes and options), so that a resubmission keeps every
-    file in its task. JobError when the output holds another job's plan, or something that is not a job's
-    output."""
+    """The job's plan: ``new``, written to ``OUTPUT/job/plan.json`` (unless not ``write``: a dry run); or, for the
+    same job, the one already there, so that a resubmission keeps every file in its task. The same job: the same
+    files in the same order, the same sizes for the files of finished tasks, and the same options but those of
+    ``SAFE_OPTIONS`` (the new ones, and the new sizes of unfinished tasks' files, are then kept). JobError when the
+    output holds another job's plan, or something that is not a job's output."""
     path = plan_path(new.output)
     if path.exists():
         old = load_plan(new.output)
-        if old.preprocess_args != new.preprocess_args or [(f.path, f.bytes) for f in old.files] != [
-            (f.path, f.bytes) for f in new.files
-        ]:
+        done = set(range(old.tasks)) - set(pending_tasks(old))
+        changed = [
+            o.path
+            for o, n in zip(old.files, new.files, strict=False)
+            if o.path != n.path or (o.task in done and o.bytes != n.bytes)
+        ]
+        if (
+            _without_safe(old.preprocess_args) != _without_safe(new.preprocess_args)
+            or len(old.files) != len(new.files)
+            or changed
+        ):
+            what = f" (first: {changed[0]})" if changed else ""
             raise JobError(
-                f"{new.output} holds the job of {path}, with other input files, sizes or options: give another "
-                "OUTPUT, or the same INPUT and PREPROCESS_ARGS to go on with that job"
+                f"{new.output} holds the job of {path}, with other input files, sizes of finished tasks' files or "
+                f"options{what}: give another OUTPUT, or the same INPUT and PREPROCESS_ARGS to go on with that job "
+                f"(only {', '.join(SAFE_OPTIONS)} may change)"
             )
-        return old
+        sizes = {f.path: f.bytes for f in new.files}
+        kept = dataclasses.replace(
+            old,
+            preprocess_args=new.preprocess_args,
+            files=tuple(dataclasses.replace(f, bytes=sizes[f.path]) for f in old.files),
+        )
+        if write and kept != old:
+            _write_plan(kept, path)
+        return kept
     out = Path(new.output)
     if out.exists() and any(out.iterdir()):
         raise JobError(f"OUTPUT {out} exists and is not empty, and no job of this recipe made it: give a new directory")
-    if not write:
-        return new
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".plan.json.{os.getpid()}")
-    record = asdict(new)
-    staged.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(staged, path)
+    if write:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_plan(new, path)
     return new
+
+
+def _write_plan(plan: Plan, path: Path) -> None:
+    staged = path.with_name(f".plan.json.{os.getpid()}")
+    staged.write_text(json.dumps(asdict(plan), indent=1) + "\n", encoding="utf-8")
+    os.replace(staged, path)
 
 
 def pending_tasks(plan: Plan) -> list[int]:
@@ -231,66 +309,101 @@ def pending_tasks(plan: Plan) -> list[int]:
 
 # ------------------------------------------------------------------ one task
 def run_task(plan: Plan, task: int, *, python: str = sys.executable, workers: int | None = None) -> int:
-    """Preprocess task ``task``'s share; the exit code (75: stopped by a signal, to be requeued)."""
+    """Preprocess task ``task``'s share; the exit code (75: stopped by a signal, to be requeued).
+
+    Each attempt stages in a directory of its own and publishes it only if no other attempt has (a resubmission
+    while an earlier copy of the task still runs, a requeue after a node failure): the first to finish wins, and
+    the datasets of one attempt are never mixed with another's."""
     if not 0 <= task < plan.tasks:
         raise JobError(f"task {task}: the plan has tasks 0 to {plan.tasks - 1}")
     done, final = done_path(plan, task), Path(plan.output) / "datasets" / f"task-{task}"
     if done.exists():
         print(f"task {task}: done before ({done}); nothing to do")
         return ExitCode.OK
-    staging = Path(plan.output) / "job" / "staging" / f"task-{task}"
-    if not final.exists():
-        shutil.rmtree(staging, ignore_errors=True)  # this task's own, from an attempt that did not finish
-        staging.mkdir(parents=True)
-        share = plan.share(task)
-        command = [python, "-m", "megatron_ext.cli.preprocess_data", "--input", *(f.path for f in share),
-                   "--output-prefix", str(staging / PREFIX), "--output-per-file", "--input-root", plan.root,
-                   *plan.preprocess_args]  # fmt: skip
-        if workers is not None and _option(plan.preprocess_args, "--workers") is None:
-            command += ["--workers", str(workers)]
-        started = time.monotonic()
-        rc = _run_stoppable(command)
-        if rc != 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            stopped = rc in (128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM)
-            print(f"task {task}: tools/preprocess_data.py exited {rc}; nothing of this task was kept", file=sys.stderr)
-            return ExitCode.SAVED_AND_STOPPED if stopped else ExitCode.ERROR
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging.rename(final)  # all of the task's datasets at once
-        seconds = time.monotonic() - started
-    else:
-        seconds = float("nan")  # published by an attempt that stopped before its record
-    report = json.loads((final / f"{PREFIX}_preprocess_report.json").read_text(encoding="utf-8"))
+    seconds: float | None = None
+    with _stoppable() as stop:
+        if not final.exists():
+            attempt = os.environ.get("SLURM_JOB_ID") or str(os.getpid())
+            staging = Path(plan.output) / "job" / "staging" / f"task-{task}.{attempt}"
+            shutil.rmtree(staging, ignore_errors=True)  # this attempt's own (a requeue keeps the job id)
+            staging.mkdir(parents=True)
+            share = plan.share(task)
+            command = [python, "-m", "megatron_ext.cli.preprocess_data", "--input", *(f.path for f in share),
+                       "--output-prefix", str(staging / PREFIX), "--output-per-file", "--input-root", plan.root,
+                       *plan.preprocess_args]  # fmt: skip
+            if workers is not None and _option(plan.preprocess_args, "--workers") is None:
+                command += ["--workers", str(workers)]
+            started = time.monotonic()
+            rc = stop.run(command)
+            if rc != 0 or stop.requested:
+                shutil.rmtree(staging, ignore_errors=True)
+                print(
+                    f"task {task}: tools/preprocess_data.py exited {rc}; nothing of this task was kept", file=sys.stderr
+                )
+                return ExitCode.SAVED_AND_STOPPED if stop.requested else ExitCode.ERROR
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                staging.rename(final)  # all of the task's datasets at once, unless another attempt published first
+            except OSError:
+                if not final.exists():
+                    raise
+                shutil.rmtree(staging, ignore_errors=True)
+                print(f"task {task}: another attempt published {final} first; this one's output was dropped")
+            seconds = time.monotonic() - started
+    report_file = final / f"{PREFIX}_preprocess_report.json"
+    if not report_file.is_file():
+        raise JobError(
+            f"{final} holds no {report_file.name}: it is not a finished task's output. Move it aside and submit "
+            "the job again"
+        )
+    report = json.loads(report_file.read_text(encoding="utf-8"))
+    share = plan.share(task)
     record = {
         "task": task,
-        "files": len(plan.share(task)),
-        "bytes": sum(f.bytes for f in plan.share(task)),
+        "files": len(share),
+        "bytes": sum(f.bytes for f in share),
         "documents": report.get("documents"),
         "tokens": report.get("tokens"),
-        "seconds": seconds,
+        "seconds": seconds,  # None: published by an attempt that stopped before its record
         "host": socket.gethostname(),
     }
     done.parent.mkdir(parents=True, exist_ok=True)
     staged = done.with_name(f".{done.name}.{os.getpid()}")
     staged.write_text(json.dumps(record) + "\n", encoding="utf-8")
     os.replace(staged, done)
-    rate = record["bytes"] / seconds / 1e6 if seconds == seconds and seconds > 0 else float("nan")
-    print(f"task {task}: {record['files']} files, {_size(record['bytes'])} in {seconds:.1f} s ({rate:.1f} MB/s)")
+    rate = f" in {seconds:.1f} s ({record['bytes'] / max(seconds, 1e-9) / 1e6:.1f} MB/s)" if seconds else ""
+    print(f"task {task}: {record['files']} files, {_size(record['bytes'])}{rate}")
     return ExitCode.OK
 
 
-def _run_stoppable(command: list[str]) -> int:
-    """``command``'s exit code; SIGUSR1 (SLURM's warning before the time limit) or SIGTERM here stops it with
-    SIGTERM (it then writes nothing)."""
-    child = subprocess.Popen(command)  # a list: no shell
+class _Stop:
+    """SIGUSR1 (SLURM's warning before the time limit), SIGTERM or SIGINT, from the start of a task: a child
+    running then is stopped with SIGTERM (``tools/preprocess_data.py`` then writes nothing); one not started yet
+    never starts."""
 
-    def stop(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signal.SIGTERM)
+    def __init__(self) -> None:
+        self.requested = False
+        self.child: subprocess.Popen[bytes] | None = None
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
+    def handle(self, _signum: int, _frame: object) -> None:
+        self.requested = True
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.child.send_signal(signal.SIGTERM)
+
+    def run(self, command: list[str]) -> int:
+        if self.requested:
+            return 128 + signal.SIGTERM
+        self.child = subprocess.Popen(command)  # a list: no shell
+        return self.child.wait()
+
+
+@contextlib.contextmanager
+def _stoppable() -> Iterator[_Stop]:
+    stop = _Stop()
+    previous = {s: signal.signal(s, stop.handle) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
     try:
-        return child.wait()
+        yield stop
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

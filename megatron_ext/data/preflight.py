@@ -62,21 +62,17 @@ def preflight(cfg: TrainingConfig, *, full: bool) -> Checked:
 
 
 def dataset_counts(cfg: TrainingConfig) -> tuple[int, int]:
-    """The run's datasets, and its (dataset, split) pairs: the splits each dataset serves that the run reads."""
+    """The datasets Megatron-Core opens, and the (dataset, split) pairs it builds indices for: every occurrence
+    of a prefix (one repeated is opened again), every split with a share of ``--split`` or a blend of its own
+    (built even when the run reads none of its samples)."""
     if cfg.data.mock_data:
         return 0, 0
-    needed = iterations.split_samples(cfg.run, cfg.batch, cfg.layout)
     if cfg.data.data_path:
-        shares = parse_split(cfg.data.split)
-        used = sum(1 for share, samples in zip(shares, needed, strict=True) if share > 0 and samples > 0)
-        count = len(set(sources.parse_blend(cfg.data.data_path).prefixes))
-        return count, count * used
+        count = len(sources.parse_blend(cfg.data.data_path).prefixes)
+        return count, count * sum(1 for share in parse_split(cfg.data.split) if share > 0)
     per_split = [cfg.data.train_data_path, cfg.data.valid_data_path, cfg.data.test_data_path]
-    prefixes = [
-        set(sources.parse_blend(items).prefixes) if items and samples else set()
-        for items, samples in zip(per_split, needed, strict=True)
-    ]
-    return len(set().union(*prefixes)), sum(len(p) for p in prefixes)
+    counts = [len(sources.parse_blend(items).prefixes) if items else 0 for items in per_split]
+    return sum(counts), sum(counts)
 
 
 def empty_split_problems(cfg: TrainingConfig) -> list[str]:

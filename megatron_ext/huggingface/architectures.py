@@ -1,6 +1,6 @@
 """Which of our models have a Hugging Face ``transformers`` architecture, and their configs both ways.
 
-Four architectures carry over exactly (same functions, same weights):
+Five architectures carry over exactly (same functions, same weights):
 
 - **Llama** (``LlamaForCausalLM``): rotary positions on every head dimension (Llama 3.1's rope scaling
   included), SwiGLU, RMSNorm, grouped-query attention or not, biases or not, tied or untied output.
@@ -212,7 +212,7 @@ OTHER_ARCHITECTURES: dict[str, str] = {
     "starcoder2": "LayerNorm with biases, a GeLU MLP and a sliding window",
     "olmo2": "norms after attention and MLP (not before), and RMSNorm of the whole query and key vectors",
 }
-"""What another ``model_type`` computes that the four architectures here do not: its refusal names the
+"""What another ``model_type`` computes that the five architectures here do not: its refusal names the
 features, not only the type."""
 
 
@@ -230,8 +230,19 @@ def model_flags(config: dict[str, Any], *, seq_length: int | None = None) -> tup
             + ", ".join(f"{k} ({v})" for k, v in ARCHITECTURES.items())
         )
     problems: list[str] = []
+    if config.get("quantization_config"):
+        method = (
+            config["quantization_config"].get("quant_method", "?")
+            if isinstance(config["quantization_config"], dict)
+            else "?"
+        )
+        problems.append(f"quantization_config ({method}): quantized weights; import the model's bf16 or fp32 release")
     try:
-        flags = _gpt2_flags(config, problems) if arch == GPT2 else _rotary_flags(arch, config, problems, seq_length)
+        flags = (
+            _gpt2_flags(config, problems, seq_length)
+            if arch == GPT2
+            else _rotary_flags(arch, config, problems, seq_length)
+        )
     except (KeyError, TypeError, ValueError) as exc:
         if problems:
             raise ConversionError(
@@ -326,10 +337,14 @@ a missing key means that, never the value we would like. None: computed from oth
 
 
 READ_ELSEWHERE = frozenset(
-    {"rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor", "layer_types", "dtype", "torch_dtype"}
-)
-"""Keys that decide the function and are read apart from ``TRANSFORMERS_DEFAULTS`` (or that ``transformers``
-derives): an export writes them from the checkpoint, never from the imported model's original."""
+    {"rope_parameters", "rope_scaling", "rope_theta", "original_max_position_embeddings", "partial_rotary_factor",
+     "layer_types", "dtype", "torch_dtype", "hidden_size", "num_attention_heads", "num_hidden_layers",
+     "max_position_embeddings", "auto_map", "quantization_config"}
+)  # fmt: skip
+"""Keys that decide the function and are read apart from ``TRANSFORMERS_DEFAULTS``, that ``transformers``
+derives, or that must not follow a model exported from here (GPT-2's aliases of its sizes, a remote-code
+``auto_map``, a quantization): an export writes what it needs from the checkpoint, never these from the
+imported model's original."""
 
 
 def padded_vocab_size(config: dict[str, Any]) -> int:
@@ -337,8 +352,15 @@ def padded_vocab_size(config: dict[str, Any]) -> int:
     return int(_value(str(config.get("model_type")), config, "vocab_size"))
 
 
+GPT2_ALIASES = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
+                "n_positions": "max_position_embeddings"}  # fmt: skip
+"""``GPT2Config.attribute_map``: a config.json may name GPT-2's sizes by the common names."""
+
+
 def _value(arch: str, config: dict[str, Any], key: str) -> Any:
-    """``config[key]``, or transformers' default when the key is missing."""
+    """``config[key]`` (or its GPT-2 alias), or transformers' default when the key is missing."""
+    if arch == GPT2 and key not in config and GPT2_ALIASES.get(key) in config:
+        return config[GPT2_ALIASES[key]]
     return config.get(key, TRANSFORMERS_DEFAULTS[arch][key])
 
 
@@ -355,7 +377,12 @@ def _expect(
 def _rope(arch: str, config: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     """``--rotary-base``, ``--use-rope-scaling`` and ``--rope-scaling-factor`` of ``rope_parameters``
     (transformers 5) or ``rope_theta`` and ``rope_scaling`` (transformers 4)."""
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    # transformers' order (``convert_rope_params_to_dict``): rope_scaling over rope_parameters, and a top-level
+    # rope_theta or original_max_position_embeddings over the dict's.
+    rope = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+    for key in ("rope_theta", "original_max_position_embeddings"):
+        if config.get(key) is not None:
+            rope[key] = config[key]
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     scaling: dict[str, Any] = {}
     if rope_type == "llama3":
@@ -371,14 +398,14 @@ def _rope(arch: str, config: dict[str, Any], problems: list[str]) -> dict[str, A
         problems.append(
             f"rope type {rope_type!r} (the plain rotary embedding and Llama 3.x's scaling are implemented here)"
         )
-    theta = rope.get("rope_theta", _value(arch, config, "rope_theta"))
+    theta = rope.get("rope_theta", TRANSFORMERS_DEFAULTS[arch]["rope_theta"])
     if float(theta) != int(theta):
         problems.append(f"rope_theta={theta} (--rotary-base is an integer)")
     return {"rotary_base": int(theta), **scaling}
 
 
 def _rotary_flags(arch: str, config: dict[str, Any], problems: list[str], seq_length: int | None) -> dict[str, Any]:
-    """Llama, Qwen2 and Mistral: one layer, differing in biases and the sliding window."""
+    """Llama, Qwen2, Qwen3 and Mistral: one layer, differing in biases, query and key norms and the window."""
     rope = _rope(arch, config, problems)
     _expect(arch, config, problems, "hidden_act", ("silu",), "Megatron's SwiGLU gates with SiLU")
     if config.get("partial_rotary_factor", 1.0) not in (1.0, None):
@@ -409,6 +436,8 @@ def _rotary_flags(arch: str, config: dict[str, Any], problems: list[str], seq_le
             )
     else:
         window = _value(arch, config, "sliding_window")
+    if arch in (QWEN2, QWEN3) and "head_dim" in config and config["head_dim"] is None:
+        problems.append("head_dim=null (transformers cannot build this config: give the head size)")
     hidden = int(_value(arch, config, "hidden_size"))
     heads = int(_value(arch, config, "num_attention_heads"))
     groups = int(_value(arch, config, "num_key_value_heads") or heads)
@@ -438,11 +467,12 @@ def _rotary_flags(arch: str, config: dict[str, Any], problems: list[str], seq_le
         "norm_epsilon": float(_value(arch, config, "rms_norm_eps")),
         "attention_dropout": float(_value(arch, config, "attention_dropout")),
         "hidden_dropout": 0.0,
-        **({} if window is None else {"window_size": f"{int(window) - 1},0"}),
+        # Mistral without a window (v0.2, v0.3) keeps its type: "-1,0", unbounded.
+        **({} if arch != MISTRAL else {"window_size": "-1,0" if window is None else f"{int(window) - 1},0"}),
     }
 
 
-def _gpt2_flags(config: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+def _gpt2_flags(config: dict[str, Any], problems: list[str], seq_length: int | None) -> dict[str, Any]:
     """GPT-2: learned positions, exact GeLU, LayerNorm, biases."""
 
     def expect(key: str, allowed: tuple[Any, ...], why: str) -> None:
@@ -460,7 +490,7 @@ def _gpt2_flags(config: dict[str, Any], problems: list[str]) -> dict[str, Any]:
         "ffn_hidden_size": int(_value(GPT2, config, "n_inner") or 4 * hidden),
         "num_attention_heads": int(_value(GPT2, config, "n_head")),
         "max_position_embeddings": int(_value(GPT2, config, "n_positions")),
-        "seq_length": int(_value(GPT2, config, "n_positions")),
+        "seq_length": seq_length or int(_value(GPT2, config, "n_positions")),
         "position_embedding_type": "learned_absolute",
         "normalization": "LayerNorm",
         "norm_epsilon": float(_value(GPT2, config, "layer_norm_epsilon")),

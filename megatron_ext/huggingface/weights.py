@@ -121,7 +121,7 @@ def rules(model: ModelArgs) -> list[Rule]:
     ) -> None:
         out.append(Rule(key, names, split, join))
 
-    if arch in ROTARY:  # Llama, Qwen2 and Mistral name their weights alike
+    if arch in ROTARY:  # Llama, Qwen2, Qwen3 and Mistral name their weights alike
         p = "model.layers.{}."
 
         def layer(*suffixes: str) -> Callable[[int], list[str]]:

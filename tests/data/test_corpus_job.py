@@ -70,9 +70,14 @@ def test_tasks_then_finish_give_one_runs_bytes(
     fixed = load_plan(out)
     assert [f.path for f in fixed.files] == [str(f) for f in files] and fixed.tasks == 3
 
-    # Other options into the same output are refused; the same ones reuse the plan.
+    # Other options into the same output are refused; the same ones reuse the plan, and so do options that change
+    # no finished task's bytes (skipping bad lines lets a task finish that failed on one).
     assert preprocess_job.main([*plan[:-1], args + " --json-keys body"]) == 2
-    assert "with other input files, sizes or options" in capsys.readouterr().err
+    assert "with other input files, sizes of finished tasks' files or options" in capsys.readouterr().err
+    assert preprocess_job.main([*plan[:-1], args + " --skip-bad-lines"]) == 0
+    assert "its plan is kept" in capsys.readouterr().err and "--skip-bad-lines" in load_plan(out).preprocess_args
+    assert preprocess_job.main([*plan, "--task-time", "00:10:00"]) == 2
+    assert "give at least 15 minutes" in capsys.readouterr().err
     for task in (2, 0):
         assert job("task", "--output", str(out), "--task", str(task)).returncode == 0
     assert preprocess_job.main(plan) == 0
@@ -80,6 +85,12 @@ def test_tasks_then_finish_give_one_runs_bytes(
     assert preprocess_job.main(["finish", "--output", str(out)]) == 1
     assert "tasks 1 of" in capsys.readouterr().err
 
+    # A task directory that is not a finished task's output is named, not taken.
+    stray = out / "datasets" / "task-1"
+    stray.mkdir(parents=True)
+    refused = job("task", "--output", str(out), "--task", "1")
+    assert refused.returncode == 1 and "it is not a finished task's output" in refused.stderr, refused.stderr
+    stray.rmdir()
     done = job("task", "--output", str(out), "--task", "1")
     assert done.returncode == 0 and "task 1: " in done.stdout, done.stderr
     assert "done before" in job("task", "--output", str(out), "--task", "1").stdout

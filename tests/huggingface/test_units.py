@@ -418,6 +418,10 @@ def test_a_missing_config_key_means_transformers_default(arch: str) -> None:
     model = {"llama": LLAMA_GQA, "qwen2": QWEN2_TIED, "qwen3": QWEN3, "mistral": MISTRAL, "gpt2": GPT2_UNTIED}[arch]
     exported = hf_config(model, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32")
     for key, default in TRANSFORMERS_DEFAULTS[arch].items():
+        if key == "rope_theta" or (arch, key) == ("qwen2", "head_dim"):
+            # transformers itself tells them apart: a top-level rope_theta overrides rope_parameters' (an absent one
+            # does not); Qwen2 takes an absent head_dim as hidden ÷ heads and cannot build an explicit null.
+            continue
         without = {k: v for k, v in exported.items() if k != key}
         explicit = without | {key: default}
         outcomes = []
@@ -435,4 +439,45 @@ def test_a_gpt2_config_without_activation_function_is_refused_as_gelu_new() -> N
     with pytest.raises(
         ConversionError, match=r"activation_function='gelu_new' \(transformers' default: the key is absent\)"
     ):
+        model_flags(config)
+
+
+def test_configs_are_read_as_transformers_reads_them() -> None:
+    """GPT-2's size aliases; rope_scaling before rope_parameters and the top-level rope keys over the dict's (as
+    ``convert_rope_params_to_dict``); a Mistral without a window stays a Mistral; --seq-length for GPT-2 too."""
+    gpt2 = hf_config(GPT2, padded_vocab_size=128, tokens=TokenIds(None, 0), dtype="float32")
+    aliased = {k: v for k, v in gpt2.items() if k != "n_head"} | {"num_attention_heads": 2}
+    assert model_flags(aliased)[1]["num_attention_heads"] == 2
+    assert model_flags(gpt2, seq_length=8)[1]["seq_length"] == 8
+
+    llama = hf_config(LLAMA_GQA, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32")
+    scaled = hf_config(LLAMA_31, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32")
+    both = llama | {"rope_scaling": scaled["rope_scaling"], "rope_theta": 500000.0}
+    assert model_flags(both)[1]["use_rope_scaling"]  # rope_scaling wins over the plain rope_parameters
+    with pytest.raises(ConversionError, match=r"original_max_position_embeddings=2048 \(Megatron-Core's is 8192\)"):
+        model_flags(scaled | {"original_max_position_embeddings": 2048})
+
+    mistral = hf_config(MISTRAL, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32") | {
+        "sliding_window": None
+    }
+    arch, flags = model_flags(mistral)
+    assert (arch, flags["window_size"]) == ("mistral", "-1,0")
+    assert (
+        hf_config(ModelArgs(**flags), padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32")["model_type"]
+        == "mistral"
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"model_type": "qwen3", "head_dim": None}, r"head_dim=null \(transformers cannot build this config"),
+        ({"quantization_config": {"quant_method": "awq"}}, r"quantization_config \(awq\): quantized weights"),
+    ],
+)
+def test_configs_transformers_cannot_build_or_that_hold_no_weights_of_ours_are_refused(
+    changes: dict, named: str
+) -> None:
+    config = hf_config(LLAMA_GQA, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32") | changes
+    with pytest.raises(ConversionError, match=named):
         model_flags(config)

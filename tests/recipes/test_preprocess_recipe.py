@@ -2,8 +2,8 @@
 formats over an array of 4 tasks on 2 nodes.
 
 One task is stopped mid-run by SLURM's time-limit warning (USR1): it keeps nothing, is requeued and finishes.
-Another fails on a bad line: the last step never runs, and once the line is fixed, submitting again runs that task
-alone and then the last step. Merged in input order the output is one tools/preprocess_data.py run's, byte for
+Another fails on a bad line: the last step runs after the array and names it, and once the line is fixed,
+submitting again runs that task alone and then the last step. Merged in input order the output is one tools/preprocess_data.py run's, byte for
 byte, and the CPU rehearsal recipe trains on the blend file.
 """
 
@@ -22,7 +22,7 @@ from tests.conftest import REPO, train_losses
 from tests.data.helpers import preprocess, same_files, shared_data, write_as
 from tests.recipes.slurm_cluster import FINAL_STATES, SlurmCluster
 from tests.recipes.test_recipes import recipe_env, run_recipe
-from tests.waits import QUICK_S, RUN_S
+from tests.waits import RUN_S
 
 pytestmark = pytest.mark.slurm
 
@@ -34,13 +34,13 @@ BROKEN, FIXED = '{"text": broken  }', '{"text": "fixed!"}'
 
 
 def corpus(shared: dict[str, Path], root: Path) -> list[Path]:
-    """8 files in two directories; the last is big enough (about 12 MB) to be stopped mid-run, part-4 has a line
+    """8 files in two directories; the last is big enough (about 40 MB) to be stopped mid-run, part-4 has a line
     that is not JSON (fixed later with one of the same length)."""
     lines = shared["corpus"].read_text(encoding="utf-8").splitlines()
     per = len(lines) // 7
     files = []
     for i, fmt in enumerate(FORMATS):
-        part = lines[i * per : (i + 1) * per] if i < 7 else lines * 12
+        part = lines[i * per : (i + 1) * per] if i < 7 else lines * 40
         if f"part-{i}.{fmt}" == BAD:
             part = [*part[:5], BROKEN, *part[5:]]
         directory = root / ("a" if i < 4 else "b")
@@ -85,10 +85,11 @@ def test_array_job_preprocesses_reruns_what_failed_and_trains(
     out = tmp_path / "out"
     args = f"--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model {shared['model']} --append-eod --workers 1"
     env = recipe_env(tmp_path, INPUT=f"{tmp_path}/in/*/part-*", OUTPUT=str(out), TASKS="4", MERGE="1",
-                     PREPROCESS_ARGS=args, SBATCH_ARGS=f"-p test --chdir={tmp_path}")  # fmt: skip
+                     PREPROCESS_ARGS=args, SUBMIT_ARGS=f"-p test --chdir={tmp_path}", TASK_CPUS="1")  # fmt: skip
 
     dry = run_recipe(RECIPE, cluster.env(env | {"DRY_RUN": "1"}))
     assert dry.returncode == 0 and "8 files" in dry.stderr and "--array=0,1,2,3 " in dry.stdout, dry.stdout + dry.stderr
+    assert "--cpus-per-task=1" in dry.stdout and "--dependency=afterany:" in dry.stdout, dry.stdout
     assert not out.exists()
 
     array, last = submit(cluster, env)
@@ -98,9 +99,11 @@ def test_array_job_preprocesses_reruns_what_failed_and_trains(
     assert plan.tasks == 4 and big != bad and [f.path for f in plan.files] == [str(f) for f in files]
 
     # SLURM's warning before a time limit (--signal=B:USR1@300), sent once the big task is preprocessing.
-    staging = out / "job" / "staging" / f"task-{big}"
-    waits.wait_for("the big task to start", lambda: staging.is_dir() or None, timeout=RUN_S, every=0.1)
-    time.sleep(1.0)
+    staging = out / "job" / "staging"
+    waits.wait_for(
+        "the big task to start", lambda: next(staging.glob(f"task-{big}.*"), None), timeout=RUN_S, every=0.05
+    )
+    time.sleep(0.5)  # its tokenizer loaded and reading: about 5 s of work left
     cluster.run("scancel", "--signal=USR1", "--batch", f"{array}_{big}")
     wait_element(cluster, f"{array}_{big}", done=lambda r: r.get("Restarts") not in (None, "0"))
     final = wait_element(cluster, f"{array}_{big}")
@@ -111,14 +114,12 @@ def test_array_job_preprocesses_reruns_what_failed_and_trains(
     failed = wait_element(cluster, f"{array}_{bad}")
     assert failed["JobState"] == "FAILED", failed
     assert not (out / "datasets" / f"task-{bad}").exists() and not (out / "job" / "done" / f"task-{bad}.json").exists()
-    waiting = waits.wait_for(
-        "the last step to be left waiting",
-        lambda: record if (record := element(cluster, last)).get("Reason") == "DependencyNeverSatisfied" else None,
-        timeout=QUICK_S,
-        every=0.3,
-    )
-    assert waiting["JobState"] == "PENDING"
-    cluster.run("scancel", last)
+    for task in range(plan.tasks):
+        wait_element(cluster, f"{array}_{task}")
+    # The last step runs after the array whatever became of it (afterany), and names what is missing.
+    assert wait_element(cluster, last)["JobState"] == "FAILED"
+    missing = next((out / "job" / "logs").glob(f"finish.{last}.out")).read_text()
+    assert f"tasks {bad} of {out} have not finished" in missing, missing
 
     # The line fixed (same size: the plan holds each file's bytes), submitted again: that task alone, then the end.
     bad_file = next(f for f in files if f.name == BAD)
@@ -128,7 +129,7 @@ def test_array_job_preprocesses_reruns_what_failed_and_trains(
     assert element(cluster, array).get("ArrayTaskId") == str(bad), element(cluster, array)
     finished = wait_element(cluster, last)
     assert finished["JobState"] == "COMPLETED", (finished, list((out / "job" / "logs").glob("finish.*")))
-    summary = next((out / "job" / "logs").glob("finish.*.out")).read_text()
+    summary = next((out / "job" / "logs").glob(f"finish.{last}.out")).read_text()
     assert "text: 8 datasets verified" in summary, summary
 
     # Merged in input order: one preprocess_data.py run over the same files, byte for byte.
