@@ -481,3 +481,47 @@ def test_configs_transformers_cannot_build_or_that_hold_no_weights_of_ours_are_r
     config = hf_config(LLAMA_GQA, padded_vocab_size=128, tokens=TokenIds(1, 2), dtype="float32") | changes
     with pytest.raises(ConversionError, match=named):
         model_flags(config)
+
+
+NOT_THE_FUNCTION = {
+    "_attn_implementation": "which attention kernel computes it",
+    "pad_token_id": "the embedding's padding row: its gradient in transformers, nothing in the forward pass",
+    "use_cache": "the key/value cache of generation",
+    "embd_pdrop": "dropout, off in the forward pass that is compared (training uses --hidden-dropout)",
+    **dict.fromkeys(
+        (
+            "classifier_dropout",
+            "hidden_dropout",
+            "num_labels",
+            "problem_type",
+            "summary_activation",
+            "summary_first_dropout",
+            "summary_last_dropout",
+            "summary_proj_to_labels",
+            "summary_type",
+            "summary_use_proj",
+        ),
+        "the heads of GPT-2's other tasks (classification, double heads), not GPT2LMHeadModel",
+    ),
+}
+"""Config attributes the modelling code reads that do not change the language model's logits."""
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "gpt2"])
+def test_every_config_key_the_modelling_code_reads_is_read_here(arch: str) -> None:
+    """Every ``config.X`` of the installed ``modeling_ARCH.py`` is read by the importer (``TRANSFORMERS_DEFAULTS``,
+    ``READ_ELSEWHERE``) or named above as not changing the function: a new key in a new transformers release
+    fails here instead of being imported silently."""
+    import importlib
+    import inspect
+    import re
+
+    from megatron_ext.huggingface.architectures import READ_ELSEWHERE, TRANSFORMERS_DEFAULTS
+
+    source = inspect.getsource(importlib.import_module(f"transformers.models.{arch}.modeling_{arch}"))
+    keys = set(re.findall(r"config\.(\w+)", source)) | set(
+        re.findall(r'getattr\(\s*(?:self\.)?config,\s*"(\w+)"', source)
+    )
+    assert keys, arch
+    unread = sorted(keys - set(TRANSFORMERS_DEFAULTS[arch]) - READ_ELSEWHERE - set(NOT_THE_FUNCTION))
+    assert unread == [], f"{arch}: transformers reads {unread}; read them in architectures.py or explain them here"
