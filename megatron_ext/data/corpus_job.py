@@ -3,12 +3,13 @@
 - **Plan** (at submission): the input files, expanded and sorted as ``tools/preprocess_data.py`` does, cut
   into contiguous shares of nearly equal bytes, one per array task. It is written once to
   ``OUTPUT/job/plan.json`` and reused by every later submission, so a requeue or a resubmission never moves
-  a file to another task; a submission with other inputs or options into the same output is refused.
+  a file to another task; a submission with other inputs or options (but ``SAFE_OPTIONS``) into the same
+  output is refused.
 - **Task** ``K``: ``tools/preprocess_data.py --output-per-file`` over its share, into a staging directory that
   becomes ``OUTPUT/datasets/task-K`` (a rename: all of the task's datasets or none), then its completion
   record ``OUTPUT/job/done/task-K.json``. A task with a record is skipped. Stopped (``SIGUSR1`` before the
   time limit, ``SIGTERM``), it leaves nothing and exits 75 for the recipe to requeue it.
-- **Finish** (after the whole array): every dataset verified (``tools/inspect_dataset.py --verify``'s
+- **Finish** (after the array, however it ended; missing tasks are named): every dataset verified (``tools/inspect_dataset.py --verify``'s
   checks), documents and tokens totalled, a blend per JSON key written (``OUTPUT/blend_KEY.txt``, for
   ``--data-args-path``), and with ``merge`` one dataset per key merged in input order
   (``OUTPUT/corpus_KEY_document``): the bytes one ``tools/preprocess_data.py`` run over all the files writes.
