@@ -88,9 +88,51 @@ def _rotary(*, ffn: int, groups: int, theta: int, eps: float, positions: int, **
     )
 
 
-_LLAMA31 = {"use_rope_scaling": True, "disable_bias_linear": True, "untie_embeddings_and_output_weights": True}
-_QWEN25 = {"disable_bias_linear": True, "add_qkv_bias": True}
-_HUB = "config.json of"
+def _hub(
+    name: str,
+    model: str,
+    repo: str,
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    seq: int,
+    vocab: int,
+    note: str = "",
+    **rotary: Any,
+) -> ModelPreset:
+    """A model of the Hugging Face Hub: its config.json's shape and Llama-family fields; no published batch size."""
+    return ModelPreset(
+        name=name, description=f"{model} (config.json of {repo}){note}", num_layers=layers, hidden_size=hidden,
+        num_attention_heads=heads, seq_length=seq, vocab_size=vocab, global_batch_size=None,
+        architecture=_rotary(**rotary),
+    )  # fmt: skip
+
+
+_LLAMA31: dict[str, Any] = {
+    "use_rope_scaling": True,
+    "disable_bias_linear": True,
+    "untie_embeddings_and_output_weights": True,
+}
+_QWEN25: dict[str, Any] = {"disable_bias_linear": True, "add_qkv_bias": True}
+_UNTIED: dict[str, Any] = {"untie_embeddings_and_output_weights": True}
+
+_HUB_PRESETS = (
+    _hub("llama3.1-8b", "Llama 3.1 8B", "meta-llama/Llama-3.1-8B", layers=32, hidden=4096, heads=32, seq=8192,
+         vocab=128256, ffn=14336, groups=8, theta=500000, eps=1e-5, positions=131072, **_LLAMA31),
+    _hub("llama3.1-70b", "Llama 3.1 70B", "meta-llama/Llama-3.1-70B", layers=80, hidden=8192, heads=64, seq=8192,
+         vocab=128256, ffn=28672, groups=8, theta=500000, eps=1e-5, positions=131072, **_LLAMA31),
+    _hub("qwen2.5-0.5b", "Qwen2.5 0.5B", "Qwen/Qwen2.5-0.5B", note=", tied embeddings", layers=24, hidden=896,
+         heads=14, seq=4096, vocab=151936, ffn=4864, groups=2, theta=1000000, eps=1e-6, positions=32768, **_QWEN25),
+    _hub("qwen2.5-7b", "Qwen2.5 7B", "Qwen/Qwen2.5-7B", layers=28, hidden=3584, heads=28, seq=4096, vocab=152064,
+         ffn=18944, groups=4, theta=1000000, eps=1e-6, positions=131072, **_QWEN25, **_UNTIED),
+    _hub("qwen2.5-72b", "Qwen2.5 72B", "Qwen/Qwen2.5-72B", layers=80, hidden=8192, heads=64, seq=4096, vocab=152064,
+         ffn=29568, groups=8, theta=1000000, eps=1e-5, positions=131072, **_QWEN25, **_UNTIED),
+    _hub("mistral-7b", "Mistral 7B", "mistralai/Mistral-7B-v0.1", note=", at its 4096-token sliding window",
+         layers=32, hidden=4096, heads=32, seq=4096, vocab=32000, ffn=14336, groups=8, theta=10000, eps=1e-5,
+         positions=32768, window_size="4095,0", disable_bias_linear=True, **_UNTIED),
+)  # fmt: skip
+"""Llama 3.1 8B and 70B, Qwen2.5 0.5B, 7B and 72B, and Mistral 7B (see the module docstring)."""
 
 
 _GPT3 = "GPT-3 (Brown et al. 2020, Table 2.1)"
@@ -190,97 +232,7 @@ PRESETS: Mapping[str, ModelPreset] = MappingProxyType(
                 vocab_size=51200,
                 global_batch_size=3072,
             ),
-            ModelPreset(
-                name="llama3.1-8b",
-                description=f"Llama 3.1 8B ({_HUB} meta-llama/Llama-3.1-8B)",
-                num_layers=32,
-                hidden_size=4096,
-                num_attention_heads=32,
-                seq_length=8192,
-                vocab_size=128256,
-                global_batch_size=None,
-                architecture=_rotary(ffn=14336, groups=8, theta=500000, eps=1e-5, positions=131072, **_LLAMA31),
-            ),
-            ModelPreset(
-                name="llama3.1-70b",
-                description=f"Llama 3.1 70B ({_HUB} meta-llama/Llama-3.1-70B)",
-                num_layers=80,
-                hidden_size=8192,
-                num_attention_heads=64,
-                seq_length=8192,
-                vocab_size=128256,
-                global_batch_size=None,
-                architecture=_rotary(ffn=28672, groups=8, theta=500000, eps=1e-5, positions=131072, **_LLAMA31),
-            ),
-            ModelPreset(
-                name="qwen2.5-0.5b",
-                description=f"Qwen2.5 0.5B ({_HUB} Qwen/Qwen2.5-0.5B), tied embeddings",
-                num_layers=24,
-                hidden_size=896,
-                num_attention_heads=14,
-                seq_length=4096,
-                vocab_size=151936,
-                global_batch_size=None,
-                architecture=_rotary(ffn=4864, groups=2, theta=1000000, eps=1e-6, positions=32768, **_QWEN25),
-            ),
-            ModelPreset(
-                name="qwen2.5-7b",
-                description=f"Qwen2.5 7B ({_HUB} Qwen/Qwen2.5-7B)",
-                num_layers=28,
-                hidden_size=3584,
-                num_attention_heads=28,
-                seq_length=4096,
-                vocab_size=152064,
-                global_batch_size=None,
-                architecture=_rotary(
-                    ffn=18944,
-                    groups=4,
-                    theta=1000000,
-                    eps=1e-6,
-                    positions=131072,
-                    untie_embeddings_and_output_weights=True,
-                    **_QWEN25,
-                ),
-            ),
-            ModelPreset(
-                name="qwen2.5-72b",
-                description=f"Qwen2.5 72B ({_HUB} Qwen/Qwen2.5-72B)",
-                num_layers=80,
-                hidden_size=8192,
-                num_attention_heads=64,
-                seq_length=4096,
-                vocab_size=152064,
-                global_batch_size=None,
-                architecture=_rotary(
-                    ffn=29568,
-                    groups=8,
-                    theta=1000000,
-                    eps=1e-5,
-                    positions=131072,
-                    untie_embeddings_and_output_weights=True,
-                    **_QWEN25,
-                ),
-            ),
-            ModelPreset(
-                name="mistral-7b",
-                description=f"Mistral 7B ({_HUB} mistralai/Mistral-7B-v0.1), at its 4096-token sliding window",
-                num_layers=32,
-                hidden_size=4096,
-                num_attention_heads=32,
-                seq_length=4096,
-                vocab_size=32000,
-                global_batch_size=None,
-                architecture=_rotary(
-                    ffn=14336,
-                    groups=8,
-                    theta=10000,
-                    eps=1e-5,
-                    positions=32768,
-                    window_size="4095,0",
-                    disable_bias_linear=True,
-                    untie_embeddings_and_output_weights=True,
-                ),
-            ),
+            *_HUB_PRESETS,
             ModelPreset(
                 name="gpt-tiny",
                 description="A tiny GPT for CPU rehearsals of a layout (this project's recipes and demo)",

@@ -128,7 +128,17 @@ def plan_blend(prefixes: Sequence[str], mix: Sequence[Source] = ()) -> list[Blen
         problems = files.quick_check()
         if problems:
             raise DataError(f"dataset {prefix}: {'; '.join(problems)} (tools/inspect_dataset.py --verify shows all)")
-        counted.append((prefix, int(files.bin_bytes // files.dtype.itemsize), files.num_documents))
+        counted.append(counts_of(files))
+    return weigh(counted, mix)
+
+
+def counts_of(files: IndexedDatasetFiles) -> tuple[str, int, int]:
+    """(prefix, tokens, documents) of an opened dataset, as ``weigh`` takes them."""
+    return files.prefix, int(files.bin_bytes // files.dtype.itemsize), files.num_documents
+
+
+def weigh(counted: Sequence[tuple[str, int, int]], mix: Sequence[Source] = ()) -> list[BlendEntry]:
+    """``plan_blend`` for datasets already opened and checked: (prefix, tokens, documents) each."""
     if not mix:
         return [BlendEntry(p, tokens, docs, float(tokens), None) for p, tokens, docs in counted]
     owners: dict[str, Source] = {}

@@ -422,7 +422,7 @@ class Finished:
 
 def finish(plan: Plan, *, merge: bool) -> Finished:
     """Verify every dataset, write the blends (and merge); JobError names missing tasks or broken datasets."""
-    from megatron_ext.data.blend_files import plan_blend, write_blend
+    from megatron_ext.data.blend_files import counts_of, weigh, write_blend
 
     missing = pending_tasks(plan)
     if missing:
@@ -433,8 +433,7 @@ def finish(plan: Plan, *, merge: bool) -> Finished:
     documents, tokens, blends, merged = {}, {}, [], []
     for key in plan.keys:
         prefixes = [plan.dataset(f, key) for f in plan.files]
-        problems = []
-        documents[key] = tokens[key] = 0
+        problems, counted = [], []
         for prefix in prefixes:
             try:
                 files = IndexedDatasetFiles.open(prefix)
@@ -442,14 +441,14 @@ def finish(plan: Plan, *, merge: bool) -> Finished:
             except IndexedDatasetError as exc:
                 problems.append(str(exc))
                 continue
-            documents[key] += files.num_documents
-            tokens[key] += int(files.bin_bytes // files.dtype.itemsize)
+            counted.append(counts_of(files))  # each dataset opened once: verified, counted, weighed
         if problems:
             raise JobError(f"{len(problems)} problems in the datasets: " + "; ".join(problems[:5]))
+        tokens[key] = sum(t for _, t, _ in counted)
+        documents[key] = sum(d for _, _, d in counted)
         blend = blend_path(plan, key)
-        entries = plan_blend(prefixes)
         if not blend.exists():
-            write_blend(entries, blend)
+            write_blend(weigh(counted), blend)
         blends.append(str(blend))
         if merge:
             target = Path(plan.output) / f"{PREFIX}_{key}_document"

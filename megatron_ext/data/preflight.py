@@ -67,12 +67,10 @@ def dataset_counts(cfg: TrainingConfig) -> tuple[int, int]:
     (built even when the run reads none of its samples)."""
     if cfg.data.mock_data:
         return 0, 0
-    if cfg.data.data_path:
-        count = len(sources.parse_blend(cfg.data.data_path).prefixes)
-        return count, count * sum(1 for share in parse_split(cfg.data.split) if share > 0)
-    per_split = [cfg.data.train_data_path, cfg.data.valid_data_path, cfg.data.test_data_path]
-    counts = [len(sources.parse_blend(items).prefixes) if items else 0 for items in per_split]
-    return sum(counts), sum(counts)
+    counts = {name: len(blend.prefixes) for name, blend in sources.blends(cfg.data).items() if blend is not None}
+    if "data" in counts:  # one blend, split by --split
+        return counts["data"], counts["data"] * sum(1 for share in parse_split(cfg.data.split) if share > 0)
+    return sum(counts.values()), sum(counts.values())
 
 
 def empty_split_problems(cfg: TrainingConfig) -> list[str]:
