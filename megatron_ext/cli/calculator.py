@@ -44,6 +44,7 @@ from megatron_ext.estimate.search import (
     search_like,
     search_with_savers,
 )
+from megatron_ext.estimate.step_time import fp8_peak
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import LayoutError, ParallelLayout
 
@@ -245,6 +246,11 @@ def main(
     try:
         cluster = _cluster(args)
         workload, preset_batch = _workload(args)
+        if workload.fp8_format:
+            try:
+                fp8_peak(workload, cluster.gpu)
+            except ValueError as exc:
+                raise CalculatorError(str(exc)) from None
         if args.top < 1:
             raise CalculatorError(f"--top must be at least 1, got {args.top}")
         batch = args.global_batch_size if args.global_batch_size is not None else preset_batch

@@ -41,11 +41,18 @@ def describe_inputs(workload: Workload, cluster: Cluster, batch: int | None) -> 
         f"cluster: {cluster.gpus} × {gpu.name} ({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} × "
         f"{min(cluster.gpus, cluster.gpus_per_node)}): {peak / 1e12:.0f} TFLOP/s {workload.precision} peak × "
         f"{gpu.compute_efficiency:.3f} for GEMMs"
+        + (
+            f" (FP8: {gpu.peak_flops_fp8 / 1e12:.0f} TFLOP/s peak)"
+            if workload.fp8_format and gpu.peak_flops_fp8
+            else ""
+        )
         + (f" and {gpu.attention_efficiency:.3f} for flash attention" if gpu.attention_efficiency else "")
         + f", {gib(gpu.memory_bytes)} GiB ({gib(cluster.usable_memory_bytes)} "
         f"usable), NVLink {gpu.intra_node_bandwidth / 1e9:.0f} GB/s, network {gpu.inter_node_bandwidth / 1e9:.0f} GB/s per GPU",
     ]
     options = [workload.precision if workload.mixed_precision else "fp32 (no --bf16/--fp16)"]
+    if workload.fp8_format:
+        options.append(f"FP8 GEMMs ({workload.fp8_format}; MFU counts the {workload.precision} peak)")
     options.append(f"recompute {workload.recompute_granularity}")
     if workload.recompute_granularity == "full":
         options[-1] += f" ({workload.recompute_method}, {workload.recompute_num_layers} layer(s))"

@@ -479,8 +479,8 @@ class OptimizerArgs(_Options):
         None,
         "FP8 GEMMs with Transformer Engine: e4m3 everywhere, or hybrid (e4m3 forward, e5m2 gradients); needs TE's "
         "layers on a GPU that has FP8.",
-        choices=["e4m3", "hybrid"],
-    )
+        choices=["e4m3", "hybrid"], estimate=True,
+    )  # fmt: skip
     fp8_recipe: str = opt(
         "delayed",
         "With --fp8-format: Transformer Engine's scaling recipe (mxfp8 needs Blackwell).",

@@ -108,6 +108,8 @@ class TikTokenizer(Tokenizer):
         self.vocab_file = str(path.resolve())
         self.pattern, self.num_special_tokens, self.special_tokens = pattern, num_special_tokens, tuple(special)
         self._size = size
+        self.ranks = ranks
+        """The vocabulary file's merge ranks that are kept (id = rank + ``num_special_tokens``)."""
         ids = {token: i for i, token in enumerate(special)}
         self._model = tiktoken.Encoding(
             name=path.parent.name or "tiktoken",

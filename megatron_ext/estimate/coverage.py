@@ -3,7 +3,7 @@
 Every flag of the groups that shape a training step (model, parallelism, batch, optimizer) is one of:
 
 - **modelled**: the flag table marks it ``estimate=True`` (the layout calculator takes it, and the estimate
-  follows it);
+  follows it; ``PARTLY_MODELLED`` notes what it leaves out, printed as the approximations are);
 - **approximated** (``APPROXIMATED``): it changes memory or time in a way the estimate does not follow exactly;
   the note says how, and the dry run prints it whenever the flag is given;
 - **no effect** (``NO_EFFECT``): it changes neither the memory nor the time of a step, and says why.
@@ -24,7 +24,7 @@ STEP_GROUPS: tuple[type, ...] = (ModelArgs, ParallelArgs, BatchArgs, OptimizerAr
 """The argument groups whose flags can change a step's memory or time."""
 
 _KERNEL = "a kernel fusion: the element-wise passes' time is not counted pass by pass"
-_FP8 = "FP8 GEMMs are counted at the bf16 peak, and FP8 weight copies and scaling state are not counted"
+_FP8 = "memory: FP8 weight copies, transposes and scaling state are not counted, and activations are counted in the training precision"
 
 APPROXIMATED: dict[str, str] = {
     "squared_relu": "memory and time as GeLU's (the MLP keeps its input either way)",
@@ -39,13 +39,17 @@ APPROXIMATED: dict[str, str] = {
     "no_gradient_accumulation_fusion": "the bf16 weight gradient it materialises before adding it to the fp32 "
     "buffer is transient and not counted",
     "optimizer": "optimizer memory is Adam's (two fp32 moments); SGD keeps one or none, less than estimated",
-    "fp8_format": _FP8,
-    "fp8_param_gather": _FP8,
+    "fp8_param_gather": f"{_FP8}; the parameter all-gather is counted in bf16",
     "tp_comm_overlap": "tensor-parallel communication is counted as exposed; the overlap hides part of it "
     "(the step time is pessimistic)",
     "rampup_batch_size": "the step is the full batch's; the ramp-up's first steps are shorter",
 }
 """Flags whose effect on memory or time the estimate does not follow exactly: what it does instead."""
+
+PARTLY_MODELLED: dict[str, str] = {
+    "fp8_format": _FP8,
+}
+"""Modelled flags (``estimate=True``) whose effect is followed in part: what the estimate leaves out."""
 
 _SCHEDULE = "a value of the learning-rate or weight-decay schedule"
 _LOSS_SCALE = "fp16's loss scaling: one multiply and a check per step"
@@ -120,6 +124,7 @@ def approximations(groups: dict[str, Any]) -> list[str]:
     lines = []
     for values in groups.values():
         for field in dataclasses.fields(values):
-            if field.name in APPROXIMATED and getattr(values, field.name) not in (field.default, None, False):
-                lines.append(f"{flag_of(field)}: {APPROXIMATED[field.name]}")
+            note = APPROXIMATED.get(field.name) or PARTLY_MODELLED.get(field.name)
+            if note and getattr(values, field.name) not in (field.default, None, False):
+                lines.append(f"{flag_of(field)}: {note}")
     return lines

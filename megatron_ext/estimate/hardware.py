@@ -12,8 +12,8 @@ before pipeline bubbles and exposed communication.
 Sources (see ``docs/layout-model.md`` for the derivations):
 
 * Peaks, capacities, HBM bandwidth: NVIDIA A100 datasheet (312 TFLOP/s dense
-  BF16/FP16, 19.5 TFLOP/s FP32, 1,555 GB/s for 40GB and 2,039 GB/s for 80GB),
-  H100 SXM and H200 datasheets (989 TFLOP/s dense BF16, 67 TFLOP/s FP32,
+  BF16/FP16, 19.5 TFLOP/s FP32, no FP8, 1,555 GB/s for 40GB and 2,039 GB/s for 80GB),
+  H100 SXM and H200 datasheets (989 TFLOP/s dense BF16, 1,979 dense FP8, 67 TFLOP/s FP32,
   3.35 and 4.8 TB/s); capacities as ``nvidia-smi`` reports them (MiB).
 * Bandwidths are *effective bus bandwidths* in the sense of nccl-tests
   (``busbw``): a ring all-reduce of ``X`` bytes over ``n`` ranks takes
@@ -56,6 +56,21 @@ PEAK_FLOPS: Mapping[str, float] = MappingProxyType(
 )
 
 
+# Dense FP8 tensor-core peak, FLOP/s (vendor data sheets: half the "with sparsity" figure). A GPU not listed has
+# no FP8 tensor cores (A100) or is not known to have them.
+PEAK_FLOPS_FP8: Mapping[str, float] = MappingProxyType(
+    {
+        "H100 PCIE": 1513e12,
+        "H100 NVL": 1671e12,
+        "H100": 1979e12,
+        "H200": 1979e12,
+        "H800": 1979e12,
+        "B200": 4500e12,
+        "L40S": 733e12,
+    }
+)
+
+
 def peak_flops_for(device_name: str) -> float | None:
     """Peak dense bf16 FLOP/s for a CUDA device name (``torch.cuda.get_device_name``), or None when unknown."""
     upper = device_name.upper()
@@ -77,6 +92,8 @@ class GpuProfile:
     """Dense BF16/FP16 tensor-core peak, FLOP/s."""
     peak_flops_fp32: float
     """FP32 peak without tensor cores (PyTorch's default for float32 matmuls), FLOP/s."""
+    peak_flops_fp8: float | None = None
+    """Dense FP8 tensor-core peak, FLOP/s (``--fp8-format``'s GEMMs); None: the GPU has no FP8."""
     memory_bytes: int
     """Memory capacity per GPU, bytes."""
     memory_bandwidth: float
@@ -203,6 +220,7 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 description="NVIDIA H100 SXM5 80GB, NVLink 4 / NVSwitch, 8× NDR 400 Gb/s InfiniBand per node",
                 peak_flops=PEAK_FLOPS["H100"],
                 peak_flops_fp32=67e12,
+                peak_flops_fp8=PEAK_FLOPS_FP8["H100"],
                 memory_bytes=81559 * MIB,
                 memory_bandwidth=3350e9,
                 intra_node_bandwidth=370e9,
@@ -216,6 +234,7 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 description="NVIDIA H200 SXM 141GB, NVLink 4 / NVSwitch, 8× NDR 400 Gb/s InfiniBand per node",
                 peak_flops=PEAK_FLOPS["H200"],
                 peak_flops_fp32=67e12,
+                peak_flops_fp8=PEAK_FLOPS_FP8["H200"],
                 memory_bytes=143771 * MIB,
                 memory_bandwidth=4800e9,
                 intra_node_bandwidth=370e9,

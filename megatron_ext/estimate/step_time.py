@@ -25,6 +25,11 @@ backward twice the forward, recomputation once more. These kernels are why
 small models reach a smaller share of peak (Narayanan et al. 2021, §5.1:
 larger GEMMs, super-linear scaling).
 
+**FP8** (``--fp8-format``, Transformer Engine): the layers' GEMMs run at the
+profile's FP8 peak times the same ``compute_efficiency``; the logits GEMM and
+the attention core stay in the training precision; the casts to FP8 are
+element-wise bytes (``fp8_cast_bytes``).
+
 **Tensor-parallel communication** (Narayanan et al. 2021, §3.3; Korthikanti
 et al. 2022, §4.2.2): per layer and microbatch two all-reduces of the
 ``b·s·h`` activations in the forward pass and two in the backward (with
@@ -257,6 +262,8 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         recompute = 0.0
     peak = gpu.peak_flops if workload.mixed_precision else gpu.peak_flops_fp32
     rate = peak * gpu.compute_efficiency
+    # FP8: the layers' four GEMMs (QKV, projection, FC1, FC2) at the FP8 peak; the logits and attention core not.
+    gemm_rate = fp8_peak(workload, gpu) * gpu.compute_efficiency if workload.fp8_format else rate
     # Fused (flash) attention runs the attention core at its own rate; unfused, its two batched GEMMs run at
     # the GEMMs' rate and its softmax is an element-wise kernel (below).
     fused = not unfused_attention(workload)
@@ -279,14 +286,17 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         recompute_bytes = core_bytes
     else:
         recompute_bytes = 0.0
+    cast_fwd, cast_bwd = fp8_cast_bytes(workload, sequences=b, seq_length=s, tp=t)
+    if workload.recompute_granularity == "full":
+        recompute_bytes += cast_fwd
     # One layer and the output layer (logits GEMM, forward and backward) for one microbatch.
     attention_recompute = attention_fwd if workload.recompute_granularity != "none" else 0.0
     gemm_flops = 3 * (layer_fwd - attention_fwd) + recompute - attention_recompute
     attention_flops = 3 * attention_fwd + attention_recompute
     layer_compute = (
-        gemm_flops / t / rate
+        gemm_flops / t / gemm_rate
         + attention_flops / t / attention_rate
-        + (3 * layer_fwd_bytes + recompute_bytes) / bandwidth
+        + (3 * layer_fwd_bytes + recompute_bytes + cast_fwd + cast_bwd) / bandwidth
     )
     output_compute = 3 * logits_fwd / t / rate
 
@@ -313,6 +323,44 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         recompute_flops=recompute,
         layer_cp_s=layer_cp,
     )
+
+
+def fp8_peak(workload: Workload, gpu: GpuProfile) -> float:
+    """The FP8 peak ``--fp8-format``'s GEMMs run at; a ValueError naming the GPU when it has no FP8."""
+    if gpu.peak_flops_fp8 is None:
+        raise ValueError(
+            f"--fp8-format {workload.fp8_format}: the {gpu.name} profile has no FP8 tensor cores (FP8 needs Hopper "
+            "or newer: --gpu h100-sxm, h200)"
+        )
+    return gpu.peak_flops_fp8
+
+
+def fp8_cast_bytes(workload: Workload, *, sequences: int, seq_length: float, tp: int) -> tuple[float, float]:
+    """Bytes that ``--fp8-format``'s casts read and write in one layer's forward and backward pass on one rank.
+
+    Transformer Engine casts each FP8 GEMM's input to FP8 in the forward pass and its output gradient in the
+    backward, each read in the training precision (``e`` bytes) and written in FP8 twice, as it is and transposed
+    (Hopper's FP8 GEMMs take one layout; the weight-gradient GEMM needs the other): ``e + 2`` bytes an element.
+    The casts of QKV's and FC1's inputs are fused into the norm before them (``LayerNormLinear``) and cost nothing
+    extra; the projection's input (``n·d/t`` wide) and FC2's (``f/t``) are cast on their own. In the backward pass
+    the output gradients of QKV (``(n + 2g)·d/t``), FC1 (``f/t``, ``2f/t`` with SwiGLU), the projection and FC2
+    (``h`` each: the whole gradient, before the row-parallel GEMM) are cast. (0, 0) without FP8.
+    """
+    if not workload.fp8_format:
+        return 0.0, 0.0
+    m = workload.model
+    n, g, d, f, h = (
+        m.num_attention_heads,
+        m.effective_num_query_groups,
+        m.effective_kv_channels,
+        m.effective_ffn_hidden_size,
+        m.hidden_size,
+    )
+    tokens = sequences * seq_length
+    cast = workload.activation_bytes + 2
+    forward = tokens * (n * d + f) / tp * cast
+    backward = tokens * (((n + 2 * g) * d + (2 if m.swiglu else 1) * f) / tp + 2 * h) * cast
+    return forward, backward
 
 
 def estimate_step_time(

@@ -34,6 +34,10 @@ class Workload:
     grad_reduce_in_bf16: bool = False
     """``--grad-reduce-in-bf16``: Megatron-Core's DDP holds and reduces the gradients in bf16 (2 bytes per
     parameter, half the data-parallel traffic) instead of fp32."""
+    fp8_format: str | None = None
+    """``--fp8-format``: the transformer layers' GEMMs run in FP8 (Transformer Engine), at the GPU's FP8 peak,
+    their inputs and output gradients cast to FP8 first; the logits and the attention core stay in the training
+    precision."""
     p2p_scatter_gather: bool = False
     """Send 1/TP of each pipeline activation per TP rank and all-gather it after (Narayanan et al. 2021,
     §4.1; Megatron-LM 2021). Megatron-Core splits p2p messages only with sequence parallelism."""
@@ -55,6 +59,7 @@ class Workload:
             overlap_grad_reduce=parallel.overlap_grad_reduce,
             overlap_param_gather=parallel.overlap_param_gather,
             grad_reduce_in_bf16=optim.grad_reduce_in_bf16,
+            fp8_format=optim.fp8_format,
         )
 
     def __post_init__(self) -> None:

@@ -48,6 +48,7 @@ from megatron_ext.huggingface.architectures import (
     padded_vocab_size,
 )
 from megatron_ext.huggingface.tokenizer_files import (
+    TokenizerFlags,
     keep_originals,
     original_files,
     read_tokenizer_flags,
@@ -404,7 +405,11 @@ def import_from_hf(
         keep_originals(source, staging / "tokenizer")
         # Recorded where the files will be once the directory is renamed; read where they are now.
         recorded = (
-            None if staged is None else {k: v.replace(str(staging), str(save.resolve())) for k, v in staged.items()}
+            None
+            if staged is None
+            else {
+                k: v.replace(str(staging), str(save.resolve())) if isinstance(v, str) else v for k, v in staged.items()
+            }
         )
         cfg, tok = _import_config(config_file, model, config, padded_vocab, recorded, staged)
         count = _fill_and_save(cfg, weights, staging, RunIdentity.of(tok, cfg.data))
@@ -416,26 +421,29 @@ def _import_config(
     model: dict[str, Any],
     config: dict[str, Any],
     padded_vocab: int,
-    recorded: dict[str, str] | None,
-    readable: dict[str, str] | None,
+    recorded: TokenizerFlags | None,
+    readable: TokenizerFlags | None,
 ) -> tuple[Any, Any]:
     """The imported checkpoint's TrainingConfig and tokenizer: the tokenizer flags ``recorded`` (the null tokenizer
     over the padded vocabulary, its last id the end of document, when there are none), its files read where they
     are now (``readable``)."""
     model = dict(model)
+    data: TokenizerFlags = {"mock_data": True, **(recorded or {})}
     if recorded is None:
         model["vocab_size"] = padded_vocab - 1
+    elif "vocab_size" in data:  # a tokenizer sized by --vocab-size (TikTokenizer)
+        model["vocab_size"] = data.pop("vocab_size")
     try:
         cfg = make_config(
             world_size=1,
             model=model,
-            data={"mock_data": True, **(recorded or {})},
+            data=data,
             optim=_precision(config),
             run={"device": "cpu"},
         )
     except ConfigError as exc:
         raise ConversionError(f"{config_file}: {exc}") from exc
-    here: dict[str, Any] = readable or {}
+    here = {k: v for k, v in (readable or {}).items() if k != "vocab_size"}
     tok = tokenizer_of(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **here)))
     vocab_size = padded_vocab if recorded is None else tok.vocab_size
     if vocab_size > padded_vocab:
@@ -444,16 +452,17 @@ def _import_config(
     return cfg, tok
 
 
-def _continue_flags(cfg: Any, model: dict[str, Any], tokenizer: dict[str, str] | None) -> list[str]:
+def _continue_flags(cfg: Any, model: dict[str, Any], tokenizer: TokenizerFlags | None) -> list[str]:
     """``Imported.flags``: every model field the import set, the vocabulary (the tokenizer's files in the
     checkpoint, or the null tokenizer's size) and the precision the weights are in."""
     from megatron_ext.config.flags import to_argv
 
-    shape = [*model, *(() if tokenizer else ("vocab_size",))]
+    sized = tokenizer is None or "vocab_size" in tokenizer
+    shape = [*model, *(("vocab_size",) if sized else ())]
     flags = to_argv(cfg.model, only=shape, always=("num_layers", "hidden_size", "num_attention_heads"))
     flags += to_argv(cfg.optim, only=("bf16", "fp16"))
-    for key, value in (tokenizer or {}).items():
-        flags += [f"--{key.replace('_', '-')}", value]
+    if tokenizer:
+        flags += to_argv(cfg.data, only=[k for k in tokenizer if k != "vocab_size"], always=("tokenizer_type",))
     return flags
 
 

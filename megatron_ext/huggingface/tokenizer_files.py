@@ -10,11 +10,14 @@
   only puts at the start of the text (``transformers`` normalizes the text between added
   tokens piece by piece).
 - ``GPT2BPETokenizer``: ``vocab.json`` and ``merges.txt`` with a ``GPT2Tokenizer`` config.
+- ``TikTokenizer``: a byte-level BPE ``tokenizer.json`` that gives the same ids (``tiktoken_bpe_json``), the
+  vocabulary file of ranks as ``tiktoken_vocab.json`` and its settings in ``tokenizer_config.json``, so that an
+  import gives the TikTokenizer flags back. As with SentencePiece, ``transformers`` reads a special token's
+  spelling in the input (``</s>``) as that token, where ``tiktoken``'s ``encode_ordinary`` encodes it as text.
 - ``HuggingFaceTokenizer``: the tokenizer files of its directory, as they are.
 
 ``SentencePieceTokenizer`` (which appends Megatron's own special pieces after the
-model's), ``TikTokenizer`` (not written as a ``tokenizer.json`` yet) and ``NullTokenizer``
-are exported without tokenizer files, and the note says so.
+model's) and ``NullTokenizer`` are exported without tokenizer files, and the note says so.
 """
 
 from __future__ import annotations
@@ -27,11 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from megatron_ext.config.arguments import DataArgs
+from megatron_ext.data.tiktokenizer import REQUIRED_SPECIAL, TikTokenizer
 from megatron_ext.data.tokenizers import HuggingFaceTokenizer, Tokenizer
 from megatron_ext.huggingface.architectures import TokenIds
 
 HF_TOKENIZER_FILES = HuggingFaceTokenizer.DEFINITION_FILES
 """The files a ``transformers`` tokenizer is made of (whichever it has)."""
+
+TIKTOKEN_VOCAB = "tiktoken_vocab.json"
+"""A TikTokenizer's vocabulary file of ranks (Megatron-LM's format), beside the ``tokenizer.json`` made from it."""
+TIKTOKEN_SETTINGS = "megatron_tiktoken"
+"""The TikTokenizer flags, in the ``tokenizer_config.json`` we write (transformers ignores the key)."""
 
 SENTENCEPIECE_PLAIN = ("GPTSentencePieceTokenizer", "Llama2Tokenizer")
 """The SentencePiece types whose ids a ``tokenizer.json`` reproduces (Llama2Tokenizer's with a BOS first)."""
@@ -107,10 +116,33 @@ def write_tokenizer(tokenizer: Tokenizer, data: DataArgs, directory: Path, *, ma
             shutil.copyfile(source / name, directory / name)
         hf_bos = getattr(getattr(tokenizer, "_hf", None), "bos_token_id", None)
         return WrittenTokenizer(TokenIds(hf_bos, tokenizer.eod), files, f"the tokenizer files of {source}")
+    if isinstance(tokenizer, TikTokenizer):
+        shutil.copyfile(tokenizer.vocab_file, directory / TIKTOKEN_VOCAB)
+        (directory / "tokenizer.json").write_text(tiktoken_bpe_json(tokenizer), encoding="utf-8")
+        special = tokenizer.special_tokens
+        _json(
+            directory / "tokenizer_config.json",
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                MARKER: kind,
+                TIKTOKEN_SETTINGS: {
+                    "tiktoken_pattern": tokenizer.pattern,
+                    "tiktoken_num_special_tokens": tokenizer.num_special_tokens,
+                    "tokenizer_special_tokens": [t for t in special if not t.startswith("<SPECIAL_")],
+                    "vocab_size": tokenizer.vocab_size,
+                },
+                "bos_token": special[tokenizer.bos],
+                "eos_token": special[tokenizer.eod],
+                "unk_token": "<unk>",
+                "clean_up_tokenization_spaces": False,
+                "model_max_length": max_length,
+            },
+        )
+        files = (TIKTOKEN_VOCAB, "tokenizer.json", "tokenizer_config.json")
+        note = f"TikTokenizer: tokenizer.json (the same ids, byte-level BPE) and its ranks as {TIKTOKEN_VOCAB}"
+        return WrittenTokenizer(TokenIds(tokenizer.bos, tokenizer.eod), files, note)
     why = {
         "SentencePieceTokenizer": "it appends Megatron's own special pieces after the SentencePiece model's",
-        "TikTokenizer": "its tiktoken ranks after Megatron-LM's special-token ids are not written as a "
-        "tokenizer.json here; keep its vocabulary file beside the export",
     }.get(kind, "it has no vocabulary")
     return WrittenTokenizer(
         TokenIds(None, tokenizer.eod), (), f"no tokenizer files: {kind} has no transformers equivalent ({why})"
@@ -155,16 +187,20 @@ def original_files(data: DataArgs, imported: Path, *, model_type: str) -> dict[s
     return found if found.get("config.json", {}).get("model_type") == model_type else {}
 
 
-def read_tokenizer_flags(directory: Path, copy_to: Path, *, copy: bool = True) -> dict[str, str] | None:
+TokenizerFlags = dict[str, Any]
+"""Tokenizer flags by field name (``DataArgs``'s, and ``vocab_size`` for a tokenizer sized by it), typed."""
+
+
+def read_tokenizer_flags(directory: Path, copy_to: Path, *, copy: bool = True) -> TokenizerFlags | None:
     """Our tokenizer flags for the tokenizer files of a ``transformers`` directory, after copying them to
     ``copy_to`` (the flags name the copies; ``copy=False``: where the copies would be); None when the directory
     has no tokenizer.
 
-    The type we exported (``MARKER``) comes back; otherwise a ``tokenizer.json`` is a ``HuggingFaceTokenizer`` (what ``transformers`` itself loads); else a
-    ``tokenizer.model`` is a SentencePiece model with plain ids (what ``write_tokenizer`` writes); else
-    ``vocab.json`` with ``merges.txt`` is GPT-2's BPE.
+    The type we exported (``MARKER``) comes back; otherwise a ``tokenizer.json`` is a ``HuggingFaceTokenizer``
+    (what ``transformers`` itself loads); else a ``tokenizer.model`` is a SentencePiece model with plain ids
+    (what ``write_tokenizer`` writes); else ``vocab.json`` with ``merges.txt`` is GPT-2's BPE.
     """
-    present = [name for name in HF_TOKENIZER_FILES if (directory / name).is_file()]
+    present = [name for name in (*HF_TOKENIZER_FILES, TIKTOKEN_VOCAB) if (directory / name).is_file()]
     if not present:
         return None
     if copy:
@@ -172,7 +208,19 @@ def read_tokenizer_flags(directory: Path, copy_to: Path, *, copy: bool = True) -
         for name in present:
             shutil.copyfile(directory / name, copy_to / name)
     config = directory / "tokenizer_config.json"
-    ours = json.loads(config.read_text(encoding="utf-8")).get(MARKER) if config.is_file() else None
+    settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    ours = settings.get(MARKER)
+    if ours == "TikTokenizer" and TIKTOKEN_VOCAB in present:
+        tiktoken = settings.get(TIKTOKEN_SETTINGS, {})
+        flags: TokenizerFlags = {"tokenizer_type": ours, "tokenizer_model": str(copy_to / TIKTOKEN_VOCAB)}
+        special = tuple(tiktoken.get("tokenizer_special_tokens") or REQUIRED_SPECIAL)
+        flags.update(
+            tiktoken_pattern=tiktoken.get("tiktoken_pattern"),
+            vocab_size=tiktoken.get("vocab_size"),
+            tiktoken_num_special_tokens=tiktoken.get("tiktoken_num_special_tokens", 1000),
+            tokenizer_special_tokens=None if special == REQUIRED_SPECIAL else special,
+        )
+        return flags
     if ours in SENTENCEPIECE_PLAIN and "tokenizer.model" in present:
         return {"tokenizer_type": ours, "tokenizer_model": str(copy_to / "tokenizer.model")}
     if "tokenizer.json" in present:
@@ -254,3 +302,61 @@ def with_bos(spec: str, *, bos_piece: str, bos_id: int) -> str:
         "special_tokens": {bos_piece: {"id": bos_piece, "ids": [bos_id], "tokens": [bos_piece]}},
     }
     return json.dumps(data, ensure_ascii=False)
+
+
+def _byte_characters() -> list[str]:
+    """The printable character that stands for each byte in a byte-level BPE vocabulary (GPT-2's mapping, as
+    ``tokenizers``' ``ByteLevel`` uses it): printable Latin-1 bytes are themselves, the others ``chr(256 + k)``."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    out, extra = [], 0
+    for byte in range(256):
+        if byte in printable:
+            out.append(chr(byte))
+        else:
+            out.append(chr(256 + extra))
+            extra += 1
+    return out
+
+
+def tiktoken_bpe_json(tokenizer: TikTokenizer) -> str:
+    """A ``tokenizers`` ``tokenizer.json`` that encodes and decodes as ``tokenizer`` does: the special tokens at
+    ids ``0 .. S-1``, each kept rank ``r`` at ``S + r`` as its bytes in the byte-level alphabet, merges ranked by
+    the merged token's rank (tiktoken merges the lowest-ranked pair first), a word found whole in the vocabulary
+    taken as it is (tiktoken's look-up before merging: ``ignore_merges``), and the same pattern splitting the
+    text before the bytes are mapped."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    from megatron_ext.data.tiktokenizer import PATTERNS
+
+    chars = _byte_characters()
+    offset = tokenizer.num_special_tokens
+
+    def spelled(token: bytes) -> str:
+        return "".join(chars[b] for b in token)
+
+    ranks = tokenizer.ranks
+    vocab = {spelled(token): rank + offset for token, rank in ranks.items()}
+    clash = [t for t in tokenizer.special_tokens if t in vocab]
+    if clash:
+        raise ValueError(
+            f"the special token {clash[0]!r} is also a token of the vocabulary file: a tokenizer.json cannot give "
+            "both their ids"
+        )
+    vocab.update({token: i for i, token in enumerate(tokenizer.special_tokens)})
+    merges = []
+    for token, rank in ranks.items():
+        for k in range(1, len(token)):
+            left, right = token[:k], token[k:]
+            if left in ranks and right in ranks:
+                merges.append((rank, ranks[left], ranks[right], spelled(left), spelled(right)))
+    merges.sort()
+    bpe = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges], ignore_merges=True))
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PATTERNS[tokenizer.pattern]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    bpe.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokenizer.special_tokens])
+    return bpe.to_str()

@@ -77,6 +77,37 @@ def shared_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"root": root, "corpus": corpus, "model": model}
 
 
+TIKTOKEN_MERGES = 200
+
+
+def tiktoken_vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A TikTokenizer vocabulary (Megatron-LM's JSON list of ranks) of 256 bytes + ``TIKTOKEN_MERGES`` merges
+    learned from the shared corpus by tiktoken's reference trainer (v2 pattern), built once per session."""
+    path = tmp_path_factory.getbasetemp() / "shared-tiktoken" / "vocab.json"
+    if not path.exists():
+        import base64
+        import json
+
+        from tiktoken._educational import bpe_train
+
+        from megatron_ext.data.tiktokenizer import PATTERNS
+
+        lines = shared_data(tmp_path_factory)["corpus"].read_text(encoding="utf-8").splitlines()
+        text = "\n".join(json.loads(line)["text"] for line in lines)[:40_000]
+        ranks = bpe_train(text, 256 + TIKTOKEN_MERGES, PATTERNS["v2"])
+        entries = [
+            {
+                "rank": rank,
+                "token_bytes": base64.b64encode(token).decode(),
+                "token_str": token.decode("utf-8", "replace"),
+            }
+            for token, rank in sorted(ranks.items(), key=lambda item: item[1])
+        ]
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(entries), encoding="utf-8")
+    return path
+
+
 def reference_dataset(
     lines: Sequence[str], tokenizer: object, prefix: Path, *, keys: Sequence[str] = ("text",), append_eod: bool
 ) -> dict[str, Path]:

@@ -11,32 +11,17 @@ import pytest
 
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.training_config import parse_args
-from megatron_ext.data.tiktokenizer import PATTERNS
 from megatron_ext.data.tokenizers import TokenizerError, build_tokenizer
-from tests.data.helpers import preprocess, reference_dataset, same_files, shared_data
+from tests.data.helpers import TIKTOKEN_MERGES, preprocess, reference_dataset, same_files, shared_data, tiktoken_vocab
 
 pytestmark = pytest.mark.unit
 
-MERGES = 200
+MERGES = TIKTOKEN_MERGES
 
 
 @pytest.fixture(scope="module")
 def vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A TikTokenizer vocabulary (Megatron-LM's JSON list of ranks) of 256 bytes + 200 merges learned from the test
-    corpus by tiktoken's reference trainer."""
-    from tiktoken._educational import bpe_train
-
-    shared = shared_data(tmp_path_factory)
-    lines = shared["corpus"].read_text(encoding="utf-8").splitlines()
-    text = "\n".join(json.loads(line)["text"] for line in lines)[:40_000]
-    ranks = bpe_train(text, 256 + MERGES, PATTERNS["v2"])
-    entries = [
-        {"rank": rank, "token_bytes": base64.b64encode(token).decode(), "token_str": token.decode("utf-8", "replace")}
-        for token, rank in sorted(ranks.items(), key=lambda item: item[1])
-    ]
-    path = tmp_path_factory.mktemp("tiktoken") / "vocab.json"
-    path.write_text(json.dumps(entries), encoding="utf-8")
-    return path
+    return tiktoken_vocab(tmp_path_factory)
 
 
 def test_ids_follow_the_special_tokens_and_the_text_comes_back(vocab: Path) -> None:

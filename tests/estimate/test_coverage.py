@@ -29,6 +29,7 @@ def test_every_flag_of_the_step_is_classified() -> None:
     assert set(coverage.APPROXIMATED) | set(coverage.NO_EFFECT) <= names
     modelled = {f.name for g in coverage.STEP_GROUPS for f in dataclasses.fields(g) if f.metadata.get("estimate")}
     assert not modelled & (set(coverage.APPROXIMATED) | set(coverage.NO_EFFECT))
+    assert set(coverage.PARTLY_MODELLED) <= modelled
     # bf16 gradient buffers and Q/K/V-only biases: in the memory model and the calculator's flags.
     assert {"grad_reduce_in_bf16", "add_qkv_bias"} <= modelled
 

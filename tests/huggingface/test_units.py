@@ -16,7 +16,7 @@ from megatron_ext.huggingface.convert import ShardWriter, _SafetensorsReader, _s
 from megatron_ext.huggingface.tokenizer_files import write_tokenizer
 from megatron_ext.huggingface.weights import LAYERS, rules
 from megatron_ext.inference.generate import Sampling, generate, next_token
-from tests.data.helpers import shared_data
+from tests.data.helpers import TIKTOKEN_MERGES, shared_data, tiktoken_vocab
 
 pytestmark = pytest.mark.unit
 
@@ -310,6 +310,58 @@ def test_llama2_tokenizer_starts_every_text_with_bos_in_one_piece_or_many(
     pieces = list(llama.tokenize_pieces(text, piece_chars=500))
     assert len(pieces) > 3 and [int(i) for p in pieces for i in p] == llama.tokenize(text)
     assert (llama.vocab_size, llama.eod) == (plain.vocab_size, plain.eod)
+
+
+@pytest.mark.parametrize("pattern", ["v1", "v2"])
+def test_tiktoken_tokenizer_json_gives_our_ids_and_the_flags_come_back(
+    pattern: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """transformers, on the exported tokenizer.json, encodes and decodes the corpus (and bytes the merges never
+    saw) as Megatron-LM's TikTokenizer does; the import gives back the same tokenizer flags and vocabulary file."""
+    import transformers
+
+    from megatron_ext.cli import convert_checkpoint
+    from megatron_ext.config.training_config import parse_args
+    from megatron_ext.huggingface.tokenizer_files import TIKTOKEN_VOCAB as TIKTOKEN
+    from megatron_ext.huggingface.tokenizer_files import read_tokenizer_flags
+    from tests.huggingface.hub_configs import HUB_CONFIGS
+    from tests.huggingface.test_real_shapes import printed_command
+
+    vocab = tiktoken_vocab(tmp_path_factory)
+    flags = {"tokenizer_model": str(vocab), "tiktoken_pattern": pattern, "tiktoken_num_special_tokens": 10}
+    size = 10 + 256 + TIKTOKEN_MERGES - 7  # the last 7 ranks are cut, as --vocab-size cuts them
+    special = ("<s>", "</s>", "<unk>", "<|im_end|>")
+    ours = build_tokenizer("TikTokenizer", vocab_size=size, special_tokens=special, **flags)  # type: ignore[arg-type]
+    data = DataArgs(mock_data=True, tokenizer_type="TikTokenizer", tokenizer_special_tokens=special, **flags)
+    written = write_tokenizer(ours, data, tmp_path, max_length=64)
+    assert written.ids == TokenIds(0, 1) and "tokenizer.json" in written.files
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+    lines = [json.loads(line)["text"] for line in shared_data(tmp_path_factory)["corpus"].read_text().splitlines()]
+    edge = [" a", "  two  spaces ", "\n\n    indented\r\n", "tabs\tand\nnewlines", "日本語 😀 é", "x<s", "", "  "]
+    texts = [*edge, *lines[-300:]]
+    for text in texts:
+        ids = ours.tokenize(text)
+        assert theirs(text)["input_ids"] == ids, text[:80]
+        assert theirs.decode(ids) == ours.detokenize(ids) == text, text[:80]
+    assert theirs.convert_ids_to_tokens([0, 1, 3, 9]) == ["<s>", "</s>", "<|im_end|>", "<SPECIAL_9>"]
+    assert (theirs.eos_token_id, theirs.bos_token_id, len(theirs)) == (ours.eod, ours.bos, size)
+    assert read_tokenizer_flags(tmp_path, tmp_path / "copy") == {
+        "tokenizer_type": "TikTokenizer",
+        "tokenizer_model": str(tmp_path / "copy" / TIKTOKEN),
+        "tiktoken_pattern": pattern,
+        "tiktoken_num_special_tokens": 10,
+        "tokenizer_special_tokens": special,
+        "vocab_size": size,
+    }
+    # The import's dry run prints the flags that continue the model with this tokenizer; pretrain_gpt.py takes them.
+    (tmp_path / "config.json").write_text(json.dumps(HUB_CONFIGS["qwen2.5-0.5b"]))
+    save = tmp_path / "ckpt"
+    assert convert_checkpoint.main(["from-hf", "--input", str(tmp_path), "--save", str(save), "--dry-run"]) == 0
+    command = printed_command(capsys.readouterr().out)
+    cfg = parse_args([*command[3:], "--mock-data"], world_size=1)
+    assert (cfg.data.tokenizer_type, cfg.data.tokenizer_model) == ("TikTokenizer", str(save / "tokenizer" / TIKTOKEN))
+    assert (cfg.data.tiktoken_pattern, cfg.data.tiktoken_num_special_tokens) == (pattern, 10)
+    assert (cfg.data.tokenizer_special_tokens, cfg.model.vocab_size) == (special, size)
 
 
 def test_gpt2_bpe_files_give_our_ids(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:

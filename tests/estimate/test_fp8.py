@@ -1,0 +1,97 @@
+"""``--fp8-format`` in the calculator: the layers' GEMMs at the GPU's FP8 peak, the casts as memory traffic, the
+logits and the attention core in the training precision; refused on a GPU without FP8; emitted in the flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import shlex
+
+import pytest
+
+from megatron_ext.cli import calculator
+from megatron_ext.config.arguments import ModelArgs
+from megatron_ext.config.layout_flags import model_layout_facts
+from megatron_ext.config.training_config import parse_args
+from megatron_ext.estimate.flops import attention_core_forward_flops, layer_forward_flops
+from megatron_ext.estimate.hardware import get_profile
+from megatron_ext.estimate.search import pretrain_flags
+from megatron_ext.estimate.step_time import fp8_cast_bytes, unit_times
+from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.layout import ParallelLayout
+
+pytestmark = pytest.mark.unit
+
+LLAMA = ModelArgs(
+    num_layers=4, hidden_size=4096, num_attention_heads=32, group_query_attention=True, num_query_groups=8,
+    ffn_hidden_size=14336, swiglu=True, normalization="RMSNorm", position_embedding_type="rope",
+    disable_bias_linear=True, untie_embeddings_and_output_weights=True, seq_length=8192, vocab_size=128256,
+    hidden_dropout=0.0, attention_dropout=0.0,
+)  # fmt: skip
+
+
+def layout_of(*, tp: int, pp: int, world: int) -> ParallelLayout:
+    return ParallelLayout(
+        world_size=world,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        global_batch_size=8,
+        **model_layout_facts(LLAMA),
+    )
+
+
+def test_the_casts_are_the_unfused_inputs_and_every_output_gradient() -> None:
+    workload = Workload(model=LLAMA, fp8_format="hybrid")
+    forward, backward = fp8_cast_bytes(workload, sequences=2, seq_length=8192, tp=4)
+    tokens, cast = 2 * 8192, 2 + 2  # bf16 read, FP8 and its transpose written
+    # Forward: the projection's input (32 heads × 128) and FC2's (14336), split by TP 4.
+    assert forward == tokens * (4096 + 14336) / 4 * cast
+    # Backward: QKV's output gradient (32 + 2 × 8 heads of 128), SwiGLU FC1's (2 × 14336) per TP rank; the whole
+    # hidden-wide gradients of the projection and FC2.
+    assert backward == tokens * ((48 * 128 + 2 * 14336) / 4 + 2 * 4096) * cast
+    assert fp8_cast_bytes(Workload(model=LLAMA), sequences=2, seq_length=8192, tp=4) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_only_the_layer_gemms_move_to_the_fp8_peak(recompute: str) -> None:
+    gpu = get_profile("h100-sxm")
+    layout = layout_of(tp=4, pp=1, world=8)
+    bf16 = Workload(model=LLAMA, recompute_granularity=recompute)
+    fp8 = dataclasses.replace(bf16, fp8_format="e4m3")
+    plain, faster = (unit_times(w, layout, gpu, gpus_per_node=8) for w in (bf16, fp8))
+    assert faster.output_compute_s == plain.output_compute_s  # the logits stay in bf16
+    assert faster.layer_tp_s == plain.layer_tp_s
+    # The layer's GEMMs (not the attention core): three passes, four with full recompute.
+    passes = 4 if recompute == "full" else 3
+    gemm = passes * (layer_forward_flops(LLAMA, sequences=1) - attention_core_forward_flops(LLAMA, sequences=1)) / 4
+    forward, backward = fp8_cast_bytes(fp8, sequences=1, seq_length=8192, tp=4)
+    casts = backward + forward * (2 if recompute == "full" else 1)
+    saved = gemm / (gpu.peak_flops * gpu.compute_efficiency) - gemm / (gpu.peak_flops_fp8 * gpu.compute_efficiency)
+    added = casts / (gpu.memory_bandwidth * gpu.memory_efficiency)
+    assert faster.layer_compute_s == pytest.approx(plain.layer_compute_s - saved + added, rel=1e-12)
+    assert 0.55 < faster.layer_compute_s / plain.layer_compute_s < 0.85  # the attention core bounds the gain
+
+
+def test_a_gpu_without_fp8_is_refused_and_the_flag_is_emitted_for_pretrain_gpt() -> None:
+    base = ["--model", "llama3.1-8b", "--gpus", "64", "--global-batch-size", "128", "--bf16", "--fp8-format", "hybrid"]
+    err = io.StringIO()
+    assert calculator.main([*base, "--gpu", "a100-80g"], stdout=io.StringIO(), stderr=err) == 2
+    assert "--fp8-format hybrid: the a100-80g profile has no FP8 tensor cores" in err.getvalue()
+    workload = Workload(model=LLAMA, precision="bf16", fp8_format="hybrid")
+    layout = layout_of(tp=2, pp=2, world=4)
+    flags = shlex.split(" ".join(pretrain_flags(workload, layout)))
+    assert flags[-2:] == ["--fp8-format", "hybrid"]
+    cfg = parse_args([*flags, "--mock-data"], world_size=4)
+    assert Workload.of_config(cfg).fp8_format == "hybrid"
+
+
+def test_fp8_ranks_layouts_faster_where_the_gemms_dominate() -> None:
+    out = io.StringIO()
+    flags = ["--model", "llama3.1-70b", "--gpus", "256", "--global-batch-size", "512", "--bf16", "--json"]
+    assert calculator.main([*flags, "--gpu", "h100-sxm", "--top", "1"], stdout=out, stderr=io.StringIO()) == 0
+    fp8 = io.StringIO()
+    assert calculator.main([*flags, "--gpu", "h100-sxm", "--top", "1", "--fp8-format", "e4m3"], stdout=fp8) == 0
+    bf16_step = json.loads(out.getvalue())["layouts"][0]["step_time_s"]
+    fp8_step = json.loads(fp8.getvalue())["layouts"][0]["step_time_s"]
+    assert 1.2 < bf16_step / fp8_step < 2.0
