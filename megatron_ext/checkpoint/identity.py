@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_ext.config.arguments import parse_split
+from megatron_ext.config.data_args import parse_split
 from megatron_ext.data.sources import parse_blend
 from megatron_ext.data.tokenizers import Tokenizer
 

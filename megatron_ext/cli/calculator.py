@@ -31,7 +31,7 @@ from megatron_ext.cli import calculator_report as report
 from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser, add_options, options, value_type
-from megatron_ext.config.layout_flags import build_layout, megatron_lm_adjustments
+from megatron_ext.config.layout_flags import build_layout, megatron_lm_adjustments, pipeline_p2p_problems
 from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.estimate.hardware import PROFILES, get_profile
 from megatron_ext.estimate.relayout import POLICIES, RelayoutError, describe, relayout
@@ -211,6 +211,7 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, int | None]:
                 overlap_grad_reduce=args.overlap_grad_reduce,
                 overlap_param_gather=args.overlap_param_gather,
                 use_distributed_optimizer=args.use_distributed_optimizer,
+                no_overlap_p2p_communication=args.no_overlap_p2p_communication,
             ),
         )
     except (ConfigError, ValueError) as exc:
@@ -233,6 +234,10 @@ def evaluate_layout_from_flags(
     layout = build_layout(
         workload.model, parallel, batch_args, world_size=cluster.gpus, gpus_per_node=cluster.gpus_per_node
     )
+    try:
+        pipeline_p2p_problems(parallel, layout)
+    except ConfigError as exc:
+        raise LayoutError([str(exc)]) from None
     return layout, notes
 
 

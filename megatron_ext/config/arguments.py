@@ -10,12 +10,9 @@ process-wide globals.
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
 
 from megatron_ext.config.flags import bound_problems, opt
-from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, VOCAB_FILE_TOKENIZERS, tokenizer_type_problem
 
 
 class ConfigError(ValueError):
@@ -359,6 +356,39 @@ class ParallelArgs(_Options):
     overlap_param_gather: bool = opt(
         False, "Overlap the parameter all-gather with forward (needs the distributed optimizer).", estimate=True
     )
+    ddp_bucket_size: int | None = opt(
+        None,
+        "Parameters per data-parallel gradient bucket (Megatron-Core's default with --overlap-grad-reduce: "
+        "max(40M, 1M × DP); without: one bucket).",
+        minimum=1,
+    )
+    ddp_num_buckets: int | None = opt(
+        None, "Gradient buckets per rank instead of --ddp-bucket-size: the rank's parameters / N each.", minimum=1
+    )
+    ddp_average_in_collective: bool = opt(
+        False, "Average the gradients inside the reduction collective instead of scaling them before it."
+    )
+    ddp_pad_buckets_for_high_nccl_busbw: bool = opt(
+        False, "Pad each gradient bucket to a size NCCL reduces at high bus bandwidth."
+    )
+    no_gradient_reduce_div_fusion: bool = opt(
+        False, "Scale the gradients in a kernel of their own, not fused into the reduction (NCCL's PreMulSum)."
+    )
+    no_align_grad_reduce: bool = opt(
+        False, "With --overlap-grad-reduce: each pipeline stage starts its gradient reduction on its own."
+    )
+    no_align_param_gather: bool = opt(
+        False, "With --overlap-param-gather and interleaving: each stage starts its parameter all-gathers on its own."
+    )
+    no_overlap_p2p_communication: bool = opt(
+        False,
+        "Interleaved schedule: block on each pipeline send and receive (batched) instead of overlapping them with "
+        "compute; needs PP > 2, as in Megatron-LM.",
+        estimate=True,
+    )
+    overlap_p2p_communication_warmup_flush: bool = opt(
+        False, "Interleaved schedule: overlap the pipeline transfers of the warm-up and flush passes too."
+    )
     world_size: int | None = opt(
         None, "World size for --dry-run (default: $WORLD_SIZE, or 1). Ignored in real runs.", minimum=1
     )
@@ -366,6 +396,13 @@ class ParallelArgs(_Options):
     def _relations(self) -> None:
         if self.overlap_param_gather and not self.use_distributed_optimizer:
             raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+        if self.ddp_bucket_size is not None and self.ddp_num_buckets is not None:
+            raise ConfigError("give --ddp-bucket-size or --ddp-num-buckets, not both (as Megatron-LM requires)")
+        if self.no_overlap_p2p_communication and self.overlap_p2p_communication_warmup_flush:
+            raise ConfigError(
+                "--overlap-p2p-communication-warmup-flush overlaps pipeline transfers that "
+                "--no-overlap-p2p-communication makes blocking; give one"
+            )
         if self.tp_comm_overlap and not self.sequence_parallel:
             raise ConfigError(
                 "--tp-comm-overlap overlaps sequence parallelism's all-gathers and reduce-scatters: give "
@@ -561,140 +598,3 @@ class OptimizerArgs(_Options):
             raise ConfigError(
                 f"--min-lr {self.min_lr:g} is larger than --lr {self.lr:g}; lower --min-lr to --lr or less"
             )
-
-
-_SPLIT_SEPARATOR = re.compile(r"\s*[,/]\s*|\s+")
-_SPLIT_PART = re.compile(r"\+?(?:\d+\.?\d*|\.\d+)")
-_SPLIT_EXAMPLE = "give up to three proportions (train, valid, test) separated by ',' or '/', e.g. 969,30,1"
-
-
-def parse_split(text: str) -> tuple[float, float, float]:
-    """Megatron's split string as (train, valid, test) weights, or a one-line ConfigError naming ``--split``.
-
-    Megatron-Core reads the string as every run of digits and dots in it (``parse_and_normalize_split``), fewer
-    than three padded with zeros; Megatron-LM's older reader splits on ``,`` or ``/``. Both read plain decimals
-    between those separators alike, and so does this. What they would misread is refused: a sign or exponent
-    Megatron-Core drops (``100,-5,5`` becomes 100,5,5; ``1e3`` becomes 1,3), a word (``abc``, ``nan``), an empty
-    part (``969,,1`` would shift the test share into valid), more than three parts (an assertion there), and
-    proportions summing to 0 (a NaN there).
-    """
-    stripped = text.strip()
-    if not stripped:
-        raise ConfigError(f"--split is empty; {_SPLIT_EXAMPLE}")
-    parts = _SPLIT_SEPARATOR.split(stripped)
-    for part in parts:
-        if not _SPLIT_PART.fullmatch(part):
-            what = "an empty part" if not part else f"{part!r}, which is not a non-negative decimal number"
-            raise ConfigError(f"--split {text!r} has {what}; {_SPLIT_EXAMPLE}")
-    if len(parts) > 3:
-        raise ConfigError(f"--split {text!r} has {len(parts)} parts; {_SPLIT_EXAMPLE}")
-    weights = [float(part) for part in parts] + [0.0] * (3 - len(parts))
-    if not all(math.isfinite(w) for w in weights):
-        raise ConfigError(f"--split {text!r} has a number too large to be a proportion; {_SPLIT_EXAMPLE}")
-    if sum(weights) <= 0:
-        raise ConfigError(f"--split {text!r} gives every split a share of 0; {_SPLIT_EXAMPLE}")
-    train, valid, test = weights
-    return train, valid, test
-
-
-DATALOADER_REFUSALS = {
-    "external": "Megatron-LM then hands the dataset itself to the training loop as its iterator, which its own "
-    "pretrain_gpt.py cannot train with either; use single",
-}
-"""Megatron-LM's other ``--dataloader-type`` values and why they are refused."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataArgs(_Options):
-    """Training data (Megatron indexed datasets, made by tools/preprocess_data.py) and the tokenizer."""
-
-    mock_data: bool = opt(False, "Train on Megatron-Core's mock GPT dataset (no files).")
-    data_path: tuple[str, ...] = opt(
-        (), "Indexed dataset prefixes (no .bin/.idx), optionally weighted: 'P1 P2 …' or 'W1 P1 W2 P2 …'."
-    )
-    split: str = opt(
-        "969,30,1", "Train/valid/test proportions of --data-path (Megatron's split string).", env="DATA_SPLIT"
-    )
-    train_data_path: tuple[str, ...] = opt((), "Training blend when the splits come from separate datasets.")
-    valid_data_path: tuple[str, ...] = opt((), "Validation blend (with --train-data-path).")
-    test_data_path: tuple[str, ...] = opt((), "Test blend (with --train-data-path).")
-    data_args_path: str | None = opt(
-        None,
-        "A file holding --data-path's value (Megatron-LM's): 'W1 P1 W2 P2 …' or 'P1 P2 …', whitespace-separated, "
-        "for blends too long for a command line (tools/merge_datasets.py --blend-output writes one).",
-    )
-    per_split_data_args_path: str | None = opt(
-        None,
-        "A JSON file with keys train, valid and test, each a list or a string in --data-path's form "
-        "(Megatron-LM's): the blends of --train/valid/test-data-path.",
-    )
-    data_cache_path: str | None = opt(
-        None,
-        "Where Megatron-Core caches its sample/shuffle indices (default: next to each dataset).",
-        env="DATA_CACHE_PATH",
-    )
-    tokenizer_type: str = opt(
-        "NullTokenizer",
-        f"Tokenizer, with Megatron-LM's names and semantics (must be the one the data was preprocessed with): "
-        f"{', '.join(TOKENIZER_TYPES)}. Default: GPT2BPETokenizer with --vocab-file and --merge-file, else "
-        "NullTokenizer.",
-        env="TOKENIZER_TYPE",
-    )
-    tokenizer_model: str | None = opt(
-        None, "SentencePiece .model file, or a local Hugging Face tokenizer directory.", env="TOKENIZER_MODEL"
-    )
-    tiktoken_pattern: str | None = opt(
-        None, "TikTokenizer: Megatron-LM's pre-tokenizer pattern, v1 or v2.", choices=["v1", "v2"]
-    )
-    tiktoken_num_special_tokens: int = opt(
-        1000, "TikTokenizer: ids before the vocabulary file's ranks (the special tokens, then fillers).", minimum=1
-    )
-    tokenizer_special_tokens: tuple[str, ...] | None = opt(
-        None, "TikTokenizer: the special tokens (ids 0, 1, ...; must include <unk> <s> </s>, the default)."
-    )
-    vocab_file: str | None = opt(None, "GPT2BPETokenizer: vocab.json.")
-    merge_file: str | None = opt(None, "GPT2BPETokenizer: merges.txt.")
-    num_workers: int = opt(0, "Data-loader worker processes.", minimum=0)
-    dataloader_type: str | None = opt(
-        None,
-        "Megatron-LM's loader: single (its default for GPT) reads the samples once in order from the "
-        "consumed-samples position; cyclic reads every epoch in a new random order (seeded by the epoch), "
-        "each DP rank within its own share unless --no-data-sharding; external is refused with the reason.",
-        choices=["single", "cyclic", "external"],
-    )
-    no_data_sharding: bool = opt(
-        False, "With --dataloader-type cyclic: shuffle the whole dataset and deal it out, not each DP rank's share."
-    )
-    no_mmap_bin_files: bool = opt(False, "Read the .bin files with file reads instead of memory-mapping them.")
-    eod_mask_loss: bool = opt(False, "Leave the end-of-document tokens out of the loss (their loss mask is 0).")
-    reset_position_ids: bool = opt(
-        False, "Restart position ids at 0 after every end-of-document token (learned absolute positions)."
-    )
-
-    def _relations(self) -> None:
-        parse_split(self.split)  # raises, naming --split
-        problem = tokenizer_type_problem(self.tokenizer_type)
-        if problem is not None:
-            raise ConfigError(problem)
-        if self.tokenizer_type == "TikTokenizer" and not (self.tokenizer_model and self.tiktoken_pattern):
-            raise ConfigError("--tokenizer-type TikTokenizer needs --tokenizer-model VOCAB.json and --tiktoken-pattern")
-        if (self.vocab_file or self.merge_file) and self.tokenizer_type not in VOCAB_FILE_TOKENIZERS:
-            raise ConfigError(
-                f"--vocab-file/--merge-file are read by {' and '.join(VOCAB_FILE_TOKENIZERS)}, not by "
-                f"--tokenizer-type {self.tokenizer_type}; drop them or change the tokenizer type"
-            )
-        per_split = self.train_data_path or self.valid_data_path or self.test_data_path
-        if self.data_path and per_split:
-            raise ConfigError("--data-path and --train/valid/test-data-path are mutually exclusive; use one form")
-        if per_split and not self.train_data_path:
-            raise ConfigError("--valid-data-path/--test-data-path need --train-data-path")
-        if self.data_args_path and (self.data_path or per_split or self.per_split_data_args_path):
-            raise ConfigError("--data-args-path holds the blend: give it alone, without another data path")
-        if self.per_split_data_args_path and (self.data_path or per_split):
-            raise ConfigError("--per-split-data-args-path holds the blends: give it without another data path")
-        if self.mock_data and (self.data_path or per_split or self.data_args_path or self.per_split_data_args_path):
-            raise ConfigError("--mock-data and a data path are mutually exclusive; drop one")
-        if self.no_data_sharding and self.dataloader_type != "cyclic":
-            raise ConfigError("--no-data-sharding applies to --dataloader-type cyclic only (as in Megatron-LM)")
-        if self.dataloader_type in DATALOADER_REFUSALS:
-            raise ConfigError(f"--dataloader-type {self.dataloader_type}: {DATALOADER_REFUSALS[self.dataloader_type]}")

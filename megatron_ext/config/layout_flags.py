@@ -122,3 +122,28 @@ def megatron_lm_adjustments(parallel: ParallelArgs) -> tuple[ParallelArgs, tuple
         parallel = dataclasses.replace(parallel, sequence_parallel=False)
         notes.append("--sequence-parallel turned off: it needs tensor parallelism, and TP is 1 (as Megatron-LM)")
     return parallel, tuple(notes)
+
+
+def gloo_problem(parallel: ParallelArgs) -> str | None:
+    """Why ``parallel`` cannot run over gloo (the CPU processes' backend), or None."""
+    if parallel.ddp_average_in_collective:
+        return (
+            "--ddp-average-in-collective reduces the gradients with an averaging collective, which gloo (the CPU "
+            "backend) does not have; drop it on CPU (summing then scaling, the default, gives the same gradients)"
+        )
+    return None
+
+
+def pipeline_p2p_problems(parallel: ParallelArgs, layout: ParallelLayout) -> None:
+    """Megatron-LM's rules for the pipeline's p2p switches, which need the interleaved schedule (ConfigError)."""
+    if parallel.overlap_p2p_communication_warmup_flush and not layout.interleaved:
+        raise ConfigError(
+            "--overlap-p2p-communication-warmup-flush applies to the interleaved schedule only: give virtual "
+            "stages (--num-virtual-stages-per-pipeline-rank) or drop it"
+        )
+    if parallel.no_overlap_p2p_communication and layout.interleaved and layout.pp <= 2:
+        raise ConfigError(
+            f"--no-overlap-p2p-communication with the interleaved schedule needs PP > 2 (PP is {layout.pp}): its "
+            "batched transfers would pair several sends and receives between the same two ranks (Megatron-LM "
+            "refuses it too); drop the flag or use PP 3 or more"
+        )

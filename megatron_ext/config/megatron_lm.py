@@ -253,11 +253,6 @@ REFUSALS: tuple[Refusal, ...] = (
         "--no-barrier-with-level-1-timing --log-memory-interval --log-device-memory-used",
     ),
     _r(
-        NOT_EXPOSED + " (Megatron-Core's DDP: bucket sizes, averaging and alignment)",
-        "--ddp-bucket-size --ddp-num-buckets --ddp-average-in-collective --no-align-grad-reduce "
-        "--no-align-param-gather --no-gradient-reduce-div-fusion",
-    ),
-    _r(
         "selective recomputation recomputes Megatron-Core's default module (core attention), and full "
         "recomputation keeps each checkpointed input whole; use --recompute-granularity/--recompute-method",
         "--recompute-modules --distribute-saved-activations",
@@ -289,10 +284,10 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     _r(
         NOT_EXPOSED,
-        "--ddp-pad-buckets-for-high-nccl-busbw --ddp-reduce-scatter-with-fp32-accumulation "
+        "--ddp-reduce-scatter-with-fp32-accumulation "
         "--overlap-param-gather-with-optimizer-step --suggested-communication-unit-size "
-        "--overlap-p2p-communication-warmup-flush --use-ring-exchange-p2p --pipeline-model-parallel-comm-backend "
-        "--no-overlap-p2p-communication --disable-clone-scatter-output-in-embedding "
+        "--use-ring-exchange-p2p --pipeline-model-parallel-comm-backend "
+        "--disable-clone-scatter-output-in-embedding "
         "--no-clone-scatter-output-in-embedding --disable-jit-fuser --use-tp-pp-dp-mapping",
     ),
     _r(

@@ -238,7 +238,9 @@ REMOVED: dict[str, Removed] = {
     "--override-lr-scheduler": Removed("23.04", "give --override-opt_param-scheduler"),
     "--use-checkpoint-lr-scheduler": Removed("23.04", "give --use-checkpoint-opt_param-scheduler"),
     "--overlap-p2p-communication": Removed(
-        "core_v0.4.0", "the interleaved schedule always overlaps its point-to-point communication", values=None
+        "core_v0.4.0",
+        "the interleaved schedule overlaps its point-to-point communication (unless --no-overlap-p2p-communication)",
+        values=None,
     ),
     "--mmap-warmup": Removed("core_v0.4.0", "datasets are memory-mapped without a warm-up pass", values=None),
     "--fp32-allreduce": Removed("v2.5", "gradients are reduced in fp32 unless --grad-reduce-in-bf16", values=None),

@@ -10,10 +10,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron_ext.config import iterations
-from megatron_ext.config.arguments import BatchArgs, ConfigError, DataArgs, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs
 from megatron_ext.config.checkpoint_args import with_checkpoint_args
+from megatron_ext.config.data_args import DataArgs
 from megatron_ext.config.flags import Parser, add_options, to_argv
-from megatron_ext.config.layout_flags import build_layout, context_parallel_refusal, megatron_lm_adjustments
+from megatron_ext.config.layout_flags import (
+    build_layout,
+    context_parallel_refusal,
+    gloo_problem,
+    megatron_lm_adjustments,
+    pipeline_p2p_problems,
+)
 from megatron_ext.config.megatron_lm import split_unknown
 from megatron_ext.config.megatron_lm_accepted import translate
 from megatron_ext.config.presets import PRESETS, get_preset
@@ -221,12 +228,15 @@ def make_config(
         asked = transformer_engine_features(optim, parallel)
         if asked:
             raise ConfigError(transformer_engine_refusal(asked, f"which {no_te} does not build"))
+    if run.device == "cpu" and (problem := gloo_problem(parallel)):
+        raise ConfigError(problem)
     if optim.fp8_param_gather and not parallel.use_distributed_optimizer:
         raise ConfigError("--fp8-param-gather all-gathers the distributed optimizer's weights: give "
                           "--use-distributed-optimizer (as Megatron-LM requires)")  # fmt: skip
     parallel, adjustments = megatron_lm_adjustments(parallel)
     layout = build_layout(model, parallel, batch, world_size=world_size)
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
+    pipeline_p2p_problems(parallel, layout)
     problems = iterations.ramp_problems(batch, layout)
     if problems:
         raise ConfigError("\n".join(problems))

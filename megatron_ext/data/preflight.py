@@ -14,7 +14,8 @@ import importlib.util
 from dataclasses import dataclass
 
 from megatron_ext.config import iterations
-from megatron_ext.config.arguments import ConfigError, parse_split
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.data_args import parse_split
 from megatron_ext.config.tokenizer_types import VOCAB_SIZE_TOKENIZERS
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.data import sources

@@ -43,6 +43,12 @@ APPROXIMATED: dict[str, str] = {
     "tp_comm_overlap": "tensor-parallel communication is counted as exposed; the overlap hides part of it "
     "(the step time is pessimistic)",
     "rampup_batch_size": "the step is the full batch's; the ramp-up's first steps are shorter",
+    **dict.fromkeys(
+        ("ddp_bucket_size", "ddp_num_buckets", "no_align_grad_reduce", "no_align_param_gather"),
+        "the data-parallel reduction (and all-gather) is hidden behind the last backward (first forward) pass as "
+        "a whole, whatever its buckets and whenever each stage starts them",
+    ),
+    "overlap_p2p_communication_warmup_flush": "the warm-up and flush transfers are counted as exposed",
 }
 """Flags whose effect on memory or time the estimate does not follow exactly: what it does instead."""
 
@@ -101,6 +107,10 @@ NO_EFFECT: dict[str, str] = {
     "log_num_zeros_in_grad": "a count over the gradients when the step is logged",
     "calculate_per_token_loss": "how the loss is averaged",
     "tp_comm_bootstrap_backend": "how --tp-comm-overlap's buffers are set up, once",
+    **dict.fromkeys(
+        ("ddp_average_in_collective", "ddp_pad_buckets_for_high_nccl_busbw", "no_gradient_reduce_div_fusion"),
+        "where the gradients are scaled and how buckets are padded: the same bytes reduced",
+    ),
     "world_size": "the GPU count: the calculator's --gpus",
     "decrease_batch_size_if_needed": "which global batch an elastic job keeps: the layout, estimated as given",
 }

@@ -254,6 +254,8 @@ def search(
             per_dp = global_batch_size // dp if dp and global_batch_size % dp == 0 else 0
             vps = divisors(layers // p) if layers % p == 0 else [v for v in UNEVEN_VPS if p > 1 and p * v <= layers]
             for v in _options(vps, vp):
+                if v > 1 and p <= 2 and not workload.overlap_p2p_comm:
+                    continue  # Megatron-LM refuses blocking interleaved transfers between two stages
                 for b in _options(divisors(per_dp) if per_dp else [1], micro_batch_size):
                     values: dict[str, Any] = dict(
                         world_size=world,
@@ -445,6 +447,7 @@ def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
     parallel = layout_args(
         layout, overlap_grad_reduce=workload.overlap_grad_reduce, overlap_param_gather=workload.overlap_param_gather
     )
+    parallel = dataclasses.replace(parallel, no_overlap_p2p_communication=not workload.overlap_p2p_comm)
     batch = BatchArgs(micro_batch_size=layout.micro_batch_size, global_batch_size=layout.global_batch_size)
     training = OptimizerArgs(
         bf16=workload.precision == "bf16",

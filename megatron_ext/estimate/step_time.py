@@ -61,6 +61,8 @@ message takes ``x``. Interleaving multiplies these messages by ``v``
   messages (``(2v − 1)·m`` when ``p = 2``) through its one NIC, which cannot
   start before the pipeline has filled nor finish before it has drained;
   what does not fit behind the compute is exposed.
+* Interleaved 1F1B with ``--no-overlap-p2p-communication`` (batched, blocking,
+  PP > 2): ``(2·v·m + 2·(p − 2))·x``, every chunk's pass waits for its exchange.
 
 Both agree with an event simulation of Megatron-Core's order with one link
 per rank (``tests/estimate/test_step_time.py``).
@@ -174,13 +176,15 @@ def pipeline_p2p_exposed(
     stage_time: float,
     transfer_time: float,
     schedule_time: float | None = None,
+    overlap: bool = True,
 ) -> float:
     """Exposed pipeline point-to-point time of one step, seconds (formulas in the module docstring).
 
     ``stage_time`` (T) is one microbatch's forward and backward pass on the
     slowest stage, ``transfer_time`` (x) one activation or gradient message over
     the slowest stage boundary, ``schedule_time`` the step's compute and bubble
-    without communication (default ``(m + (p − 1)/v)·T``, equal stages).
+    without communication (default ``(m + (p − 1)/v)·T``, equal stages), ``overlap`` False the interleaved
+    schedule with ``--no-overlap-p2p-communication``.
     """
     p, v, m, T, x = pp, vp, num_microbatches, stage_time, transfer_time
     if schedule_time is None:
@@ -191,6 +195,10 @@ def pipeline_p2p_exposed(
         # 1F1B: every send/receive blocks; p − 1 each way to fill and drain, then one exchange after
         # each forward and each backward pass (after only one of them on the two end stages).
         return (2 * (p - 1) + (m if p == 2 else 2 * m)) * x
+    if not overlap:
+        # Batched and blocking (PP > 2): every chunk's pass waits for its exchange, 2·v·m of them, and the fill
+        # and drain add 2·(p − 2) (fitted to the event simulation; never below it).
+        return (2 * v * m + 2 * (p - 2)) * x
     # Interleaved, overlap_p2p_comm: the fill and drain's latency or the busiest link's throughput.
     latency = 2 * (p * v - 1) * x
     sends = (2 * v - 1) * m if p == 2 else 2 * v * m
@@ -402,6 +410,7 @@ def estimate_step_time(
             stage_time=mb_time,
             transfer_time=p2p_message_bytes(workload, layout) / p2p_bandwidth(layout, gpu, gpus_per_node=gpus_per_node),
             schedule_time=mbs * mb_time + bubble,
+            overlap=workload.overlap_p2p_comm,
         )
     else:
         pp_comm = 0.0

@@ -34,6 +34,9 @@ class Workload:
     grad_reduce_in_bf16: bool = False
     """``--grad-reduce-in-bf16``: Megatron-Core's DDP holds and reduces the gradients in bf16 (2 bytes per
     parameter, half the data-parallel traffic) instead of fp32."""
+    overlap_p2p_comm: bool = True
+    """The interleaved schedule's pipeline transfers overlap compute (Megatron-LM's default); False:
+    ``--no-overlap-p2p-communication``, each pass waits for its batched send and receive."""
     fp8_format: str | None = None
     """``--fp8-format``: the transformer layers' GEMMs run in FP8 (Transformer Engine), at the GPU's FP8 peak,
     their inputs and output gradients cast to FP8 first; the logits and the attention core stay in the training
@@ -60,6 +63,7 @@ class Workload:
             overlap_param_gather=parallel.overlap_param_gather,
             grad_reduce_in_bf16=optim.grad_reduce_in_bf16,
             fp8_format=optim.fp8_format,
+            overlap_p2p_comm=not parallel.no_overlap_p2p_communication,
         )
 
     def __post_init__(self) -> None:

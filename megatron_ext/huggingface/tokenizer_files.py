@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_ext.config.arguments import DataArgs
+from megatron_ext.config.data_args import DataArgs
 from megatron_ext.data.tiktokenizer import REQUIRED_SPECIAL, TikTokenizer
 from megatron_ext.data.tokenizers import HuggingFaceTokenizer, Tokenizer
 from megatron_ext.huggingface.architectures import TokenIds

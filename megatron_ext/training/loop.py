@@ -35,6 +35,7 @@ from megatron_ext.training.datasets import Datasets, chunk_iterators
 from megatron_ext.training.housekeeping import Housekeeping
 from megatron_ext.training.metrics import LogWindow, MetricsWriter, StepResult
 from megatron_ext.training.model import (
+    aligned_param_gather,
     build_model_chunks,
     check_transformer_engine,
     count_parameters,
@@ -183,12 +184,13 @@ class Trainer:
         config.grad_scale_func = self.optimizer.scale_loss
         no_sync = [c.no_sync for c in self.chunks]
         config.no_sync_func = no_sync if layout.interleaved else no_sync[0]
-        if cfg.parallel.overlap_grad_reduce:
+        # Megatron-LM's alignment: every stage starts its reductions (and, interleaved, its all-gathers) from
+        # the schedule unless --no-align-grad-reduce (--no-align-param-gather).
+        if cfg.parallel.overlap_grad_reduce and not cfg.parallel.no_align_grad_reduce:
             sync = [c.start_grad_sync for c in self.chunks]
             config.grad_sync_func = sync if layout.interleaved else sync[0]
-        if cfg.parallel.overlap_param_gather:
-            psync = [c.start_param_sync for c in self.chunks]
-            config.param_sync_func = psync if layout.interleaved else psync[0]
+        if aligned_param_gather(cfg):
+            config.param_sync_func = [c.start_param_sync for c in self.chunks]
         self.model_config = config
 
         self.async_queue = None

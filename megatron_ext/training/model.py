@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron_ext.config.arguments import ConfigError
-from megatron_ext.config.layout_flags import context_parallel_refusal
+from megatron_ext.config.layout_flags import context_parallel_refusal, gloo_problem
 from megatron_ext.config.training_config import (
     TrainingConfig,
     transformer_engine_features,
@@ -177,9 +177,10 @@ def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> d
         # NCCL's stream ordering; gloo reads the buffer later from its own thread,
         # so on CPU the output must live until the send completes.
         deallocate_pipeline_outputs=on_gpu,
-        # Megatron-LM's defaults: overlapped (unbatched) p2p for the interleaved schedule.
-        overlap_p2p_comm=layout.interleaved,
-        batch_p2p_comm=not layout.interleaved,
+        # Megatron-LM: overlapped (unbatched) p2p for the interleaved schedule, else batched and blocking.
+        overlap_p2p_comm=overlapped_p2p(cfg),
+        batch_p2p_comm=not overlapped_p2p(cfg),
+        overlap_p2p_comm_warmup_flush=cfg.parallel.overlap_p2p_communication_warmup_flush,
     )
 
 
@@ -281,6 +282,8 @@ def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: 
     from megatron.core.distributed import DistributedDataParallel
 
     layout = cfg.layout
+    if device.type == "cpu" and (problem := gloo_problem(cfg.parallel)):
+        raise ConfigError(problem)  # --device auto found no GPU
     chunks = []
     for vp_stage in range(layout.vp):
         vp_arg = vp_stage if layout.interleaved else None
@@ -292,7 +295,7 @@ def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: 
         check_placement(chunk, layout, vp_stage)
         chunk.to(device)
         chunks.append(in_training_precision(chunk, cfg))
-    ddp = ddp_config(cfg)
+    ddp = ddp_config(cfg, num_parameters=sum(p.nelement() for chunk in chunks for p in chunk.parameters()))
     return [
         DistributedDataParallel(
             config=chunk.config,
@@ -305,21 +308,41 @@ def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: 
     ]
 
 
-def ddp_config(cfg: TrainingConfig) -> Any:
-    """Megatron-Core's ``DistributedDataParallelConfig`` for this run."""
+def ddp_config(cfg: TrainingConfig, *, num_parameters: int = 0) -> Any:
+    """Megatron-Core's ``DistributedDataParallelConfig`` for this run (``num_parameters``: the rank's, which
+    ``--ddp-num-buckets`` divides)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
     half = cfg.optim.bf16 or cfg.optim.fp16
+    p = cfg.parallel
+    bucket_size = max(num_parameters // p.ddp_num_buckets, 1) if p.ddp_num_buckets else p.ddp_bucket_size
     return DistributedDataParallelConfig(
         # Megatron-LM: gradients of half-precision models are accumulated and reduced in fp32, unless
         # --grad-reduce-in-bf16 (bf16 only).
         grad_reduce_in_fp32=half and not cfg.optim.grad_reduce_in_bf16,
-        overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
-        overlap_param_gather=cfg.parallel.overlap_param_gather,
+        overlap_grad_reduce=p.overlap_grad_reduce,
+        overlap_param_gather=p.overlap_param_gather,
+        align_param_gather=aligned_param_gather(cfg),
         use_distributed_optimizer=cfg.layout.use_distributed_optimizer,
         fp8_param_gather=cfg.optim.fp8_param_gather,
         check_for_nan_in_grad=False,
+        bucket_size=bucket_size,
+        average_in_collective=p.ddp_average_in_collective,
+        pad_buckets_for_high_nccl_busbw=p.ddp_pad_buckets_for_high_nccl_busbw,
+        gradient_reduce_div_fusion=not p.no_gradient_reduce_div_fusion,
     )
+
+
+def aligned_param_gather(cfg: TrainingConfig) -> bool:
+    """Megatron-LM's ``align_param_gather``: the interleaved schedule starts every stage's parameter all-gathers
+    (``param_sync_func``) unless ``--no-align-param-gather``; without interleaving it is off."""
+    return cfg.layout.interleaved and cfg.parallel.overlap_param_gather and not cfg.parallel.no_align_param_gather
+
+
+def overlapped_p2p(cfg: TrainingConfig) -> bool:
+    """Megatron-LM's ``overlap_p2p_comm``: on for the interleaved schedule unless
+    ``--no-overlap-p2p-communication``, off without interleaving (``batch_p2p_comm`` is its opposite)."""
+    return cfg.layout.interleaved and not cfg.parallel.no_overlap_p2p_communication
 
 
 def check_placement(chunk: torch.nn.Module, layout: ParallelLayout, vp_stage: int) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_ext.config.arguments import ConfigError, parse_split
+from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.data_args import parse_split
 from megatron_ext.config.training_config import parse_args
 from tests.conftest import run_script
 

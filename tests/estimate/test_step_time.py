@@ -38,8 +38,11 @@ from megatron_ext.parallel.pipeline import warmup_passes
 pytestmark = pytest.mark.unit
 
 
-def simulate_with_links(*, pp: int, vp: int, m: int, forward: float, backward: float, transfer: float) -> float:
-    """Makespan of one step with one sending link per rank (the rules in the module docstring)."""
+def simulate_with_links(
+    *, pp: int, vp: int, m: int, forward: float, backward: float, transfer: float, overlap: bool = True
+) -> float:
+    """Makespan of one step with one sending link per rank (the rules in the module docstring; ``overlap``
+    False: ``--no-overlap-p2p-communication``, every pass of the interleaved schedule waits for its send too)."""
     p, v = pp, vp
     orders = [schedule_order(pp=p, vp=v, num_microbatches=m, pipeline_rank=r) for r in range(p)]
     warmup = [warmup_passes(pp=p, vp=v, num_microbatches=m, pipeline_rank=r) for r in range(p)]
@@ -92,7 +95,7 @@ def simulate_with_links(*, pp: int, vp: int, m: int, forward: float, backward: f
                     sent = max(end, link[rank]) + transfer
                     link[rank] = arrived[target] = sent
                 steady = warmup[rank] <= j < len(orders[rank]) - warmup[rank]
-                if v > 1 and steady:
+                if v > 1 and steady and overlap:
                     free[rank] = max(end, previous_send[rank][step.kind])
                     previous_send[rank][step.kind] = sent
                 else:
@@ -145,6 +148,30 @@ def test_exposed_p2p_follows_the_simulated_schedule() -> None:
                 worst = max(worst, abs(model / simulated - 1))
                 assert model == pytest.approx(simulated, rel=0.20), case
     assert worst > 0.01  # the link-bound cases were reached
+
+
+def test_blocking_interleaved_transfers_follow_the_simulated_schedule() -> None:
+    """``--no-overlap-p2p-communication`` (PP > 2): never below the simulated step, within 10% of it (at most 10%
+    with one microbatch per stage and transfers as long as a chunk's compute, under 5% otherwise)."""
+    worst = 0.0
+    for p, v, m, forward, backward in GRID:
+        if p == 2 or v == 1:
+            continue
+        for ratio in (0.05, 0.2, 1.0):
+            x = ratio * (forward + backward) / v
+            simulated = simulate_with_links(
+                pp=p, vp=v, m=m, forward=forward, backward=backward, transfer=x, overlap=False
+            )
+            stage = forward + backward
+            model = (m + (p - 1) / v) * stage + pipeline_p2p_exposed(
+                pp=p, vp=v, num_microbatches=m, stage_time=stage, transfer_time=x, overlap=False
+            )
+            case = f"p={p} v={v} m={m} x={ratio}·T/v: {model:.2f} vs {simulated:.2f}"
+            worst = max(worst, model / simulated - 1)
+            assert simulated - 1e-9 <= model <= simulated * 1.101, case
+            overlapped = simulate_with_links(pp=p, vp=v, m=m, forward=forward, backward=backward, transfer=x)
+            assert overlapped <= simulated + 1e-9, case  # overlapping never loses
+    assert worst > 0.01
 
 
 GPT3_1_3B = Workload(model=ModelArgs(**get_preset("gpt3-1.3b").model_flags()), precision="bf16")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_ext.config.arguments import DataArgs, ModelArgs
+from megatron_ext.config.arguments import ModelArgs
+from megatron_ext.config.data_args import DataArgs
 from megatron_ext.data.tokenizers import GPT2BPETokenizer, GPTSentencePieceTokenizer, build_tokenizer
 from megatron_ext.huggingface.architectures import ConversionError, TokenIds, architecture, hf_config, model_flags
 from megatron_ext.huggingface.convert import ShardWriter, _SafetensorsReader, _staging, parse_size

@@ -38,12 +38,18 @@ LAYOUTS = {
     "tp2": (2, ["--tensor-model-parallel-size", "2"]),
     "pp2": (2, ["--pipeline-model-parallel-size", "2"]),
     "pp2-vp2": (2, "--pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2".split()),
-    "pp4-vp2": (4, "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1".split()),
+    # Interleaved with Megatron-LM's --no-overlap-p2p-communication: batched, blocking transfers (PP > 2).
+    "pp4-vp2-blocking-p2p": (
+        4,
+        "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1 "
+        "--no-overlap-p2p-communication".split(),
+    ),
     "dp2-distopt": (2, ["--use-distributed-optimizer"]),
     "pp2-vp2-dp2-distopt-overlap": (
         4,
         "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 --use-distributed-optimizer "
-        "--overlap-grad-reduce --overlap-param-gather".split(),
+        "--overlap-grad-reduce --overlap-param-gather --ddp-num-buckets 3 --ddp-pad-buckets-for-high-nccl-busbw "
+        "--no-gradient-reduce-div-fusion".split(),
     ),
     # The baseline runs the local spec with SDPA core attention (the default);
     # Megatron-Core's own DotProductAttention must give the same losses.

@@ -131,3 +131,60 @@ def test_optimizer_flags_reach_megatron_cores_optimizer_config_and_weight_decay_
     assert no_decay(config, "decoder.layers.0.input_layernorm.weight")
     default = optimizer_config_of(parse_args([*BASE, "--qk-layernorm"]), params_dtype=torch.float32, timers=None)
     assert no_decay(default, "decoder.layers.0.self_attention.q_layernorm.weight")
+
+
+PP4_VP2 = ["--num-layers", "8", "--pipeline-model-parallel-size", "4", "--num-virtual-stages-per-pipeline-rank", "2"]
+PP2_VP2 = ["--num-layers", "8", "--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2"]
+
+
+def test_megatron_lms_ddp_flags_reach_the_ddp_config_as_it_passes_them() -> None:
+    from megatron_ext.training.model import ddp_config
+
+    plain = ddp_config(parse_args(BASE), num_parameters=1000)
+    assert (plain.bucket_size, plain.average_in_collective, plain.pad_buckets_for_high_nccl_busbw) == (
+        None,
+        False,
+        False,
+    )
+    assert plain.gradient_reduce_div_fusion and not plain.align_param_gather
+    # Megatron-LM's get_model: --ddp-num-buckets N is the rank's parameters // N per bucket.
+    assert ddp_config(parse_args([*BASE, "--ddp-num-buckets", "3"]), num_parameters=1000).bucket_size == 333
+    flags = ["--ddp-bucket-size", "4096", "--ddp-average-in-collective", "--ddp-pad-buckets-for-high-nccl-busbw",
+             "--no-gradient-reduce-div-fusion", "--device", "cuda"]  # fmt: skip
+    tuned = ddp_config(parse_args([*BASE, *flags]), num_parameters=1000)
+    assert (tuned.bucket_size, tuned.average_in_collective, tuned.pad_buckets_for_high_nccl_busbw) == (4096, True, True)
+    assert not tuned.gradient_reduce_div_fusion
+    # Megatron-LM aligns the interleaved schedule's parameter all-gathers unless --no-align-param-gather; never
+    # without interleaving.
+    overlap = ["--use-distributed-optimizer", "--overlap-param-gather", "--world-size", "4"]
+    assert ddp_config(parse_args([*BASE, *PP4_VP2, *overlap])).align_param_gather
+    assert not ddp_config(parse_args([*BASE, *PP4_VP2, *overlap, "--no-align-param-gather"])).align_param_gather
+    assert not ddp_config(parse_args([*BASE, *PP4_VP2[:4], *overlap])).align_param_gather
+
+
+def test_pipeline_p2p_switches_reach_the_schedule_as_megatron_lm_sets_them() -> None:
+    from megatron_ext.training.model import transformer_config_arguments
+
+    def p2p(flags: list[str]) -> tuple[bool, bool, bool]:
+        kw = transformer_config_arguments(parse_args([*BASE, "--world-size", "4", *flags]), torch.device("cpu"))
+        return kw["overlap_p2p_comm"], kw["batch_p2p_comm"], kw["overlap_p2p_comm_warmup_flush"]
+
+    assert p2p(PP4_VP2) == (True, False, False)
+    assert p2p([*PP4_VP2, "--overlap-p2p-communication-warmup-flush"]) == (True, False, True)
+    assert p2p([*PP4_VP2, "--no-overlap-p2p-communication"]) == (False, True, False)
+    assert p2p(PP4_VP2[:4]) == (False, True, False)  # 1F1B: batched and blocking
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--ddp-bucket-size", "10", "--ddp-num-buckets", "2"], "give --ddp-bucket-size or --ddp-num-buckets"),
+        (["--ddp-num-buckets", "0"], "--ddp-num-buckets must be at least 1"),
+        ([*PP4_VP2[:4], "--overlap-p2p-communication-warmup-flush"], "applies to the interleaved schedule only"),
+        ([*PP2_VP2, "--no-overlap-p2p-communication"], "needs PP > 2 \\(PP is 2\\)"),
+        (["--ddp-average-in-collective", "--device", "cpu"], "which gloo \\(the CPU backend\\) does not have"),
+    ],
+)
+def test_ddp_and_p2p_flags_megatron_lm_refuses_are_refused_with_the_reason(flags: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_args([*BASE, "--world-size", "4", *flags])
