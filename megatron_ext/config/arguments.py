@@ -159,6 +159,11 @@ class ModelArgs(_Options):
         False, "Do not use Megatron-Core's fused attention-softmax kernels (apex's; used on GPU when installed)."
     )
     no_rope_fusion: bool = opt(False, "Do not fuse the rotary embedding (Transformer Engine's kernel).")
+    no_clone_scatter_output_in_embedding: bool = opt(
+        False,
+        "Keep the embedding's sequence-parallel scatter as a view instead of a copy (Megatron-Core).",
+        aliases=("--disable-clone-scatter-output-in-embedding",),
+    )
     no_gradient_accumulation_fusion: bool = opt(
         False,
         "Do not fuse the weight-gradient GEMM with its accumulation into the fp32 gradient buffer (Transformer "

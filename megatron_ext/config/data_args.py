@@ -114,6 +114,19 @@ class DataArgs(_Options):
         False, "With --dataloader-type cyclic: shuffle the whole dataset and deal it out, not each DP rank's share."
     )
     no_mmap_bin_files: bool = opt(False, "Read the .bin files with file reads instead of memory-mapping them.")
+    num_dataset_builder_threads: int = opt(1, "Threads that build the blend's datasets (Megatron-Core).", minimum=1)
+    mid_level_dataset_surplus: float = opt(
+        0.005, "Samples a blend's datasets build beyond their share, as a fraction (Megatron-Core).", minimum=0
+    )
+    allow_ambiguous_pad_tokens: bool = opt(
+        False, "Let the pad id be a token of the vocabulary (Megatron-Core's dataset refuses it otherwise)."
+    )
+    dataloader_fast_cache_load: bool = opt(
+        False, "Load the dataset indices from --data-cache-path without checking the datasets (all cached)."
+    )
+    dataloader_defer_npy_index_mmap: bool = opt(
+        False, "Memory-map the cached dataset indices when first read, not when the datasets are built."
+    )
     eod_mask_loss: bool = opt(False, "Leave the end-of-document tokens out of the loss (their loss mask is 0).")
     reset_position_ids: bool = opt(
         False, "Restart position ids at 0 after every end-of-document token (learned absolute positions)."
@@ -121,6 +134,11 @@ class DataArgs(_Options):
 
     def _relations(self) -> None:
         parse_split(self.split)  # raises, naming --split
+        if self.dataloader_fast_cache_load and not self.data_cache_path:
+            raise ConfigError(
+                "--dataloader-fast-cache-load reads the dataset indices from the cache: give --data-cache-path "
+                "(as Megatron-Core requires)"
+            )
         problem = tokenizer_type_problem(self.tokenizer_type)
         if problem is not None:
             raise ConfigError(problem)

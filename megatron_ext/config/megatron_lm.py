@@ -287,8 +287,7 @@ REFUSALS: tuple[Refusal, ...] = (
         "--ddp-reduce-scatter-with-fp32-accumulation "
         "--overlap-param-gather-with-optimizer-step --suggested-communication-unit-size "
         "--use-ring-exchange-p2p --pipeline-model-parallel-comm-backend "
-        "--disable-clone-scatter-output-in-embedding "
-        "--no-clone-scatter-output-in-embedding --disable-jit-fuser --use-tp-pp-dp-mapping",
+        "--disable-jit-fuser --use-tp-pp-dp-mapping",
     ),
     _r(
         "this project needs gloo process groups (CPU rehearsals, checkpoint gathers); they cannot be turned off",
@@ -389,9 +388,9 @@ REFUSALS: tuple[Refusal, ...] = (
         "--per-dataset-sequences-path",
     ),
     _r(
-        NOT_EXPOSED + " (Megatron-Core's dataset builder)",
-        "--dataloader-defer-npy-index-mmap --dataloader-fast-cache-load --mid-level-dataset-surplus "
-        "--num-dataset-builder-threads --allow-ambiguous-pad-tokens --phase-transition-iterations",
+        "data phases (a checkpoint and exit at each given iteration, then the next blend's samples counted from "
+        "zero) are not implemented",
+        "--phase-transition-iterations",
     ),
     # ---- tokenizers
     _r(

@@ -70,6 +70,7 @@ NO_EFFECT: dict[str, str] = {
     "apply_layernorm_1p": "the same parameters and cost as LayerNorm",
     "window_size": "taken only where the window covers the sequence: full causal attention",
     "init_method_std": "the initial weights' scale",
+    "no_clone_scatter_output_in_embedding": "whether the embedding's scattered output is copied (a transient tensor)",
     **dict.fromkeys(
         (
             "lr",

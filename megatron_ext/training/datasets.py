@@ -59,7 +59,11 @@ def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:
         # Attention is causal over the whole sequence: no mask tensor is built or passed.
         create_attention_mask=False,
         mmap_bin_files=not cfg.data.no_mmap_bin_files,
-        mid_level_dataset_surplus=0.005,
+        num_dataset_builder_threads=cfg.data.num_dataset_builder_threads,
+        mid_level_dataset_surplus=cfg.data.mid_level_dataset_surplus,
+        allow_ambiguous_pad_tokens=cfg.data.allow_ambiguous_pad_tokens,
+        fast_cache_load=cfg.data.dataloader_fast_cache_load,
+        defer_npy_index_mmap=cfg.data.dataloader_defer_npy_index_mmap,
     )
     if config.split_matrix is not None:
         # Valid and test splits no step reads (no --eval-iters) are not built: Megatron-Core would still

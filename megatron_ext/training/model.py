@@ -173,6 +173,7 @@ def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> d
         gradient_accumulation_fusion=not m.no_gradient_accumulation_fusion
         and (te or (on_gpu and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None)),
         layernorm_zero_centered_gamma=m.apply_layernorm_1p,
+        clone_scatter_output_in_embedding=not m.no_clone_scatter_output_in_embedding,
         # Frees a stage's output right after its (asynchronous) send. Safe with
         # NCCL's stream ordering; gloo reads the buffer later from its own thread,
         # so on CPU the output must live until the send completes.

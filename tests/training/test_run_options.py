@@ -182,9 +182,31 @@ def test_pipeline_p2p_switches_reach_the_schedule_as_megatron_lm_sets_them() -> 
         (["--ddp-num-buckets", "0"], "--ddp-num-buckets must be at least 1"),
         ([*PP4_VP2[:4], "--overlap-p2p-communication-warmup-flush"], "applies to the interleaved schedule only"),
         ([*PP2_VP2, "--no-overlap-p2p-communication"], "needs PP > 2 \\(PP is 2\\)"),
+        (["--dataloader-fast-cache-load"], "give --data-cache-path"),
         (["--ddp-average-in-collective", "--device", "cpu"], "which gloo \\(the CPU backend\\) does not have"),
     ],
 )
 def test_ddp_and_p2p_flags_megatron_lm_refuses_are_refused_with_the_reason(flags: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_args([*BASE, "--world-size", "4", *flags])
+
+
+def test_dataset_builder_and_embedding_flags_reach_megatron_core_as_megatron_lm_passes_them() -> None:
+    from megatron_ext.data.tokenizers import build_tokenizer
+    from megatron_ext.training.datasets import dataset_config
+    from megatron_ext.training.model import transformer_config_arguments
+
+    tokenizer = build_tokenizer("NullTokenizer", vocab_size=1023)
+    plain = dataset_config(parse_args(BASE), tokenizer)
+    assert (plain.num_dataset_builder_threads, plain.mid_level_dataset_surplus) == (1, 0.005)
+    assert not (plain.allow_ambiguous_pad_tokens or plain.fast_cache_load or plain.defer_npy_index_mmap)
+    flags = ["--num-dataset-builder-threads", "4", "--mid-level-dataset-surplus", "0.01",
+             "--allow-ambiguous-pad-tokens", "--dataloader-fast-cache-load", "--dataloader-defer-npy-index-mmap",
+             "--data-cache-path", "cache"]  # fmt: skip
+    tuned = dataset_config(parse_args([*BASE, *flags]), tokenizer)
+    assert (tuned.num_dataset_builder_threads, tuned.mid_level_dataset_surplus) == (4, 0.01)
+    assert tuned.allow_ambiguous_pad_tokens and tuned.fast_cache_load and tuned.defer_npy_index_mmap
+    for flag in ("--no-clone-scatter-output-in-embedding", "--disable-clone-scatter-output-in-embedding"):
+        kw = transformer_config_arguments(parse_args([*BASE, flag]), torch.device("cpu"))
+        assert kw["clone_scatter_output_in_embedding"] is False
+    assert transformer_config_arguments(parse_args(BASE), torch.device("cpu"))["clone_scatter_output_in_embedding"]
