@@ -394,6 +394,12 @@ class ParallelArgs(_Options):
     overlap_p2p_communication_warmup_flush: bool = opt(
         False, "Interleaved schedule: overlap the pipeline transfers of the warm-up and flush passes too."
     )
+    use_tp_pp_dp_mapping: bool = opt(
+        False, "Number the ranks TP, then PP, then DP (Megatron-Core's order is TP, CP, DP, PP): DP groups span nodes."
+    )
+    pipeline_model_parallel_comm_backend: str | None = opt(
+        None, "The pipeline groups' backend on GPUs (default: the run's, NCCL).", choices=["nccl", "ucc"]
+    )
     world_size: int | None = opt(
         None, "World size for --dry-run (default: $WORLD_SIZE, or 1). Ignored in real runs.", minimum=1
     )

@@ -126,6 +126,11 @@ def megatron_lm_adjustments(parallel: ParallelArgs) -> tuple[ParallelArgs, tuple
 
 def gloo_problem(parallel: ParallelArgs) -> str | None:
     """Why ``parallel`` cannot run over gloo (the CPU processes' backend), or None."""
+    if parallel.pipeline_model_parallel_comm_backend:
+        return (
+            f"--pipeline-model-parallel-comm-backend {parallel.pipeline_model_parallel_comm_backend} is a GPU "
+            "backend; a CPU rehearsal's pipeline groups are gloo's: drop it on CPU"
+        )
     if parallel.ddp_average_in_collective:
         return (
             "--ddp-average-in-collective reduces the gradients with an averaging collective, which gloo (the CPU "

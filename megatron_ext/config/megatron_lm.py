@@ -286,8 +286,12 @@ REFUSALS: tuple[Refusal, ...] = (
         NOT_EXPOSED,
         "--ddp-reduce-scatter-with-fp32-accumulation "
         "--overlap-param-gather-with-optimizer-step --suggested-communication-unit-size "
-        "--use-ring-exchange-p2p --pipeline-model-parallel-comm-backend "
-        "--disable-jit-fuser --use-tp-pp-dp-mapping",
+        "--disable-jit-fuser",
+    ),
+    _r(
+        "needs a PyTorch built with torch.distributed.ring_exchange, which PyTorch's releases do not have (Megatron-"
+        "LM fails without it too)",
+        "--use-ring-exchange-p2p",
     ),
     _r(
         "this project needs gloo process groups (CPU rehearsals, checkpoint gathers); they cannot be turned off",

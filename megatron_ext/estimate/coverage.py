@@ -49,6 +49,7 @@ APPROXIMATED: dict[str, str] = {
         "a whole, whatever its buckets and whenever each stage starts them",
     ),
     "overlap_p2p_communication_warmup_flush": "the warm-up and flush transfers are counted as exposed",
+    "use_tp_pp_dp_mapping": "the groups are placed on nodes in Megatron-Core's default order (TP, CP, DP, PP)",
 }
 """Flags whose effect on memory or time the estimate does not follow exactly: what it does instead."""
 
@@ -113,6 +114,7 @@ NO_EFFECT: dict[str, str] = {
         "where the gradients are scaled and how buckets are padded: the same bytes reduced",
     ),
     "world_size": "the GPU count: the calculator's --gpus",
+    "pipeline_model_parallel_comm_backend": "the pipeline's transfers are counted at the network's bandwidth",
     "decrease_batch_size_if_needed": "which global batch an elastic job keeps: the layout, estimated as given",
 }
 """Flags of the step groups that change neither memory nor time, with why."""

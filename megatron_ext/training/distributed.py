@@ -86,6 +86,8 @@ def initialize(
     seed: int,
     timeout_minutes: int = 10,
     backend_choice: str | None = None,
+    tp_pp_dp_order: bool = False,
+    pipeline_comm_backend: str | None = None,
 ) -> DistributedContext:
     """Create the process group and Megatron-Core's parallel state; seed every RNG.
 
@@ -133,6 +135,10 @@ def initialize(
         virtual_pipeline_model_parallel_size=layout.vp if layout.interleaved else None,
         context_parallel_size=layout.cp,
         distributed_timeout_minutes=timeout_minutes,
+        # Megatron-LM's --use-tp-pp-dp-mapping and --pipeline-model-parallel-comm-backend.
+        order="tp-pp-dp" if tp_pp_dp_order else "tp-cp-ep-dp-pp",
+        # (On CPU, gloo's: the model build refuses the flag there, naming it.)
+        pipeline_model_parallel_comm_backend=pipeline_comm_backend if device.type == "cuda" else None,
     )
     ctx = DistributedContext(
         rank=rank,

@@ -82,6 +82,8 @@ def train(
             seed=cfg.optim.seed,
             timeout_minutes=cfg.run.distributed_timeout_minutes,
             backend_choice=cfg.run.distributed_backend,
+            tp_pp_dp_order=cfg.parallel.use_tp_pp_dp_mapping,
+            pipeline_comm_backend=cfg.parallel.pipeline_model_parallel_comm_backend,
         )
     except ConfigError as exc:  # what only the started run can tell (the device --device auto found)
         log.error("error: %s", exc)

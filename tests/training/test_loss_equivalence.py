@@ -49,7 +49,7 @@ LAYOUTS = {
         4,
         "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 --use-distributed-optimizer "
         "--overlap-grad-reduce --overlap-param-gather --ddp-num-buckets 3 --ddp-pad-buckets-for-high-nccl-busbw "
-        "--no-gradient-reduce-div-fusion".split(),
+        "--no-gradient-reduce-div-fusion --use-tp-pp-dp-mapping".split(),
     ),
     # The baseline runs the local spec with SDPA core attention (the default);
     # Megatron-Core's own DotProductAttention must give the same losses.

@@ -183,6 +183,7 @@ def test_pipeline_p2p_switches_reach_the_schedule_as_megatron_lm_sets_them() -> 
         ([*PP4_VP2[:4], "--overlap-p2p-communication-warmup-flush"], "applies to the interleaved schedule only"),
         ([*PP2_VP2, "--no-overlap-p2p-communication"], "needs PP > 2 \\(PP is 2\\)"),
         (["--dataloader-fast-cache-load"], "give --data-cache-path"),
+        (["--pipeline-model-parallel-comm-backend", "ucc", "--device", "cpu"], "pipeline groups are gloo's"),
         (["--ddp-average-in-collective", "--device", "cpu"], "which gloo \\(the CPU backend\\) does not have"),
     ],
 )
