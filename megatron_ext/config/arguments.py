@@ -357,6 +357,42 @@ class ParallelArgs(_Options):
     tp_comm_bootstrap_backend: str = opt(
         "nccl", "With --tp-comm-overlap: how the userbuffers are set up.", choices=["nccl", "mpi", "gloo"]
     )
+    no_tp_comm_overlap_ag: bool = opt(
+        False,
+        "With --tp-comm-overlap: do not overlap the all-gathers with their GEMMs.",
+        aliases=("--disable-tp-comm-overlap-ag",),
+    )
+    no_tp_comm_overlap_rs: bool = opt(
+        False,
+        "With --tp-comm-overlap: do not overlap the reduce-scatters with their GEMMs.",
+        aliases=("--disable-tp-comm-overlap-rs",),
+    )
+    no_tp_comm_split_ag: bool = opt(
+        False,
+        "With --tp-comm-overlap: do not split the all-gather overlap into pipelined chunks (atomic otherwise).",
+        aliases=("--disable-tp-comm-split-ag",),
+    )
+    no_tp_comm_split_rs: bool = opt(
+        False,
+        "With --tp-comm-overlap: do not split the reduce-scatter overlap into pipelined chunks (atomic otherwise).",
+        aliases=("--disable-tp-comm-split-rs",),
+    )
+    no_tp_comm_bulk_dgrad: bool = opt(
+        False,
+        "With --tp-comm-overlap: do not overlap the input gradient's all-gather with the weight-gradient GEMM in bulk.",
+        aliases=("--disable-tp-comm-bulk-dgrad",),
+    )
+    no_tp_comm_bulk_wgrad: bool = opt(
+        False,
+        "With --tp-comm-overlap: do not overlap the weight gradient's reduce-scatter with the input-gradient GEMM in bulk.",
+        aliases=("--disable-tp-comm-bulk-wgrad",),
+    )
+    tp_comm_overlap_rs_dgrad: bool = opt(
+        False, "With --tp-comm-overlap: overlap the input gradient's reduce-scatter with its GEMM."
+    )
+    tp_comm_overlap_cfg: str | None = opt(
+        None, "With --tp-comm-overlap: a YAML file of Transformer Engine userbuffer settings by GEMM (ub_cfgs)."
+    )
     overlap_grad_reduce: bool = opt(False, "Overlap the gradient reduce-scatter with backward.", estimate=True)
     overlap_param_gather: bool = opt(
         False, "Overlap the parameter all-gather with forward (needs the distributed optimizer).", estimate=True

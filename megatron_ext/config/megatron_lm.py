@@ -104,7 +104,6 @@ def _r(reason: str, flags: str = "", *, prefixes: Sequence[str] = (), groups: Se
 
 MOE = "mixture-of-experts models are not supported by this project (dense GPT only)"
 NOT_GPT = "not a GPT: this project pretrains decoder-only transformers"
-NOT_EXPOSED = "a Megatron-Core tuning option this project does not expose; its default applies"
 VARIANT = "a model variant this project's GPT builder does not offer; the model would not be the one asked for"
 SERVING = "an inference-serving option of Megatron-LM's text generation; this project trains"
 
@@ -164,12 +163,6 @@ REFUSALS: tuple[Refusal, ...] = (
         "--num-layers-at-end-in-bf16 --te-precision-config-file --reuse-grad-buf-for-mxfp8-param-ag "
         "--fp8-quantizer-factory",
         prefixes=("--fp4-",),
-    ),
-    _r(
-        "a tuning option of Transformer Engine's userbuffers this project does not expose: --tp-comm-overlap uses "
-        "their defaults",
-        "--tp-comm-overlap-cfg --tp-comm-overlap-rs-dgrad",
-        prefixes=("--disable-tp-comm-", "--no-tp-comm-"),
     ),
     _r(
         "deferred weight-gradient computation needs Transformer Engine's layers and TP overlap; not supported",
@@ -283,10 +276,24 @@ REFUSALS: tuple[Refusal, ...] = (
         "--nccl-communicator-config-path --high-priority-stream-groups --create-all-gather-group --symmetric-ar-type",
     ),
     _r(
-        NOT_EXPOSED,
-        "--ddp-reduce-scatter-with-fp32-accumulation "
-        "--overlap-param-gather-with-optimizer-step --suggested-communication-unit-size "
+        "a gradient reduction the pinned Megatron-Core 0.16.1 does not have (its DistributedDataParallelConfig has "
+        "no such field); gradients are reduced in fp32, or in bf16 with --grad-reduce-in-bf16",
+        "--ddp-reduce-scatter-with-fp32-accumulation",
+    ),
+    _r(
+        "not implemented: the parameter all-gather is started by the next forward pass (--overlap-param-gather), "
+        "not by the optimizer step",
+        "--overlap-param-gather-with-optimizer-step",
+    ),
+    _r(
+        "not implemented: Megatron-Core compiles its fused element-wise functions when their modules are imported, "
+        "before this project reads its flags",
         "--disable-jit-fuser",
+    ),
+    _r(
+        "FSDP / HSDP is not supported, and only Megatron FSDP reads it: parameters are sharded by the distributed "
+        "optimizer over DP (--use-distributed-optimizer)",
+        "--suggested-communication-unit-size",
     ),
     _r(
         "needs a PyTorch built with torch.distributed.ring_exchange, which PyTorch's releases do not have (Megatron-"

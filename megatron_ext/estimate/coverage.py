@@ -40,8 +40,19 @@ APPROXIMATED: dict[str, str] = {
     "buffer is transient and not counted",
     "optimizer": "optimizer memory is Adam's (two fp32 moments); SGD keeps one or none, less than estimated",
     "fp8_param_gather": f"{_FP8}; the parameter all-gather is counted in bf16",
-    "tp_comm_overlap": "tensor-parallel communication is counted as exposed; the overlap hides part of it "
-    "(the step time is pessimistic)",
+    **dict.fromkeys(
+        (
+            "tp_comm_overlap",
+            "tp_comm_overlap_rs_dgrad",
+            "tp_comm_overlap_cfg",
+            *(
+                f"no_tp_comm_{n}"
+                for n in ("overlap_ag", "overlap_rs", "split_ag", "split_rs", "bulk_dgrad", "bulk_wgrad")
+            ),
+        ),
+        "tensor-parallel communication is counted as exposed; the overlap hides part of it (the step time is "
+        "pessimistic)",
+    ),
     "rampup_batch_size": "the step is the full batch's; the ramp-up's first steps are shorter",
     **dict.fromkeys(
         ("ddp_bucket_size", "ddp_num_buckets", "no_align_grad_reduce", "no_align_param_gather"),

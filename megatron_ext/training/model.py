@@ -62,6 +62,10 @@ def check_transformer_engine(cfg: TrainingConfig, device: torch.device) -> None:
         raise ConfigError(transformer_engine_refusal(features, f"and {why}"))
 
 
+TP_COMM_SWITCHES = ("overlap_ag", "overlap_rs", "split_ag", "split_rs", "bulk_dgrad", "bulk_wgrad")
+"""Megatron-Core's ``tp_comm_*`` switches that Megatron-LM's ``--no-tp-comm-*`` (``--disable-tp-comm-*``) turn off."""
+
+
 def initialize_tp_comm_overlap(cfg: TrainingConfig) -> None:
     """Transformer Engine's userbuffers for ``--tp-comm-overlap``, set up as Megatron-LM does
     (``megatron/training/initialize.py``): one sequence of micro-batches per CP rank, by hidden size, with FP8's
@@ -74,7 +78,7 @@ def initialize_tp_comm_overlap(cfg: TrainingConfig) -> None:
     kwargs: dict[str, Any] = {
         "shape": shape,
         "tp_size": cfg.layout.tp,
-        "ub_cfgs": {},
+        "ub_cfgs": userbuffer_settings(cfg.parallel.tp_comm_overlap_cfg),
         "bootstrap_backend": cfg.parallel.tp_comm_bootstrap_backend,
     }
     modes = getattr(te_module.base, "UserBufferQuantizationMode", None)
@@ -83,6 +87,23 @@ def initialize_tp_comm_overlap(cfg: TrainingConfig) -> None:
     else:
         kwargs["use_fp8"] = cfg.optim.fp8_format is not None
     te_module.base.initialize_ub(**kwargs)
+
+
+def userbuffer_settings(path: str | None) -> dict[str, Any]:
+    """``--tp-comm-overlap-cfg``'s YAML (Transformer Engine's ``ub_cfgs``), read as Megatron-LM reads it; ``{}``
+    without one. A ConfigError names a file that is missing or not a mapping."""
+    if path is None:
+        return {}
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as stream:
+            settings = yaml.safe_load(stream)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--tp-comm-overlap-cfg {path}: {exc}") from None
+    if not isinstance(settings, dict):
+        raise ConfigError(f"--tp-comm-overlap-cfg {path}: not a YAML mapping of GEMM names to settings")
+    return settings
 
 
 def transformer_config(cfg: TrainingConfig, device: torch.device):  # -> TransformerConfig
@@ -127,6 +148,9 @@ def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> d
         fp8_wgrad=not o.no_fp8_wgrad,
         fp8_param=o.fp8_param_gather,
         tp_comm_overlap=cfg.parallel.tp_comm_overlap,
+        # Megatron-LM's switches of the overlap (Transformer Engine reads them only with --tp-comm-overlap).
+        **{f"tp_comm_{name}": not getattr(cfg.parallel, f"no_tp_comm_{name}") for name in TP_COMM_SWITCHES},
+        tp_comm_overlap_rs_dgrad=cfg.parallel.tp_comm_overlap_rs_dgrad,
         tp_comm_bootstrap_backend=cfg.parallel.tp_comm_bootstrap_backend,
         # Megatron-LM's defaults (its argument parser's), not TransformerConfig's own (True for the softmax).
         attention_softmax_in_fp32=m.attention_softmax_in_fp32,

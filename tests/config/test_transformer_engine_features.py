@@ -96,3 +96,31 @@ def test_userbuffers_are_set_up_as_megatron_lm_sets_them_up(te_27: bool, monkeyp
     assert calls == [expected]
     model.initialize_tp_comm_overlap(parse_args(["--mock-data"]))  # without --tp-comm-overlap: nothing
     assert len(calls) == 1
+
+
+def test_the_overlaps_switches_and_userbuffer_settings_reach_transformer_engine(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from megatron_ext.training import model
+
+    monkeypatch.setattr(model, "use_transformer_engine", lambda cfg, device: True)
+    names = ("overlap_ag", "overlap_rs", "split_ag", "split_rs", "bulk_dgrad", "bulk_wgrad")
+    default = model.transformer_config_arguments(parse_args(FP8), torch.device("cuda"))
+    assert all(default[f"tp_comm_{n}"] for n in names) and not default["tp_comm_overlap_rs_dgrad"]
+    # Megatron-LM's two spellings of each switch (--no-tp-comm-X, --disable-tp-comm-X) turn it off.
+    off = [f"--{'no' if i % 2 else 'disable'}-tp-comm-{n.replace('_', '-')}" for i, n in enumerate(names)]
+    args = model.transformer_config_arguments(
+        parse_args([*FP8, *off, "--tp-comm-overlap-rs-dgrad"]), torch.device("cuda")
+    )
+    assert not any(args[f"tp_comm_{n}"] for n in names) and args["tp_comm_overlap_rs_dgrad"]
+    settings = tmp_path / "ub.yaml"
+    settings.write_text("qkv_fprop:\n  method: ring_exchange\nfc2_fprop:\n  method: pipeline\n  num_splits: 4\n")
+    assert model.userbuffer_settings(str(settings)) == {
+        "qkv_fprop": {"method": "ring_exchange"},
+        "fc2_fprop": {"method": "pipeline", "num_splits": 4},
+    }
+    assert model.userbuffer_settings(None) == {}
+    (tmp_path / "list.yaml").write_text("- a\n")
+    for bad, why in ((tmp_path / "missing.yaml", "No such file"), (tmp_path / "list.yaml", "not a YAML mapping")):
+        with pytest.raises(ConfigError, match=f"--tp-comm-overlap-cfg {bad}: .*{why}"):
+            model.userbuffer_settings(str(bad))
