@@ -212,6 +212,8 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, int | None]:
                 overlap_param_gather=args.overlap_param_gather,
                 use_distributed_optimizer=args.use_distributed_optimizer,
                 no_overlap_p2p_communication=args.no_overlap_p2p_communication,
+                ddp_bucket_size=args.ddp_bucket_size,
+                ddp_num_buckets=args.ddp_num_buckets,
             ),
         )
     except (ConfigError, ValueError) as exc:

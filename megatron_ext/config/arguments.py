@@ -402,9 +402,13 @@ class ParallelArgs(_Options):
         "Parameters per data-parallel gradient bucket (Megatron-Core's default with --overlap-grad-reduce: "
         "max(40M, 1M × DP); without: one bucket).",
         minimum=1,
+        estimate=True,
     )
     ddp_num_buckets: int | None = opt(
-        None, "Gradient buckets per rank instead of --ddp-bucket-size: the rank's parameters / N each.", minimum=1
+        None,
+        "Gradient buckets per rank instead of --ddp-bucket-size: the rank's parameters / N each.",
+        minimum=1,
+        estimate=True,
     )
     ddp_average_in_collective: bool = opt(
         False, "Average the gradients inside the reduction collective instead of scaling them before it."

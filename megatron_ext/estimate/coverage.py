@@ -55,7 +55,7 @@ APPROXIMATED: dict[str, str] = {
     ),
     "rampup_batch_size": "the step is the full batch's; the ramp-up's first steps are shorter",
     **dict.fromkeys(
-        ("ddp_bucket_size", "ddp_num_buckets", "no_align_grad_reduce", "no_align_param_gather"),
+        ("no_align_grad_reduce", "no_align_param_gather"),
         "the data-parallel reduction (and all-gather) is hidden behind the last backward (first forward) pass as "
         "a whole, whatever its buckets and whenever each stage starts them",
     ),

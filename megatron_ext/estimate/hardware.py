@@ -174,7 +174,7 @@ A100_COMPUTE_EFFICIENCY = 0.70
 MEMORY_EFFICIENCY = 0.72
 """The element-wise kernels' share of HBM bandwidth: fitted on A100 (Table 1), taken for every GPU."""
 
-H100_COMPUTE_EFFICIENCY = 0.68
+H100_COMPUTE_EFFICIENCY = 0.685
 """The GEMMs' share of the H100's peak: fitted with ``H100_ATTENTION_EFFICIENCY`` to the calibration rows of
 the Megatron-LM README's H100 weak-scaling table."""
 

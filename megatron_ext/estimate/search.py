@@ -447,7 +447,12 @@ def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
     parallel = layout_args(
         layout, overlap_grad_reduce=workload.overlap_grad_reduce, overlap_param_gather=workload.overlap_param_gather
     )
-    parallel = dataclasses.replace(parallel, no_overlap_p2p_communication=not workload.overlap_p2p_comm)
+    parallel = dataclasses.replace(
+        parallel,
+        no_overlap_p2p_communication=not workload.overlap_p2p_comm,
+        ddp_bucket_size=workload.ddp_bucket_size,
+        ddp_num_buckets=workload.ddp_num_buckets,
+    )
     batch = BatchArgs(micro_batch_size=layout.micro_batch_size, global_batch_size=layout.global_batch_size)
     training = OptimizerArgs(
         bf16=workload.precision == "bf16",

@@ -84,6 +84,7 @@ weights written) at HBM bandwidth; the distributed optimizer updates 1/DP.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from megatron_ext.estimate.flops import (
@@ -371,6 +372,99 @@ def fp8_cast_bytes(workload: Workload, *, sequences: int, seq_length: float, tp:
     return forward, backward
 
 
+NCCL_RING_LATENCY_S = 8.4e-6
+"""NCCL's base latency of a ring collective (Simple protocol), in its own cost model (``src/graph/tuning.cc``,
+``baseLat``)."""
+NCCL_RING_STEP_LATENCY_S = {"nvlink": 3.4e-6, "network": 9.6e-6}
+"""NCCL's latency per ring step inside a node (NVLink) and between nodes (``hwLat``, Ring/Simple)."""
+
+
+def ring_latency(ranks: int, nodes: int) -> float:
+    """Latency of one ring reduce-scatter or all-gather over ``ranks`` GPUs on ``nodes`` nodes, as NCCL models it:
+    the base latency, then ``ranks − 1`` steps, ``nodes − 1`` of them over the network."""
+    if ranks <= 1:
+        return 0.0
+    inter = max(nodes, 1) - 1
+    steps = ranks - 1
+    return (
+        NCCL_RING_LATENCY_S
+        + (steps - inter) * NCCL_RING_STEP_LATENCY_S["nvlink"]
+        + inter * NCCL_RING_STEP_LATENCY_S["network"]
+    )
+
+
+def gradient_buckets(workload: Workload, *, chunk_parameters: float, dp: int) -> int:
+    """Buckets of the chunk whose reduction overlaps the backward pass (Megatron-Core's DDP; with interleaving
+    only the first chunk is bucketed, as Megatron-LM does): ``--ddp-bucket-size``, else the rank's parameters /
+    ``--ddp-num-buckets``, else with ``--overlap-grad-reduce`` Megatron-Core's ``max(40M, 1M × DP)`` parameters,
+    else one bucket."""
+    if workload.ddp_bucket_size is not None:
+        size = float(workload.ddp_bucket_size)
+    elif workload.ddp_num_buckets is not None:
+        return workload.ddp_num_buckets
+    elif workload.overlap_grad_reduce:
+        size = float(max(40_000_000, 1_000_000 * dp))
+    else:
+        return 1
+    return max(1, math.ceil(chunk_parameters / size))
+
+
+def data_parallel_time(
+    workload: Workload,
+    layout: ParallelLayout,
+    gpu: GpuProfile,
+    *,
+    gpus_per_node: int,
+    rank_parameters: int,
+    backward_s: float,
+    forward_s: float,
+) -> tuple[float, float]:
+    """The data-parallel reduction (and the distributed optimizer's all-gather) of one step: (total, exposed).
+
+    Gradients are reduced over the DP × CP ranks in their buffer's dtype: an all-reduce of ``2·(n−1)/n`` of the
+    bytes, or with the distributed optimizer a reduce-scatter of ``(n−1)/n`` and an all-gather of the bf16
+    parameters. The bandwidth is NVLink while the group sits in one node, else the network cards of the
+    group's GPUs in a node. Each bucket's collective adds NCCL's ring latency (``ring_latency``), which grows
+    with the group. Overlapped (``--overlap-grad-reduce``), the ``k`` buckets are reduced one after another as
+    the last microbatch's backward pass (``B``) makes them ready, evenly in time: the reduction ends at
+    ``max(B + r, k·r + B/k)`` (``r`` one bucket's time), so ``max(r, R − B·(k−1)/k)`` of it is exposed — the
+    last bucket at least, which is why larger data-parallel groups (Megatron-Core's buckets grow with DP) expose
+    more. The all-gather with ``--overlap-param-gather`` likewise: its first bucket before the first forward
+    pass, the rest behind it.
+    """
+    dp = layout.dp * layout.cp
+    if dp <= 1:
+        return 0.0, 0.0
+    t = layout.tp
+    per_node = max(1, min(dp, gpus_per_node // t))  # DP × CP ranks are TP apart (Megatron-Core's order)
+    nodes = math.ceil(dp / per_node)
+    if nodes == 1:
+        bandwidth = gpu.intra_node_bandwidth
+    else:
+        bandwidth = min(gpu.intra_node_bandwidth, per_node * gpu.inter_node_bandwidth)
+    buckets = gradient_buckets(workload, chunk_parameters=rank_parameters / layout.vp, dp=dp)
+    collectives = buckets + layout.vp - 1  # the other chunks reduce as one bucket each
+    latency = ring_latency(dp, nodes)
+    grad_bytes = workload.gradient_bytes * rank_parameters
+    if layout.use_distributed_optimizer:
+        reduce = _ring(dp) * grad_bytes / bandwidth + collectives * latency
+        gather = _ring(dp) * workload.activation_bytes * rank_parameters / bandwidth + collectives * latency
+    else:
+        reduce = 2 * _ring(dp) * grad_bytes / bandwidth + 2 * collectives * latency
+        gather = 0.0
+
+    def exposed(total: float, window: float, overlapped: bool) -> float:
+        if not overlapped or total == 0:
+            return total
+        one = total / collectives
+        return max(one, total - window * (buckets - 1) / buckets)
+
+    exposed_s = exposed(reduce, backward_s, workload.overlap_grad_reduce) + exposed(
+        gather, forward_s, workload.overlap_param_gather
+    )
+    return reduce + gather, exposed_s
+
+
 def estimate_step_time(
     workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, gpus_per_node: int, rank_parameters: int
 ) -> StepTimeEstimate:
@@ -381,7 +475,6 @@ def estimate_step_time(
     dp = layout.dp * layout.cp
     b, mbs = layout.micro_batch_size, layout.num_microbatches
     vocab = workload.padded_vocab_size(t)
-    e = workload.activation_bytes
 
     units = unit_times(workload, layout, gpu, gpus_per_node=gpus_per_node)
     layer_compute, output_compute, layer_tp, recompute = (
@@ -415,29 +508,16 @@ def estimate_step_time(
     else:
         pp_comm = 0.0
 
-    # Data parallelism: fp32 (or bf16) gradient reduction (+ bf16 parameter all-gather with the distributed
-    # optimizer).
-    if dp > 1:
-        if t * dp <= gpus_per_node:
-            bandwidth = gpu.intra_node_bandwidth
-        else:
-            per_node = max(1, min(dp, gpus_per_node // t))
-            bandwidth = min(gpu.intra_node_bandwidth, per_node * gpu.inter_node_bandwidth)
-        grad_bytes = workload.gradient_bytes * rank_parameters
-        param_bytes = float(e * rank_parameters)
-        if layout.use_distributed_optimizer:
-            reduce = _ring(dp) * grad_bytes / bandwidth
-            gather = _ring(dp) * param_bytes / bandwidth
-        else:
-            reduce = 2 * _ring(dp) * grad_bytes / bandwidth
-            gather = 0.0
-        backward = mb_compute * (2 + (1 if recompute else 0)) / (3 + (1 if recompute else 0))
-        forward = mb_compute - backward
-        exposed_reduce = max(0.0, reduce - backward) if workload.overlap_grad_reduce else reduce
-        exposed_gather = max(0.0, gather - forward) if workload.overlap_param_gather else gather
-        dp_total, dp_exposed = reduce + gather, exposed_reduce + exposed_gather
-    else:
-        dp_total = dp_exposed = 0.0
+    backward = mb_compute * (2 + (1 if recompute else 0)) / (3 + (1 if recompute else 0))
+    dp_total, dp_exposed = data_parallel_time(
+        workload,
+        layout,
+        gpu,
+        gpus_per_node=gpus_per_node,
+        rank_parameters=rank_parameters,
+        backward_s=backward,
+        forward_s=mb_compute - backward,
+    )
 
     # The optimizer step streams fp32 master weights, both moments (read + write), the fp32 gradient and
     # writes the bf16 weights: 30 bytes per parameter it updates (4 + 4 + 16 + 4 + 2; 28 in fp32).

@@ -31,6 +31,10 @@ class Workload:
     """Overlap the data-parallel gradient reduction with the last backward pass."""
     overlap_param_gather: bool = False
     """Overlap the distributed optimizer's parameter all-gather with the first forward pass."""
+    ddp_bucket_size: int | None = None
+    """``--ddp-bucket-size``: parameters per gradient bucket (None: Megatron-Core's default)."""
+    ddp_num_buckets: int | None = None
+    """``--ddp-num-buckets``: buckets per rank instead of a size."""
     grad_reduce_in_bf16: bool = False
     """``--grad-reduce-in-bf16``: Megatron-Core's DDP holds and reduces the gradients in bf16 (2 bytes per
     parameter, half the data-parallel traffic) instead of fp32."""
@@ -61,6 +65,8 @@ class Workload:
             recompute_num_layers=optim.recompute_num_layers or 1,
             overlap_grad_reduce=parallel.overlap_grad_reduce,
             overlap_param_gather=parallel.overlap_param_gather,
+            ddp_bucket_size=parallel.ddp_bucket_size,
+            ddp_num_buckets=parallel.ddp_num_buckets,
             grad_reduce_in_bf16=optim.grad_reduce_in_bf16,
             fp8_format=optim.fp8_format,
             overlap_p2p_comm=not parallel.no_overlap_p2p_communication,

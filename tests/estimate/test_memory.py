@@ -16,7 +16,7 @@ from megatron_ext.estimate.memory import (
 )
 from megatron_ext.estimate.plan import parameter_counts
 from megatron_ext.estimate.search import Cluster, evaluate
-from megatron_ext.estimate.step_time import estimate_step_time
+from megatron_ext.estimate.step_time import estimate_step_time, ring_latency
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import ParallelLayout
 from megatron_ext.parallel.pipeline import in_flight_passes
@@ -132,7 +132,9 @@ def test_bf16_gradient_reduction_halves_the_gradients_and_their_traffic() -> Non
                                     rank_parameters=10**9)  # fmt: skip
     bf16_grads = estimate_step_time(Workload(model=model, precision="bf16", grad_reduce_in_bf16=True), lay, gpu,
                                     gpus_per_node=8, rank_parameters=10**9)  # fmt: skip
-    assert bf16_grads.dp_comm_total_s == pytest.approx(fp32_grads.dp_comm_total_s / 2)
+    # Half the bytes; the collectives' latency (one bucket without overlap) is the same.
+    latency = 2 * ring_latency(4, 4)
+    assert bf16_grads.dp_comm_total_s - latency == pytest.approx((fp32_grads.dp_comm_total_s - latency) / 2)
     # From pretrain_gpt.py's flags, as the calculator takes them.
     cfg = make_config(world_size=8, model={"num_layers": 2}, optim={"bf16": True, "grad_reduce_in_bf16": True},
                       data={"mock_data": True})  # fmt: skip
@@ -372,8 +374,10 @@ def test_tensor_parallel_and_data_parallel_volumes_on_a_hand_computed_case() -> 
     # 4 all-reduces of s·b·h bf16 per layer, each moving 2·(t−1)/t of it, over NVLink.
     per_layer = 4 * 2 * (7 / 8) * 2048 * 12288 * 2 / gpu.intra_node_bandwidth
     assert t.tp_comm_s == pytest.approx(8 * per_layer)
-    # fp32 gradient all-reduce over DP 4 (one GPU of each DP group per node: one NIC each), not overlapped.
-    assert t.dp_comm_s == pytest.approx(2 * (3 / 4) * 4e9 / gpu.inter_node_bandwidth)
+    # fp32 gradient all-reduce over DP 4 (one GPU of each DP group per node: one NIC each), not overlapped: one
+    # bucket, NCCL's ring latency twice (reduce-scatter and all-gather halves): 8.4 µs + 3 network steps of 9.6.
+    latency = 2 * (8.4e-6 + 3 * 9.6e-6)
+    assert t.dp_comm_s == pytest.approx(2 * (3 / 4) * 4e9 / gpu.inter_node_bandwidth + latency)
     overlapped = estimate_step_time(
         Workload(model=model, precision="bf16", overlap_grad_reduce=True),
         lay,
@@ -381,8 +385,13 @@ def test_tensor_parallel_and_data_parallel_volumes_on_a_hand_computed_case() -> 
         gpus_per_node=8,
         rank_parameters=10**9,
     )
-    assert overlapped.dp_comm_s == pytest.approx(max(0.0, t.dp_comm_total_s - overlapped.microbatch_compute_s * 2 / 3))
-    assert overlapped.dp_comm_s < t.dp_comm_s
+    # Megatron-Core's buckets of max(40M, 1M × DP) = 40M parameters: 25, reduced as the backward pass makes them
+    # ready; the last is exposed at least, and what the backward pass cannot hide.
+    buckets, backward = 25, overlapped.microbatch_compute_s * 2 / 3
+    total = 2 * (3 / 4) * 4e9 / gpu.inter_node_bandwidth + buckets * latency
+    assert overlapped.dp_comm_total_s == pytest.approx(total)
+    assert overlapped.dp_comm_s == pytest.approx(max(total / buckets, total - backward * (buckets - 1) / buckets))
+    assert total / buckets < overlapped.dp_comm_s < t.dp_comm_s
 
 
 def test_pipeline_p2p_is_exposed_under_1f1b_and_overlapped_when_interleaved() -> None:
