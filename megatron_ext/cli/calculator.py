@@ -462,9 +462,9 @@ def _search_mode(
             f", even with {' '.join(found.added)} (searched)" if found.added else ", with every memory saver given"
         )
         print(
-            f"error: none of the {len(result.estimates)} valid layouts fits in {report.gib(cluster.usable_memory_bytes)} GiB "
-            f"per GPU{searched}; the smallest needs {report.gib(best.memory.total_bytes)} GiB "
-            f"({report.gib(best.memory.total_bytes - cluster.usable_memory_bytes)} GiB too much): use more GPUs "
+            f"error: none of the {len(result.estimates)} valid layouts fits in the {report.gib(cluster.gpu.memory_bytes)} "
+            f"GiB of a GPU{searched}; the smallest needs {report.gib(best.memory.total_bytes)} GiB "
+            f"({report.gib(-best.memory_margin_bytes)} GiB too much): use more GPUs "
             "(--gpus/--nodes) or a GPU with more memory",
             file=err,
         )

@@ -72,7 +72,7 @@ def table(estimates: list[LayoutEstimate]) -> list[str]:
     with_cp = any(e.layout.cp > 1 for e in estimates)
     header = (
         (f"{'TP':>3} {'CP':>3} " if with_cp else f"{'TP':>3} ")
-        + f"{'PP':>3} {'VP':>3} {'DP':>5} {'MB':>3} {'#mb':>5} {'GiB/GPU':>8} {'fits':>4} "
+        + f"{'PP':>3} {'VP':>3} {'DP':>5} {'MB':>3} {'#mb':>5} {'GiB/GPU':>8} {'fits':>5} "
         f"{'bubble':>7} {'step s':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>6} {'imbal':>6}  split"
     )
     rows = [header]
@@ -81,13 +81,16 @@ def table(estimates: list[LayoutEstimate]) -> list[str]:
         factors = f"{lay.tp:>3} {lay.cp:>3} " if with_cp else f"{lay.tp:>3} "
         rows.append(
             f"{factors}{lay.pp:>3} {lay.vp:>3} {lay.dp:>5} {lay.micro_batch_size:>3} {lay.num_microbatches:>5} "
-            f"{gib(e.memory.total_bytes):>8} {'yes' if e.fits else 'NO':>4} "
+            f"{gib(e.memory.total_bytes):>8} {FITS_COLUMN[e.verdict]:>5} "
             f"{lay.bubble_fraction:>7.1%} {e.time.step_s:>9.3f} "
             f"{e.tokens_per_sec:>11,.0f} {e.tflops_per_gpu:>8.1f} {e.mfu:>6.1%} {e.time.stage_imbalance:>6.1%}  "
             f"{SPLIT_NAMES[lay.split.mode]}"
         )
     return rows
 
+
+FITS_COLUMN = {"fits": "yes", "tight": "tight", "does not fit": "NO"}
+"""The table's word for each memory verdict."""
 
 SPLIT_NAMES = {"uniform": "even", "first/last": "first/last", "account": "account-for", "layout": "layout string"}
 """The table's name of each way of placing layers (``parallel/stages.py``)."""
@@ -124,13 +127,14 @@ def explain(e: LayoutEstimate, workload: Workload) -> list[str]:
         f"memory on the most loaded GPU ({most.stage} pipeline stage):",
         f"  parameters          {most.parameters:>16,}",
         f"  weights             {gib(most.weights_bytes):>12} GiB  ({per_w:.0f} bytes/param)",
-        f"  gradients           {gib(most.gradients_bytes):>12} GiB  (4 bytes/param, fp32)",
+        f"  gradients           {gib(most.gradients_bytes):>12} GiB  ({workload.gradient_bytes:.0f} bytes/param, "
+        f"{'bf16' if workload.grad_reduce_in_bf16 else 'fp32'})",
         f"  optimizer states    {gib(most.optimizer_bytes):>12} GiB  ({opt_note})",
         f"  activations         {gib(most.activations_bytes):>12} GiB  ({mem.layer_activation_bytes / 2**20:.1f} MiB "
         f"per layer and microbatch, {lay.layers_per_pipeline_stage} layers, {most.in_flight_microbatches:.2f} "
         f"microbatches in flight, recompute {workload.recompute_granularity})",
-        f"  total               {gib(most.total_bytes):>12} GiB  of {gib(cluster.usable_memory_bytes)} usable "
-        f"({gib(cluster.gpu.memory_bytes)} GiB × {1 - cluster.memory_headroom:.2f})",
+        f"  total               {gib(most.total_bytes):>12} GiB  of {gib(cluster.gpu.memory_bytes)} GiB: "
+        f"{verdict_line(e)}",
     ]
     if other is not most:
         lines.append(f"  ({other.stage} stage: {gib(other.total_bytes)} GiB)")
@@ -198,14 +202,27 @@ def print_json_errors(workload: Workload, cluster: Cluster, mode: str, errors: l
     print(json.dumps(json_header(workload, cluster, mode) | {"layouts": [], "errors": errors}), file=out)
 
 
+def verdict_line(e: LayoutEstimate) -> str:
+    """The memory verdict with its margin, in words."""
+    cluster, margin = e.cluster, e.memory_margin_bytes
+    reserve = f"the {cluster.memory_headroom:.0%} ({gib(cluster.gpu.memory_bytes - cluster.usable_memory_bytes)} GiB)"
+    if e.verdict == "fits":
+        return f"fits, {gib(margin)} GiB to spare ({reserve} reserved for what the estimate does not count included)"
+    if e.verdict == "tight":
+        return (
+            f"tight, {gib(margin)} GiB to spare: within {reserve} reserved for what the estimate does not count "
+            "(CUDA context, NCCL buffers, fragmentation); it may run — watch the first steps' memory"
+        )
+    return f"does not fit, {gib(-margin)} GiB over the card's capacity"
+
+
 def does_not_fit_message(e: LayoutEstimate, workload: Workload, alternatives: SearchResult | None) -> str:
     cluster = e.cluster
-    over = e.memory.total_bytes - cluster.usable_memory_bytes
+    over = -e.memory_margin_bytes
     lines = [
         f"error: the layout is valid but needs an estimated {gib(e.memory.total_bytes)} GiB per GPU "
         f"({e.memory.most_loaded.stage} pipeline stage), {gib(over)} GiB more than the "
-        f"{gib(cluster.usable_memory_bytes)} GiB usable on {cluster.gpu.name} "
-        f"({gib(cluster.gpu.memory_bytes)} GiB, {cluster.memory_headroom:.0%} headroom)"
+        f"{gib(cluster.gpu.memory_bytes)} GiB of {cluster.gpu.name}"
     ]
     tips = []
     for label, change in memory_savers(e, workload):

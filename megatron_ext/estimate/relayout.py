@@ -118,13 +118,14 @@ def relayout(workload: Workload, old: ParallelLayout, cluster: Cluster, *, polic
                 f"count that is a multiple of {old.tp * old.cp * old.pp}, or let the layout change (policy any)"
             )
         # The old micro-batch size where it still works: the same memory per microbatch, the same numerics.
-        fitting = sorted((e for e in estimates if e.fits), key=lambda e: e.time.step_s)
+        # An unattended re-plan keeps the reserve: a tight layout could fail at night.
+        fitting = sorted((e for e in estimates if e.fits_with_reserve), key=lambda e: e.time.step_s)
         same = [e for e in fitting if e.layout.micro_batch_size == old.micro_batch_size]
         best: LayoutEstimate | None = (same or fitting)[0] if fitting else None
     else:
         result = search_like(workload, cluster, old)
         estimates = result.estimates
-        best = result.fitting[0] if result.fitting else None
+        best = next((e for e in result.estimates if e.fits_with_reserve), None)
     if best is None:
         least = min((e.memory.total_bytes for e in estimates), default=0.0)
         raise RelayoutError(
@@ -173,7 +174,7 @@ def plan_allocation(
     chosen: LayoutEstimate | None = None
     if recipe is not None:
         estimate = evaluate(workload, recipe, cluster)
-        if estimate.fits:
+        if estimate.fits_with_reserve:
             chosen, why = estimate, f"the recipe's layout runs on {gpus(cluster.gpus)}"
         else:
             recipe_refusal = (

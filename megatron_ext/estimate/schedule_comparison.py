@@ -325,7 +325,7 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
             step_s=run.timeline.makespan + own.time.dp_comm_s + own.time.optimizer_s,
             activation_bytes=tuple(st.activations_bytes for st in memory.stages),
             peak_bytes=memory.total_bytes,
-            fits=memory.total_bytes <= cluster.usable_memory_bytes,
+            fits=memory.total_bytes <= cluster.gpu.memory_bytes,
             p2p_bytes=max(run.messages) * p2p_bytes,
         )
 

@@ -59,6 +59,12 @@ class PublishedRun:
     distributed_optimizer: bool = False
     overlap: bool = False
     """Data-parallel gradient reduction (and, with the distributed optimizer, parameter gather) overlapped."""
+    cp: int = 1
+    """Context-parallel size."""
+    grad_reduce_in_bf16: bool = False
+    """``--grad-reduce-in-bf16``."""
+    model: ModelArgs | None = None
+    """The whole model (GQA, SwiGLU, ...), when the row is not a GPT-3-style shape of the fields above."""
     scatter_gather: bool = False
     """Megatron-LM 2021's pipeline scatter/gather optimisation."""
     attention: str = "unfused"
@@ -74,7 +80,7 @@ class PublishedRun:
     """What the source does not state and the row assumes."""
 
     def workload(self) -> Workload:
-        model = ModelArgs(
+        model = self.model or ModelArgs(
             num_layers=self.layers,
             hidden_size=self.hidden,
             num_attention_heads=self.heads,
@@ -90,6 +96,7 @@ class PublishedRun:
             overlap_grad_reduce=self.overlap,
             overlap_param_gather=self.overlap and self.distributed_optimizer,
             p2p_scatter_gather=self.scatter_gather,
+            grad_reduce_in_bf16=self.grad_reduce_in_bf16,
         )
 
     def layout(self) -> ParallelLayout:
@@ -99,6 +106,7 @@ class PublishedRun:
             tensor_model_parallel_size=self.tp,
             pipeline_model_parallel_size=self.pp,
             virtual_pipeline_model_parallel_size=self.vp if self.vp > 1 else None,
+            context_parallel_size=self.cp,
             sequence_parallel=self.sequence_parallel,
             use_distributed_optimizer=self.distributed_optimizer,
             micro_batch_size=self.micro_batch,
@@ -307,6 +315,94 @@ MEGATRON_LM_H100 = [
         ]
     )
 ]
+
+
+def llama(layers: int, hidden: int, ffn: int, heads: int, groups: int) -> ModelArgs:
+    """A Llama 3.1 shape (GQA, SwiGLU, RMSNorm, rope, untied, no biases, no dropout), sequence 8192."""
+    return ModelArgs(
+        num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
+        group_query_attention=True, num_query_groups=groups, swiglu=True, normalization="RMSNorm",
+        position_embedding_type="rope", disable_bias_linear=True, untie_embeddings_and_output_weights=True,
+        seq_length=8192, vocab_size=128256, hidden_dropout=0.0, attention_dropout=0.0, attention_backend="flash",
+    )  # fmt: skip
+
+
+def nemotron(layers: int, hidden: int, heads: int) -> ModelArgs:
+    """A Nemotron-4 shape (8 query groups, squared ReLU, layernorm-1p, rope, untied, no biases), sequence 4096."""
+    return ModelArgs(
+        num_layers=layers, hidden_size=hidden, ffn_hidden_size=4 * hidden, num_attention_heads=heads,
+        group_query_attention=True, num_query_groups=8, squared_relu=True, apply_layernorm_1p=True,
+        position_embedding_type="rope", disable_bias_linear=True, untie_embeddings_and_output_weights=True,
+        seq_length=4096, vocab_size=256000, hidden_dropout=0.0, attention_dropout=0.0, attention_backend="flash",
+    )  # fmt: skip
+
+
+GPT3_175B = ModelArgs(
+    num_layers=96, hidden_size=12288, num_attention_heads=96, seq_length=2048, vocab_size=51200,
+    hidden_dropout=0.0, attention_dropout=0.0, attention_backend="flash",
+)  # fmt: skip
+
+# NVIDIA's DGX Cloud Benchmarking recipes (github NVIDIA/dgxc-benchmarking, release v24.11.1, commit 35a9aecc;
+# NeMo 24.09, GPT-3 175B NeMo 24.05): the 'Expected Performance' BF16 tables of llama3.1/README_{8b,70b,405b}.md,
+# nemotron/README_{15b,340b}.md and nemo_megatron/README_175b.md, on DGX H100; step time in seconds (the last
+# step), weak scaling (the global batch grows with the GPUs). The 405B tables' 32-, 96- and 192-GPU columns are
+# proxies with 7, 21 and 42 layers. Published: TP, PP, CP, VP, micro-batch, global batch, GPUs. From the recipes:
+# bf16, distributed optimizer, overlapped gradient reduction and parameter all-gather, sequence parallelism,
+# fused attention, TP communication overlap (charged in full here), recompute none but selective for the 340B.
+_D = "NVIDIA dgxc-benchmarking v24.11.1, DGX H100 BF16"
+_D_ASSUMED = (
+    "--grad-reduce-in-bf16: with fp32 gradient buffers the 340B layout would not fit in 80 GB; squared ReLU and "
+    "layernorm-1p as the calculator approximates them"
+)
+DGXC_H100 = [
+    _row(
+        table=_D,
+        name=f"{name} on {gpus}",
+        gpu="h100-sxm",
+        model=model,
+        heads=model.num_attention_heads,
+        hidden=model.hidden_size,
+        layers=model.num_layers,
+        seq_length=model.seq_length,
+        vocab_size=int(model.vocab_size or 0),
+        tp=tp,
+        pp=pp,
+        vp=vp,
+        cp=cp,
+        gpus=gpus,
+        global_batch=batch,
+        micro_batch=mb,
+        recompute=recompute,
+        sequence_parallel=tp > 1,
+        distributed_optimizer=True,
+        overlap=True,
+        grad_reduce_in_bf16=True,
+        attention="flash",
+        step_s=step,
+        assumed=_D_ASSUMED,
+    )
+    for name, model, tp, pp, vp, cp, mb, recompute, sweep in [
+        ("Llama 3.1 8B", llama(32, 4096, 14336, 32, 8), 1, 1, 1, 2, 1, "none",
+         [(8, 128, 12.91), (16, 256, 13.00), (32, 512, 13.05), (64, 1024, 13.08), (128, 2048, 13.10)]),
+        ("Llama 3.1 70B", llama(80, 8192, 28672, 64, 8), 4, 4, 5, 2, 1, "none",
+         [(64, 128, 14.72), (128, 256, 14.73), (256, 512, 14.8), (512, 1024, 14.89), (1024, 2048, 14.92),
+          (2048, 4096, 14.98)]),
+        ("Llama 3.1 405B, 7 layers", llama(7, 16384, 53248, 128, 16), 8, 1, 1, 2, 1, "none", [(32, 126, 8.85)]),
+        ("Llama 3.1 405B, 21 layers", llama(21, 16384, 53248, 128, 16), 8, 3, 7, 2, 1, "none", [(96, 126, 8.75)]),
+        ("Llama 3.1 405B, 42 layers", llama(42, 16384, 53248, 128, 16), 8, 3, 7, 2, 1, "none",
+         [(192, 252, 16.93)]),
+        ("Llama 3.1 405B", llama(126, 16384, 53248, 128, 16), 8, 9, 7, 2, 1, "none",
+         [(576, 252, 17.20), (1152, 504, 17.52), (2304, 1008, 17.62)]),
+        ("Nemotron-4 15B", nemotron(32, 6144, 48), 4, 1, 1, 1, 4, "none",
+         [(16, 64, 2.83), (32, 128, 2.86), (64, 256, 2.86), (128, 512, 2.89), (256, 1024, 2.88),
+          (512, 2048, 2.92), (1024, 4096, 2.92), (2048, 8192, 2.96)]),
+        ("Nemotron-4 340B", nemotron(96, 18432, 96), 8, 8, 12, 1, 1, "selective",
+         [(128, 32, 4.61), (256, 64, 4.67), (512, 128, 4.7), (1024, 256, 4.73), (2048, 512, 4.84)]),
+        ("GPT-3 175B", GPT3_175B, 4, 8, 12, 1, 1, "none",
+         [(128, 256, 8.91), (256, 512, 8.95), (512, 1024, 9.09), (1024, 2048, 9.01), (2048, 4096, 9.02)]),
+    ]
+    for gpus, batch, step in sweep
+]  # fmt: skip
 
 ALL = NARAYANAN_TABLE_1 + KORTHIKANTI_2022 + MEGATRON_LM_A100_175B + MEGATRON_LM_H100
 CALIBRATION = [r for r in ALL if r.calibration]

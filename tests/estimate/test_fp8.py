@@ -20,6 +20,7 @@ from megatron_ext.estimate.search import Cluster, evaluate, pretrain_flags
 from megatron_ext.estimate.step_time import fp8_cast_bytes, unit_times
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import ParallelLayout
+from tests.estimate.published import GPT3_175B, llama, nemotron
 
 pytestmark = pytest.mark.unit
 
@@ -102,37 +103,14 @@ def test_fp8_ranks_layouts_faster_where_the_gemms_dominate() -> None:
 # nemo_megatron/README_175b.md: the same model and layout on DGX H100 in BF16 and in FP8 (hybrid, delayed
 # scaling, NeMo 24.09 / 24.05), step times in seconds at the smallest GPU count of each table. Nothing in the FP8
 # model is fitted: every row validates the predicted BF16 / FP8 step-time ratio.
-def _llama(layers: int, hidden: int, ffn: int, heads: int, groups: int) -> ModelArgs:
-    return ModelArgs(
-        num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
-        group_query_attention=True, num_query_groups=groups, swiglu=True, normalization="RMSNorm",
-        position_embedding_type="rope", disable_bias_linear=True, untie_embeddings_and_output_weights=True,
-        seq_length=8192, vocab_size=128256, hidden_dropout=0.0, attention_dropout=0.0, attention_backend="flash",
-    )  # fmt: skip
-
-
-def _nemotron(layers: int, hidden: int, heads: int) -> ModelArgs:
-    return ModelArgs(
-        num_layers=layers, hidden_size=hidden, ffn_hidden_size=4 * hidden, num_attention_heads=heads,
-        group_query_attention=True, num_query_groups=8, squared_relu=True, apply_layernorm_1p=True,
-        position_embedding_type="rope", disable_bias_linear=True, untie_embeddings_and_output_weights=True,
-        seq_length=4096, vocab_size=256000, hidden_dropout=0.0, attention_dropout=0.0, attention_backend="flash",
-    )  # fmt: skip
-
-
-GPT3_175B = ModelArgs(
-    num_layers=96, hidden_size=12288, num_attention_heads=96, seq_length=2048, vocab_size=51200,
-    hidden_dropout=0.0, attention_dropout=0.0, attention_backend="flash",
-)  # fmt: skip
-
 # name, model, GPUs, TP, PP, VP, CP, global batch, micro-batch, recompute, BF16 step s, FP8 step s
 DGXC_PAIRS = [
-    ("Llama 3.1 8B", _llama(32, 4096, 14336, 32, 8), 8, 1, 1, 1, 2, 128, 1, "none", 12.91, 9.67),
-    ("Llama 3.1 70B", _llama(80, 8192, 28672, 64, 8), 64, 4, 4, 5, 2, 128, 1, "none", 14.72, 11.01),
-    ("Llama 3.1 405B, 7-layer proxy", _llama(7, 16384, 53248, 128, 16), 32, 8, 1, 1, 2, 126, 1, "none", 8.85, 5.80),
-    ("Llama 3.1 405B", _llama(126, 16384, 53248, 128, 16), 576, 8, 9, 7, 2, 252, 1, "none", 17.20, 11.24),
-    ("Nemotron-4 15B", _nemotron(32, 6144, 48), 16, 4, 1, 1, 1, 64, 4, "none", 2.83, 2.08),
-    ("Nemotron-4 340B", _nemotron(96, 18432, 96), 128, 8, 8, 12, 1, 32, 1, "selective", 4.61, 3.16),
+    ("Llama 3.1 8B", llama(32, 4096, 14336, 32, 8), 8, 1, 1, 1, 2, 128, 1, "none", 12.91, 9.67),
+    ("Llama 3.1 70B", llama(80, 8192, 28672, 64, 8), 64, 4, 4, 5, 2, 128, 1, "none", 14.72, 11.01),
+    ("Llama 3.1 405B, 7-layer proxy", llama(7, 16384, 53248, 128, 16), 32, 8, 1, 1, 2, 126, 1, "none", 8.85, 5.80),
+    ("Llama 3.1 405B", llama(126, 16384, 53248, 128, 16), 576, 8, 9, 7, 2, 252, 1, "none", 17.20, 11.24),
+    ("Nemotron-4 15B", nemotron(32, 6144, 48), 16, 4, 1, 1, 1, 64, 4, "none", 2.83, 2.08),
+    ("Nemotron-4 340B", nemotron(96, 18432, 96), 128, 8, 8, 12, 1, 32, 1, "selective", 4.61, 3.16),
     ("GPT-3 175B", GPT3_175B, 128, 4, 8, 12, 1, 256, 1, "none", 8.91, 5.92),
 ]
 FP8_SPEEDUP_TOLERANCE = 0.08

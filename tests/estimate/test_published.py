@@ -7,12 +7,14 @@ the full grid); the validation rows are never fitted. ``docs/layout-model.md`` l
 
 from __future__ import annotations
 
+import io
 import itertools
 import subprocess
 import sys
 
 import pytest
 
+from megatron_ext.cli import calculator
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.presets import get_preset
 from megatron_ext.estimate.hardware import GpuProfile, get_profile
@@ -20,7 +22,9 @@ from megatron_ext.estimate.search import Cluster, search
 from megatron_ext.estimate.workload import Workload
 from tests.conftest import REPO
 from tests.estimate.published import (
+    ALL,
     CALIBRATION,
+    DGXC_H100,
     MEGATRON_LM_H100,
     NARAYANAN_TABLE_1,
     VALIDATION,
@@ -174,3 +178,34 @@ def test_full_1t_search_from_the_command_line() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert '"layouts"' in proc.stdout
+
+
+@pytest.mark.parametrize("row", [*ALL, *DGXC_H100], ids=[f"{r.table}: {r.name}" for r in [*ALL, *DGXC_H100]])
+def test_no_layout_published_as_having_run_is_refused_for_memory(row: PublishedRun) -> None:
+    """Every published run is estimated within its card's capacity: ``fits`` or ``tight``, never exit 5."""
+    estimate = row.estimate()
+    assert estimate.verdict in ("fits", "tight"), f"{row.name}: {estimate.memory.total_bytes / 2**30:.1f} GiB"
+
+
+def test_the_tightest_published_run_is_tight_with_its_margin_named() -> None:
+    """The Nemotron-4 340B on 128 H100s (TP 8, PP 8, VP 12, selective recomputation) is estimated at 79.5 of the
+    card's 79.6 GiB: within the reserve for what the model does not count, so tight, not refused."""
+    row = next(r for r in DGXC_H100 if r.name == "Nemotron-4 340B on 128")
+    estimate = row.estimate()
+    assert estimate.verdict == "tight" and 0 < estimate.memory_margin_bytes < 0.01 * estimate.cluster.gpu.memory_bytes
+    out, err = io.StringIO(), io.StringIO()
+    model = row.workload().model
+    argv = [
+        "--gpus", "128", "--gpu", "h100-sxm", "--num-layers", "96", "--hidden-size", "18432",
+        "--ffn-hidden-size", "73728", "--num-attention-heads", "96", "--group-query-attention",
+        "--num-query-groups", "8", "--position-embedding-type", "rope", "--disable-bias-linear",
+        "--untie-embeddings-and-output-weights", "--seq-length", "4096", "--vocab-size", str(model.vocab_size),
+        "--hidden-dropout", "0", "--attention-dropout", "0", "--attention-backend", "flash", "--bf16",
+        "--grad-reduce-in-bf16", "--recompute-granularity", "selective", "--global-batch-size", "32",
+        "--tp", "8", "--pp", "8", "--vp", "12", "--micro-batch-size", "1", "--sequence-parallel",
+        "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--explain",
+    ]  # fmt: skip
+    assert calculator.main(argv, stdout=out, stderr=err) == 0, err.getvalue()
+    total = next(line for line in out.getvalue().splitlines() if line.strip().startswith("total"))
+    assert "of 79.6 GiB: tight, 0.2 GiB to spare" in total and "reserved for what the estimate does not count" in total
+    assert "  8   8  12     2   1    16     79.4 tight" in out.getvalue()

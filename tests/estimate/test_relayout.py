@@ -164,11 +164,11 @@ def test_an_allocation_keeps_the_recipes_layout_where_it_fits_and_records_every_
     )  # fmt: skip
     # 96 GPUs: the recipe's TP 4 × PP 8 runs (DP 3) but does not fit (the optimizer over 3 shards): re-planned.
     on_96 = ParallelLayout.check(**recipe.as_values() | {"world_size": 96})[0]
-    assert not evaluate(workload, on_96, _cluster(96)).fits
+    assert not evaluate(workload, on_96, _cluster(96)).fits_with_reserve
     shrunk = plan_allocation(
         workload, _cluster(96), recipe=on_96, recipe_refusal="", base=recipe, saved=recipe, policy="any"
     )
-    assert "GiB per GPU" in shrunk.why and shrunk.layout.fits and shrunk.layout.layout.world_size == 96
+    assert "GiB per GPU" in shrunk.why and shrunk.layout.fits_with_reserve and shrunk.layout.layout.world_size == 96
     assert shrunk.relayout is not None and shrunk.relayout.record(iteration=7)["why"] == shrunk.why
     # Back on 128 GPUs from the shrunk checkpoint: the recipe's own layout, recorded as a change.
     grown = plan_allocation(
