@@ -42,16 +42,21 @@ else:
     ALL, CALIBRATION = _tables.ALL, _tables.CALIBRATION
     with_constants, worst = _tables.with_constants, _tables.worst
 
+DEPTHS = [0.0, 64.0, 128.0, 256.0, 384.0, 512.0, 768.0, 1024.0]
+"""The GEMM depths (``k``) at which a tile's fixed cost halves its rate, tried for every GPU."""
 A100_GRID = {
-    "compute_efficiency": [round(0.60 + 0.005 * i, 3) for i in range(41)],
-    "memory_efficiency": [round(0.50 + 0.01 * i, 2) for i in range(41)],
+    "compute_efficiency": [round(0.60 + 0.01 * i, 2) for i in range(31)],
+    "memory_efficiency": [round(0.50 + 0.02 * i, 2) for i in range(21)],
+    "gemm_depth_half": DEPTHS,
 }
-"""A100: the GEMMs' share of peak, and the element-wise kernels' share of HBM bandwidth (unfused attention)."""
+"""A100: the GEMMs' best share of peak and their depth loss, and the element-wise kernels' share of HBM bandwidth
+(unfused attention)."""
 H100_GRID = {
-    "compute_efficiency": [round(0.55 + 0.005 * i, 3) for i in range(41)],
-    "attention_efficiency": [round(0.15 + 0.01 * i, 2) for i in range(31)],
+    "compute_efficiency": [round(0.50 + 0.005 * i, 3) for i in range(81)],
+    "gemm_depth_half": DEPTHS,
 }
-"""H100: the GEMMs' and flash attention's shares of peak (the memory efficiency is the A100 fit's)."""
+"""H100: the GEMMs' best share of peak and their depth loss (fused attention's share comes from the kernel
+benchmarks, ``estimate.kernels``; the memory efficiency is the A100 fit's)."""
 
 
 def minimax(rows: list[PublishedRun], gpu: GpuProfile, grid: dict[str, list[float]]) -> tuple[dict[str, float], float]:
@@ -80,7 +85,8 @@ def residual_table(rows: Sequence[PublishedRun]) -> list[str]:
             measured, predicted = f"{r.tflops:g} TFLOP/s", f"{value:.1f} TFLOP/s"
         lines.append(
             f"| {r.table} | {r.name} | {r.gpu} | {r.tp} | {r.pp} | {r.vp} | {e.layout.dp} | {measured} | "
-            f"{predicted} | {r.residual():+.1%} | {'calibration' if r.calibration else 'validation'} |"
+            f"{predicted} | {r.residual():+.1%} | "
+            f"{'calibration' if r.calibration else 'comparison' if r.comparison else 'validation'} |"
         )
     return lines
 

@@ -214,6 +214,8 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, int | None]:
                 no_overlap_p2p_communication=args.no_overlap_p2p_communication,
                 ddp_bucket_size=args.ddp_bucket_size,
                 ddp_num_buckets=args.ddp_num_buckets,
+                tp_comm_overlap=args.tp_comm_overlap,
+                sequence_parallel=args.sequence_parallel,
             ),
         )
     except (ConfigError, ValueError) as exc:

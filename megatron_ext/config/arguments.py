@@ -353,6 +353,7 @@ class ParallelArgs(_Options):
         False,
         "Overlap tensor-parallel communication with the GEMMs (Transformer Engine's userbuffers; needs "
         "--sequence-parallel and TE's layers on GPUs).",
+        estimate=True,
     )
     tp_comm_bootstrap_backend: str = opt(
         "nccl", "With --tp-comm-overlap: how the userbuffers are set up.", choices=["nccl", "mpi", "gloo"]

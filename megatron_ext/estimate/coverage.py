@@ -42,7 +42,6 @@ APPROXIMATED: dict[str, str] = {
     "fp8_param_gather": f"{_FP8}; the parameter all-gather is counted in bf16",
     **dict.fromkeys(
         (
-            "tp_comm_overlap",
             "tp_comm_overlap_rs_dgrad",
             "tp_comm_overlap_cfg",
             *(
@@ -50,8 +49,8 @@ APPROXIMATED: dict[str, str] = {
                 for n in ("overlap_ag", "overlap_rs", "split_ag", "split_rs", "bulk_dgrad", "bulk_wgrad")
             ),
         ),
-        "tensor-parallel communication is counted as exposed; the overlap hides part of it (the step time is "
-        "pessimistic)",
+        "a detail of --tp-comm-overlap, which is modelled as its default (each collective hidden behind its GEMM "
+        "but one chunk of the ring)",
     ),
     "rampup_batch_size": "the step is the full batch's; the ramp-up's first steps are shorter",
     **dict.fromkeys(

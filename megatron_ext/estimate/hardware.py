@@ -94,6 +94,9 @@ class GpuProfile:
     """FP32 peak without tensor cores (PyTorch's default for float32 matmuls), FLOP/s."""
     peak_flops_fp8: float | None = None
     """Dense FP8 tensor-core peak, FLOP/s (``--fp8-format``'s GEMMs); None: the GPU has no FP8."""
+    fp8_compute_efficiency: float | None = None
+    """Calibrated best share of ``peak_flops_fp8`` that FP8 GEMMs reach (before their shapes' losses); None:
+    ``compute_efficiency``."""
     memory_bytes: int
     """Memory capacity per GPU, bytes."""
     memory_bandwidth: float
@@ -104,12 +107,20 @@ class GpuProfile:
     """Effective bandwidth of one GPU's network interface between nodes, bytes/s."""
     compute_efficiency: float
     """Calibrated fraction of ``peak_flops`` that Megatron's matrix multiplications reach."""
+    sms: int = 132
+    """Streaming multiprocessors: the GEMMs' tiles run in waves of this many (``kernels.gemm_shape_efficiency``)."""
+    gemm_depth_half: float = 0.0
+    """The GEMM depth (``k``) at which a tile's fixed cost halves the rate (fitted; 0: no depth loss)."""
     memory_efficiency: float = 1.0
     """Calibrated fraction of ``memory_bandwidth`` that the element-wise kernels (norms, activations, dropout,
     residuals, unfused softmax) reach."""
+    attention_kernels: str = "hopper"
+    """Whose published fused-attention benchmarks give this GPU's attention efficiency by shape
+    (``estimate.kernels``): ``ampere`` (A100) or ``hopper`` (H100, H200)."""
     attention_efficiency: float | None = None
-    """Calibrated fraction of ``peak_flops`` that fused (flash) attention reaches, in Megatron's count of its
-    FLOPs (the full ``s²`` square); None: the matrix multiplications' ``compute_efficiency``."""
+    """A fixed share of ``peak_flops`` for fused attention, in the kernel's count (causal: half the ``s²``
+    square; backward 2.5 forwards), instead of the benchmarks' curve by sequence length and head dimension
+    (``--attention-efficiency``); None: the curve."""
 
     def with_overrides(
         self,
@@ -168,22 +179,27 @@ class GpuProfile:
         return p
 
 
-A100_COMPUTE_EFFICIENCY = 0.70
-"""The GEMMs' share of the A100's peak: fitted with ``MEMORY_EFFICIENCY`` to Narayanan et al. 2021, Table 1."""
+A100_COMPUTE_EFFICIENCY = 0.88
+"""The GEMMs' best share of the A100's peak (before their shapes' losses, ``kernels.gemm_shape_efficiency``):
+fitted with ``A100_GEMM_DEPTH_HALF`` and ``MEMORY_EFFICIENCY`` to Narayanan et al. 2021, Table 1."""
 
-MEMORY_EFFICIENCY = 0.72
+A100_GEMM_DEPTH_HALF = 1024.0
+"""The GEMM depth at which a tile's fixed cost halves the A100's rate: fitted with ``A100_COMPUTE_EFFICIENCY``."""
+
+MEMORY_EFFICIENCY = 0.62
 """The element-wise kernels' share of HBM bandwidth: fitted on A100 (Table 1), taken for every GPU."""
 
-H100_COMPUTE_EFFICIENCY = 0.685
-"""The GEMMs' share of the H100's peak: fitted with ``H100_ATTENTION_EFFICIENCY`` to the calibration rows of
-the Megatron-LM README's H100 weak-scaling table."""
+H100_COMPUTE_EFFICIENCY = 0.63
+"""The GEMMs' best share of the H100's peak: fitted with ``H100_GEMM_DEPTH_HALF`` to the calibration sweeps of
+NVIDIA's dgxc-benchmarking H100 tables (Llama 3.1 8B and 405B, Nemotron-4 340B; fused attention at the kernel
+benchmarks' curve, ``estimate.kernels``)."""
 
-H100_ATTENTION_EFFICIENCY = 0.22
-"""Flash attention's share of the H100's peak in Megatron's count of its FLOPs (the full ``s²`` square: a
-causal kernel computes half of it), fitted with ``H100_COMPUTE_EFFICIENCY``."""
+H100_GEMM_DEPTH_HALF = 256.0
 
-A100_ATTENTION_EFFICIENCY = round(A100_COMPUTE_EFFICIENCY * H100_ATTENTION_EFFICIENCY / H100_COMPUTE_EFFICIENCY, 3)
-"""Not measured: no published A100 run used flash attention. The H100 fit's ratio of attention to GEMM rate."""
+H100_FP8_COMPUTE_EFFICIENCY = 0.56
+"""FP8 GEMMs' best share of the H100's FP8 peak: fitted to the BF16 / FP8 step-time ratios of the calibration
+models' pairs in NVIDIA's dgxc-benchmarking tables (Llama 3.1 8B, 405B and its proxy, Nemotron-4 340B)."""
+"""The GEMM depth at which a tile's fixed cost halves the H100's rate: fitted with ``H100_COMPUTE_EFFICIENCY``."""
 
 PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
     {
@@ -199,8 +215,10 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 intra_node_bandwidth=230e9,
                 inter_node_bandwidth=23e9,
                 compute_efficiency=A100_COMPUTE_EFFICIENCY,
+                gemm_depth_half=A100_GEMM_DEPTH_HALF,
+                sms=108,
                 memory_efficiency=MEMORY_EFFICIENCY,
-                attention_efficiency=A100_ATTENTION_EFFICIENCY,
+                attention_kernels="ampere",
             ),
             GpuProfile(
                 name="a100-80g",
@@ -212,8 +230,10 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 intra_node_bandwidth=230e9,
                 inter_node_bandwidth=23e9,
                 compute_efficiency=A100_COMPUTE_EFFICIENCY,
+                gemm_depth_half=A100_GEMM_DEPTH_HALF,
+                sms=108,
                 memory_efficiency=MEMORY_EFFICIENCY,
-                attention_efficiency=A100_ATTENTION_EFFICIENCY,
+                attention_kernels="ampere",
             ),
             GpuProfile(
                 name="h100-sxm",
@@ -221,13 +241,14 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 peak_flops=PEAK_FLOPS["H100"],
                 peak_flops_fp32=67e12,
                 peak_flops_fp8=PEAK_FLOPS_FP8["H100"],
+                fp8_compute_efficiency=H100_FP8_COMPUTE_EFFICIENCY,
                 memory_bytes=81559 * MIB,
                 memory_bandwidth=3350e9,
                 intra_node_bandwidth=370e9,
                 inter_node_bandwidth=46e9,
                 compute_efficiency=H100_COMPUTE_EFFICIENCY,
+                gemm_depth_half=H100_GEMM_DEPTH_HALF,
                 memory_efficiency=MEMORY_EFFICIENCY,
-                attention_efficiency=H100_ATTENTION_EFFICIENCY,
             ),
             GpuProfile(
                 name="h200",
@@ -235,13 +256,14 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 peak_flops=PEAK_FLOPS["H200"],
                 peak_flops_fp32=67e12,
                 peak_flops_fp8=PEAK_FLOPS_FP8["H200"],
+                fp8_compute_efficiency=H100_FP8_COMPUTE_EFFICIENCY,
                 memory_bytes=143771 * MIB,
                 memory_bandwidth=4800e9,
                 intra_node_bandwidth=370e9,
                 inter_node_bandwidth=46e9,
                 compute_efficiency=H100_COMPUTE_EFFICIENCY,
+                gemm_depth_half=H100_GEMM_DEPTH_HALF,
                 memory_efficiency=MEMORY_EFFICIENCY,
-                attention_efficiency=H100_ATTENTION_EFFICIENCY,
             ),
         )
     }

@@ -496,6 +496,7 @@ def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
         no_overlap_p2p_communication=not workload.overlap_p2p_comm,
         ddp_bucket_size=workload.ddp_bucket_size,
         ddp_num_buckets=workload.ddp_num_buckets,
+        tp_comm_overlap=workload.tp_comm_overlap and layout.sequence_parallel,
     )
     batch = BatchArgs(micro_batch_size=layout.micro_batch_size, global_batch_size=layout.global_batch_size)
     training = OptimizerArgs(

@@ -91,9 +91,9 @@ from megatron_ext.estimate.flops import (
     attention_core_forward_flops,
     flops_per_step,
     layer_forward_flops,
-    logits_forward_flops,
 )
 from megatron_ext.estimate.hardware import GpuProfile
+from megatron_ext.estimate.kernels import FORWARD_AND_BACKWARD, attention_kernel_efficiency, gemm_pass_efficiency
 from megatron_ext.estimate.memory import unfused_attention
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import ParallelLayout
@@ -261,7 +261,6 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
 
     # FLOPs of one layer's and of the logits' forward for one microbatch on this rank (flops.py).
     layer_fwd = layer_forward_flops(m, sequences=b) / cp
-    logits_fwd = logits_forward_flops(m, sequences=b, padded_vocab_size=vocab) / cp
     attention_fwd = attention_core_forward_flops(m, sequences=b) / cp
     if workload.recompute_granularity == "full":
         recompute = layer_fwd
@@ -272,11 +271,15 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
     peak = gpu.peak_flops if workload.mixed_precision else gpu.peak_flops_fp32
     rate = peak * gpu.compute_efficiency
     # FP8: the layers' four GEMMs (QKV, projection, FC1, FC2) at the FP8 peak; the logits and attention core not.
-    gemm_rate = fp8_peak(workload, gpu) * gpu.compute_efficiency if workload.fp8_format else rate
-    # Fused (flash) attention runs the attention core at its own rate; unfused, its two batched GEMMs run at
-    # the GEMMs' rate and its softmax is an element-wise kernel (below).
-    fused = not unfused_attention(workload)
-    attention_rate = peak * (gpu.attention_efficiency or gpu.compute_efficiency) if fused else rate
+    gemm_rate = (
+        fp8_peak(workload, gpu) * (gpu.fp8_compute_efficiency or gpu.compute_efficiency)
+        if workload.fp8_format
+        else rate
+    )
+    # Fused (flash) attention runs the attention core at the published kernel benchmarks' rate for its shape
+    # (``kernels``); unfused (or in fp32), its two batched GEMMs run at the GEMMs' rate and its softmax is an
+    # element-wise kernel (below).
+    fused = not unfused_attention(workload) and workload.mixed_precision
     bandwidth = gpu.memory_bandwidth * gpu.memory_efficiency
 
     # Memory-bound element-wise kernels: bytes read and written per layer forward, backward twice that.
@@ -300,19 +303,50 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         recompute_bytes += cast_fwd
     # One layer and the output layer (logits GEMM, forward and backward) for one microbatch.
     attention_recompute = attention_fwd if workload.recompute_granularity != "none" else 0.0
-    gemm_flops = 3 * (layer_fwd - attention_fwd) + recompute - attention_recompute
-    attention_flops = 3 * attention_fwd + attention_recompute
+    # The layer's four GEMMs (QKV, projection, FC1, FC2) on this TP rank, each at its shape's efficiency
+    # (``kernels.gemm_pass_efficiency``): ``b·s`` tokens (per CP rank) by (outputs, inputs); forward and the two
+    # backward GEMMs, and the forward again with full recomputation.
+    tokens = b * s
+    g, d = m.effective_num_query_groups, m.effective_kv_channels
+    linears = ((n + 2 * g) * d / t, h), (h, n * d / t), (f * (2 if m.swiglu else 1) / t, h), (h, f / t)
+    gemm_passes = 3 + (1 if workload.recompute_granularity == "full" else 0)
+
+    def gemm_seconds(shapes: tuple[tuple[float, float], ...], gemm_rate: float, passes: int) -> float:
+        return sum(
+            passes
+            * 2
+            * tokens
+            * out
+            * inp
+            / (gemm_rate * gemm_pass_efficiency(tokens, out, inp, sms=gpu.sms, depth_half=gpu.gemm_depth_half))
+            for out, inp in shapes
+        )
+
+    if fused:
+        # The kernel's count: causal, half of Megatron's full s² square; forward + backward 3.5 forwards, and the
+        # forward again when recomputed. Its share of peak at the sequence each CP rank sees.
+        share = gpu.attention_efficiency or attention_kernel_efficiency(
+            gpu.attention_kernels, seq_length=s, head_dim=m.effective_kv_channels, backend=m.attention_backend
+        )
+        passes = FORWARD_AND_BACKWARD + (1 if attention_recompute else 0)
+        attention_s = passes * attention_fwd / 2 / t / (peak * share)
+    else:
+        attention_s = (3 * attention_fwd + attention_recompute) / t / rate
     layer_compute = (
-        gemm_flops / t / gemm_rate
-        + attention_flops / t / attention_rate
+        gemm_seconds(linears, gemm_rate, gemm_passes)
+        + attention_s
         + (3 * layer_fwd_bytes + recompute_bytes + cast_fwd + cast_bwd) / bandwidth
     )
-    output_compute = 3 * logits_fwd / t / rate
+    output_compute = gemm_seconds(((vocab / t, h),), rate, 3)
 
     # Tensor parallelism: 4 collectives of b·s·h per layer (6 with full recompute), each 2(t-1)/t of it per GPU.
     if t > 1:
         collectives = 6 if workload.recompute_granularity == "full" else 4
         layer_tp = collectives * 2 * _ring(t) * b * s * h * e / gpu.intra_node_bandwidth
+        if workload.tp_comm_overlap:
+            # Transformer Engine's userbuffers: each collective runs chunk by chunk around the ring under its
+            # GEMM; the first chunk (1/TP) cannot start behind anything, and what the GEMMs cannot cover stays.
+            layer_tp = max(layer_tp / t, layer_tp - gemm_seconds(linears, gemm_rate, gemm_passes))
     else:
         layer_tp = 0.0
 
@@ -321,7 +355,7 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         ring_bytes = 3 * (cp - 1) * 2 * g * d / t * s * b * e
         # Megatron-Core's order tp-cp-dp-pp: the CP ring sits inside a node while TP × CP fits in one.
         link = gpu.intra_node_bandwidth if t * cp <= gpus_per_node else gpu.inter_node_bandwidth
-        layer_cp = max(0.0, ring_bytes / link - 3 * attention_fwd / t / attention_rate)
+        layer_cp = max(0.0, ring_bytes / link - attention_s)
     else:
         layer_cp = 0.0
 

@@ -41,6 +41,9 @@ class Workload:
     overlap_p2p_comm: bool = True
     """The interleaved schedule's pipeline transfers overlap compute (Megatron-LM's default); False:
     ``--no-overlap-p2p-communication``, each pass waits for its batched send and receive."""
+    tp_comm_overlap: bool = False
+    """``--tp-comm-overlap``: Transformer Engine overlaps each tensor-parallel collective with its GEMM, chunk by
+    chunk around the ring; only the first chunk (``1/TP`` of it), or what the GEMM cannot cover, is exposed."""
     fp8_format: str | None = None
     """``--fp8-format``: the transformer layers' GEMMs run in FP8 (Transformer Engine), at the GPU's FP8 peak,
     their inputs and output gradients cast to FP8 first; the logits and the attention core stay in the training
@@ -70,6 +73,7 @@ class Workload:
             grad_reduce_in_bf16=optim.grad_reduce_in_bf16,
             fp8_format=optim.fp8_format,
             overlap_p2p_comm=not parallel.no_overlap_p2p_communication,
+            tp_comm_overlap=parallel.tp_comm_overlap,
         )
 
     def __post_init__(self) -> None:

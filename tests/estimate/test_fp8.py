@@ -56,7 +56,8 @@ def test_the_casts_are_the_unfused_inputs_and_every_output_gradient() -> None:
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_only_the_layer_gemms_move_to_the_fp8_peak(recompute: str) -> None:
-    gpu = get_profile("h100-sxm")
+    # No shape losses (one multiprocessor: whole waves; no depth loss): the GEMMs' FLOPs at the plain rates.
+    gpu = dataclasses.replace(get_profile("h100-sxm"), sms=1, gemm_depth_half=0.0)
     layout = layout_of(tp=4, pp=1, world=8)
     bf16 = Workload(model=LLAMA, recompute_granularity=recompute)
     fp8 = dataclasses.replace(bf16, fp8_format="e4m3")
@@ -68,10 +69,11 @@ def test_only_the_layer_gemms_move_to_the_fp8_peak(recompute: str) -> None:
     gemm = passes * (layer_forward_flops(LLAMA, sequences=1) - attention_core_forward_flops(LLAMA, sequences=1)) / 4
     forward, backward = fp8_cast_bytes(fp8, sequences=1, seq_length=8192, tp=4)
     casts = backward + forward * (2 if recompute == "full" else 1)
-    saved = gemm / (gpu.peak_flops * gpu.compute_efficiency) - gemm / (gpu.peak_flops_fp8 * gpu.compute_efficiency)
+    assert gpu.peak_flops_fp8 is not None and gpu.fp8_compute_efficiency is not None
+    saved = gemm / (gpu.peak_flops * gpu.compute_efficiency) - gemm / (gpu.peak_flops_fp8 * gpu.fp8_compute_efficiency)
     added = casts / (gpu.memory_bandwidth * gpu.memory_efficiency)
     assert faster.layer_compute_s == pytest.approx(plain.layer_compute_s - saved + added, rel=1e-12)
-    assert 0.55 < faster.layer_compute_s / plain.layer_compute_s < 0.85  # the attention core bounds the gain
+    assert 0.5 < faster.layer_compute_s / plain.layer_compute_s < 0.85  # the attention core bounds the gain
 
 
 def test_a_gpu_without_fp8_is_refused_and_the_flag_is_emitted_for_pretrain_gpt() -> None:
@@ -101,8 +103,9 @@ def test_fp8_ranks_layouts_faster_where_the_gemms_dominate() -> None:
 # NVIDIA DGX Cloud Benchmarking recipes (github NVIDIA/dgxc-benchmarking, release v24.11.1, commit 35a9aecc):
 # the 'Expected Performance' tables of llama3.1/README_{8b,70b,405b}.md, nemotron/README_{15b,340b}.md and
 # nemo_megatron/README_175b.md: the same model and layout on DGX H100 in BF16 and in FP8 (hybrid, delayed
-# scaling, NeMo 24.09 / 24.05), step times in seconds at the smallest GPU count of each table. Nothing in the FP8
-# model is fitted: every row validates the predicted BF16 / FP8 step-time ratio.
+# scaling, NeMo 24.09 / 24.05), step times in seconds at the smallest GPU count of each table, run as the BF16
+# rows of tests/estimate/published.py assume. The FP8 GEMMs' share of the FP8 peak is fitted to the ratios of the
+# calibration models (Llama 3.1 8B, 405B and its proxy, Nemotron-4 340B); the other three validate.
 # name, model, GPUs, TP, PP, VP, CP, global batch, micro-batch, recompute, BF16 step s, FP8 step s
 DGXC_PAIRS = [
     ("Llama 3.1 8B", llama(32, 4096, 14336, 32, 8), 8, 1, 1, 1, 2, 128, 1, "none", 12.91, 9.67),
@@ -113,8 +116,8 @@ DGXC_PAIRS = [
     ("Nemotron-4 340B", nemotron(96, 18432, 96), 128, 8, 8, 12, 1, 32, 1, "selective", 4.61, 3.16),
     ("GPT-3 175B", GPT3_175B, 128, 4, 8, 12, 1, 256, 1, "none", 8.91, 5.92),
 ]
-FP8_SPEEDUP_TOLERANCE = 0.08
-"""The largest error of the predicted BF16 / FP8 speedup on these rows is 7.1% (the 405B proxy)."""
+FP8_SPEEDUP_TOLERANCE = 0.10
+"""As every validation row of the time model: within 10% (the calibration pairs within 3%)."""
 
 
 @pytest.mark.parametrize("row", DGXC_PAIRS, ids=[row[0] for row in DGXC_PAIRS])
@@ -127,7 +130,8 @@ def test_the_fp8_speedup_holds_against_published_h100_pairs(row: tuple) -> None:
         gpus_per_node=8, **model_layout_facts(model),
     )  # fmt: skip
     cluster = Cluster(gpus=gpus, gpus_per_node=8, gpu=get_profile("h100-sxm"))
-    bf16 = Workload(model=model, recompute_granularity=recompute, overlap_grad_reduce=True, overlap_param_gather=True)
+    bf16 = Workload(model=model, recompute_granularity=recompute, overlap_grad_reduce=True, overlap_param_gather=True,
+                    tp_comm_overlap=tp > 1, grad_reduce_in_bf16=True)  # fmt: skip
     fp8 = dataclasses.replace(bf16, fp8_format="hybrid")
     predicted = evaluate(bf16, layout, cluster).time.step_s / evaluate(fp8, layout, cluster).time.step_s
     assert predicted / (bf16_s / fp8_s) - 1 == pytest.approx(0, abs=FP8_SPEEDUP_TOLERANCE), name

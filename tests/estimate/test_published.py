@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import statistics
 import subprocess
 import sys
 
@@ -24,6 +25,7 @@ from tests.conftest import REPO
 from tests.estimate.published import (
     ALL,
     CALIBRATION,
+    COMPARISON,
     DGXC_H100,
     MEGATRON_LM_H100,
     NARAYANAN_TABLE_1,
@@ -57,8 +59,8 @@ def test_calibration_rows_within_five_percent(row: PublishedRun) -> None:
 @pytest.mark.parametrize(
     ("profile", "steps"),
     [
-        ("a100-80g", {"compute_efficiency": 0.005, "memory_efficiency": 0.01}),
-        ("h100-sxm", {"compute_efficiency": 0.005, "attention_efficiency": 0.01}),
+        ("a100-80g", {"compute_efficiency": 0.01, "memory_efficiency": 0.02}),
+        ("h100-sxm", {"compute_efficiency": 0.005}),
     ],
 )
 def test_shipped_constants_are_the_minimax_fit_to_their_calibration_rows(profile: str, steps: dict) -> None:
@@ -89,7 +91,7 @@ def _fastest_published_settings(row: PublishedRun, gpu: GpuProfile) -> tuple[int
     for recompute in ("none", "selective"):
         workload = Workload(
             model=row.workload().model, precision=row.precision, recompute_granularity=recompute,
-            overlap_grad_reduce=True, overlap_param_gather=True,
+            overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=row.tp_comm_overlap,
         )  # fmt: skip
         found = search(
             workload, row.cluster(gpu), global_batch_size=row.global_batch, sequence_parallel=True,
@@ -180,7 +182,7 @@ def test_full_1t_search_from_the_command_line() -> None:
     assert '"layouts"' in proc.stdout
 
 
-@pytest.mark.parametrize("row", [*ALL, *DGXC_H100], ids=[f"{r.table}: {r.name}" for r in [*ALL, *DGXC_H100]])
+@pytest.mark.parametrize("row", ALL, ids=[f"{r.table}: {r.name}" for r in ALL])
 def test_no_layout_published_as_having_run_is_refused_for_memory(row: PublishedRun) -> None:
     """Every published run is estimated within its card's capacity: ``fits`` or ``tight``, never exit 5."""
     estimate = row.estimate()
@@ -209,3 +211,16 @@ def test_the_tightest_published_run_is_tight_with_its_margin_named() -> None:
     total = next(line for line in out.getvalue().splitlines() if line.strip().startswith("total"))
     assert "of 79.6 GiB: tight, 0.2 GiB to spare" in total and "reserved for what the estimate does not count" in total
     assert "  8   8  12     2   1    16     79.4 tight" in out.getvalue()
+
+
+def test_validation_median_within_five_percent() -> None:
+    """The issue's goal for the validation rows as a whole: the median residual (in size) within 5%."""
+    assert statistics.median(abs(r.residual()) for r in VALIDATION) < 0.05
+
+
+@pytest.mark.parametrize("row", COMPARISON, ids=[r.name for r in COMPARISON])
+def test_the_older_readme_runs_are_slower_than_the_model_says(row: PublishedRun) -> None:
+    """The Megatron-LM README's H100 weak-scaling runs (Megatron-Core r0.8.0, settings partly unpublished) are
+    listed, not validated: every one is predicted faster than it ran, by less than a third (docs/layout-model.md
+    lists each)."""
+    assert 0 < row.residual() < 0.33, f"{row.name}: {row.residual():+.1%}"

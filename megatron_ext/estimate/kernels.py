@@ -1,0 +1,140 @@
+"""Kernel efficiency from shapes: the fused attention kernel's share of the GPU's peak, from published benchmarks.
+
+A flash attention kernel's throughput depends on the sequence length it sees, the head dimension, causal
+masking and the GPU generation: short sequences leave the tensor cores waiting on the softmax and on the tile
+loads, and causal masking skips half the tiles but balances the work worse. One constant cannot describe it
+(``docs/layout-model.md``: the 8B model at sequence 8192 and GPT-3 at 2048 need shares of peak 50% apart).
+
+The curves are the FlashAttention-2 paper's forward + backward benchmarks (Dao 2023, "FlashAttention-2: Faster
+Attention with Better Parallelism and Work Partitioning", arXiv 2307.08691, Fig. 4 on A100 80GB SXM4 and Fig. 7
+on H100 80GB SXM5; the same plots as ``assets/flash2_{a100,h100}_fwd_bwd_benchmark.png`` of
+``Dao-AILab/flash-attention`` at 4f285b35): batch × sequence = 16k tokens, hidden 2048 (head dimension 64 or
+128), bf16/fp16, causal (a GPT's attention), TFLOP/s in the paper's count. That count is the kernel's own: the forward pass is
+``4·s²·d·n`` per sequence, halved when causal, and the backward pass ``2.5×`` the forward (its recomputation
+included), so forward + backward is ``3.5×``.
+
+These are kernel measurements, not end-to-end runs: nothing here is fitted to a training run. The H200 has
+the H100's SMs and uses its curves. Between the tabulated points the share is interpolated in ``log2(s)``;
+below 512 and above 16k tokens it is the end point's; between head dimensions 64 and 128 it is interpolated,
+and a larger head dimension takes 128's curve (the paper tabulates forward + backward for 64 and 128 only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+
+SEQUENCE_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+"""The benchmarks' sequence lengths."""
+
+FLASH_ATTENTION_2_TFLOPS: Mapping[tuple[str, int], tuple[float, ...]] = MappingProxyType(
+    {
+        # (GPU generation, head dimension): causal forward + backward TFLOP/s at SEQUENCE_LENGTHS.
+        ("ampere", 64): (88, 119, 140, 156, 165, 171),
+        ("ampere", 128): (99, 133, 155, 173, 182, 189),
+        ("hopper", 64): (141, 192, 232, 257, 273, 284),
+        ("hopper", 128): (163, 221, 265, 294, 308, 328),
+    }
+)
+"""FlashAttention-2 paper, Figs. 4(c, d) (A100) and 7(c, d) (H100): causal (a GPT's attention) forward + backward
+TFLOP/s of FlashAttention-2, in the kernel's count."""
+
+CUDNN_H100_TFLOPS: Mapping[tuple[str, bool, int], tuple[float, ...]] = MappingProxyType(
+    {
+        # (pass, causal, head dimension): cuDNN 9.1's TFLOP/s at SEQUENCE_LENGTHS on H100 SXM5, bf16/fp16.
+        ("forward", True, 64): (225, 288, 334, 363, 379, 388),
+        ("forward", True, 128): (315, 410, 484, 518, 529, 539),
+        ("forward", False, 64): (335, 373, 395, 408, 412, 413),
+        ("forward", False, 128): (497, 574, 617, 609, 600, 595),
+        ("backward", False, 64): (266, 348, 395, 417, 432, 433),
+        ("backward", False, 128): (305, 408, 465, 499, 518, 516),
+    }
+)
+"""The FlashAttention-3 paper's cuDNN bars (Shah et al. 2024, arXiv 2407.08608v2, Fig. 5 forward, Fig. 6 backward;
+H100 SXM5 at 1830 MHz): the kernel Transformer Engine's fused attention runs on Hopper. The paper's backward is
+non-causal only: the causal backward is taken as the non-causal one times the forward's causal / non-causal
+ratio at the same length (masking costs both passes alike)."""
+
+
+def cudnn_causal_forward_and_backward(head_dim: int) -> tuple[float, ...]:
+    """cuDNN's causal forward + backward TFLOP/s on H100 at ``SEQUENCE_LENGTHS`` (head dimension 64 or 128):
+    ``3.5 / (1/forward + 2.5/backward)``, the backward as ``CUDNN_H100_TFLOPS`` says."""
+    forward = CUDNN_H100_TFLOPS[("forward", True, head_dim)]
+    ratio = [c / n for c, n in zip(forward, CUDNN_H100_TFLOPS[("forward", False, head_dim)], strict=True)]
+    backward = [b * r for b, r in zip(CUDNN_H100_TFLOPS[("backward", False, head_dim)], ratio, strict=True)]
+    return tuple(FORWARD_AND_BACKWARD / (1 / f + 2.5 / b) for f, b in zip(forward, backward, strict=True))
+
+
+BENCHMARK_PEAK_TFLOPS: Mapping[str, float] = MappingProxyType({"ampere": 312.0, "hopper": 989.0})
+"""The dense bf16/fp16 peak of the benchmarked GPUs (A100 SXM4, H100 SXM5), against which a share is taken."""
+
+FORWARD_AND_BACKWARD = 3.5
+"""The kernel count's forward + backward: the forward pass and a backward pass of 2.5 forwards."""
+
+
+def _at_length(values: tuple[float, ...], seq_length: float) -> float:
+    """``values`` (at ``SEQUENCE_LENGTHS``) at ``seq_length``, interpolated in log2 and clamped at the ends."""
+    x = math.log2(max(SEQUENCE_LENGTHS[0], min(SEQUENCE_LENGTHS[-1], seq_length)))
+    points = [math.log2(s) for s in SEQUENCE_LENGTHS]
+    for i in range(len(points) - 1):
+        if x <= points[i + 1]:
+            w = (x - points[i]) / (points[i + 1] - points[i])
+            return values[i] + w * (values[i + 1] - values[i])
+    return values[-1]
+
+
+def attention_backend_kernel(backend: str, generation: str) -> str:
+    """Which benchmarked kernel a fused ``--attention-backend`` runs on a GPU generation: ``flash`` is
+    FlashAttention-2 (Transformer Engine's flash backend, PyTorch's flash SDPA); ``fused`` is cuDNN on Hopper
+    (Transformer Engine's fused attention) and FlashAttention-2's curve on Ampere, where no cuDNN benchmark is
+    published; ``auto`` is what Transformer Engine picks by default: cuDNN on Hopper, FlashAttention-2 on
+    Ampere."""
+    if backend == "flash" or generation != "hopper":
+        return "flash-attention-2"
+    return "cudnn"
+
+
+def attention_kernel_efficiency(generation: str, *, seq_length: float, head_dim: int, backend: str = "auto") -> float:
+    """The causal fused attention kernel's forward + backward share of the dense bf16 peak, in the kernel's count
+    (``FORWARD_AND_BACKWARD`` × ``4·s²·d·n / 2``), for queries and keys ``seq_length`` long, on ``backend``
+    (``attention_backend_kernel``).
+
+    ``generation``: ``ampere`` (A100) or ``hopper`` (H100, H200); KeyError for another."""
+    if attention_backend_kernel(backend, generation) == "cudnn":
+        low, high = cudnn_causal_forward_and_backward(64), cudnn_causal_forward_and_backward(128)
+    else:
+        low, high = FLASH_ATTENTION_2_TFLOPS[(generation, 64)], FLASH_ATTENTION_2_TFLOPS[(generation, 128)]
+    at_64, at_128 = _at_length(low, seq_length), _at_length(high, seq_length)
+    w = (min(max(head_dim, 64), 128) - 64) / 64
+    return (at_64 + w * (at_128 - at_64)) / BENCHMARK_PEAK_TFLOPS[generation]
+
+
+GEMM_TILE = 128
+"""The output tile of one thread block of a large bf16 GEMM (cuBLAS/CUTLASS on A100 and H100: 128 × 128 and
+wider): a GEMM is cut into such tiles, one per streaming multiprocessor at a time."""
+
+
+def gemm_shape_efficiency(m: float, n: float, k: float, *, sms: int, depth_half: float) -> float:
+    """The share of a GEMM's best rate that an ``m × k`` by ``k × n`` product reaches, from its shape alone.
+
+    Two losses, both of small or odd shapes (Narayanan et al. 2021, §5.1: larger GEMMs run closer to peak):
+
+    * **wave quantization**: the ``⌈m/T⌉·⌈n/T⌉`` output tiles run in waves of ``sms`` (one tile per
+      multiprocessor): a last partial wave leaves the others idle, ``tiles / (waves · sms)``;
+    * **depth**: a tile's fixed cost (loading the first operands, writing the result) is amortised over the
+      ``k`` dimension: ``k / (k + depth_half)``, half the best rate at ``k = depth_half``.
+
+    ``depth_half`` is the GPU profile's, fitted with the GEMMs' best share of peak to the calibration runs.
+    """
+    tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE)
+    waves = math.ceil(tiles / sms)
+    return tiles / (waves * sms) * k / (k + depth_half)
+
+
+def gemm_pass_efficiency(m: float, n: float, k: float, *, sms: int, depth_half: float) -> float:
+    """The mean shape efficiency of one linear layer's forward GEMM (``m`` tokens × ``k`` in → ``n`` out) and its
+    two backward GEMMs (the input gradient, ``m × n`` by ``n × k``; the weight gradient, ``k × m`` by ``m × n``),
+    weighted by their equal FLOPs: three passes in the time of their harmonic mean."""
+    shapes = ((m, n, k), (m, k, n), (k, n, m))
+    return 3 / sum(1 / gemm_shape_efficiency(*shape, sms=sms, depth_half=depth_half) for shape in shapes)
