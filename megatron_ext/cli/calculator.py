@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument(
         "--attention-efficiency",
         type=float,
-        help="Override the calibrated fraction of peak flash attention reaches (in Megatron's FLOP count).",
+        help="A fixed share of peak for fused attention (in the kernels' causal count) instead of the published "
+        "kernel benchmarks' curve by sequence length and head dimension.",
     )
     cluster.add_argument(
         "--memory-efficiency",

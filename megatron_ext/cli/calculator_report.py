@@ -46,7 +46,11 @@ def describe_inputs(workload: Workload, cluster: Cluster, batch: int | None) -> 
             if workload.fp8_format and gpu.peak_flops_fp8
             else ""
         )
-        + (f" and {gpu.attention_efficiency:.3f} for flash attention" if gpu.attention_efficiency else "")
+        + (
+            f" and {gpu.attention_efficiency:.3f} for fused attention"
+            if gpu.attention_efficiency
+            else " (fused attention by the kernel benchmarks' curve)"
+        )
         + f", {gib(gpu.memory_bytes)} GiB ({gib(cluster.usable_memory_bytes)} "
         f"usable), NVLink {gpu.intra_node_bandwidth / 1e9:.0f} GB/s, network {gpu.inter_node_bandwidth / 1e9:.0f} GB/s per GPU",
     ]

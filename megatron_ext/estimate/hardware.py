@@ -3,11 +3,14 @@
 A profile holds what the memory and step-time models need of a GPU and its
 cluster: dense tensor-core peak, memory capacity and bandwidth, the bandwidth of collectives
 inside a node (NVLink/NVSwitch) and between nodes (one InfiniBand NIC per GPU,
-as on DGX/HGX systems), and three calibrated constants: the fractions of peak
-that the transformer's matrix multiplications (``compute_efficiency``) and
-fused attention (``attention_efficiency``) reach in Megatron training, and the
-fraction of HBM bandwidth its element-wise kernels reach (``memory_efficiency``),
-before pipeline bubbles and exposed communication.
+as on DGX/HGX systems), and the calibrated constants: the best fraction of peak
+that the transformer's matrix multiplications reach (``compute_efficiency``, and
+``fp8_compute_efficiency`` in FP8) before their shapes' losses (``sms``,
+``gemm_depth_half``: ``estimate.kernels``), and the fraction of HBM bandwidth its
+element-wise kernels reach (``memory_efficiency``), before pipeline bubbles and
+exposed communication. Fused attention's share of peak is not fitted: it comes from
+kernel benchmarks by shape (``estimate.kernels``; ``attention_kernels`` names the
+GPU generation's curves).
 
 Sources (see ``docs/layout-model.md`` for the derivations):
 
@@ -25,7 +28,7 @@ Sources (see ``docs/layout-model.md`` for the derivations):
   calibration rows, and are checked against validation rows never fitted
   (``tests/estimate/published.py`` holds both with their sources,
   ``bench/calibrate_time_model.py`` refits): A100 on Narayanan et al. 2021,
-  Table 1; H100 on half of the Megatron-LM README's H100 weak-scaling table.
+  Table 1; H100 on three models of NVIDIA's dgxc-benchmarking H100 tables.
   What no table measures is carried over and says so below.
 """
 
