@@ -24,9 +24,12 @@ def parse_split(text: str) -> tuple[float, float, float]:
     between those separators alike, and so does this. What they would misread is refused: a sign or exponent
     Megatron-Core drops (``100,-5,5`` becomes 100,5,5; ``1e3`` becomes 1,3), a word (``abc``, ``nan``), an empty
     part (``969,,1`` would shift the test share into valid), more than three parts (an assertion there), and
-    proportions summing to 0 (a NaN there).
+    proportions summing to 0 (a NaN there). Quotes around the whole string (``'99,1,0'``, which launch scripts
+    that quote inside their flag arrays pass on) are read past, as Megatron-Core reads past them.
     """
     stripped = text.strip()
+    if len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "'\"":
+        stripped = stripped[1:-1].strip()
     if not stripped:
         raise ConfigError(f"--split is empty; {_SPLIT_EXAMPLE}")
     parts = _SPLIT_SEPARATOR.split(stripped)

@@ -434,6 +434,19 @@ def refusal(flag: str) -> str | None:
     return None
 
 
+def unknown_flags_note(unknown: Sequence[str]) -> str:
+    """What the unrecognized flags among ``unknown`` are: not flags of the Megatron-LM release whose flags this
+    project takes ('' when there are none)."""
+    flags = sorted({token.split("=", 1)[0] for token in unknown if token.startswith("--")})
+    if not flags:
+        return ""
+    return (
+        f"; {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} not in the parser of Megatron-LM "
+        f"{megatron_lm_version()} (the release whose flags this project takes; docs/megatron-lm-flags.md): a later "
+        "release's or a fork's flag; remove it or give what it stands for"
+    )
+
+
 def split_unknown(extras: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
     """Tokens the parser did not take → (refused Megatron-LM flags with reasons, the rest).
 

@@ -21,7 +21,7 @@ from megatron_ext.config.layout_flags import (
     megatron_lm_adjustments,
     pipeline_p2p_problems,
 )
-from megatron_ext.config.megatron_lm import split_unknown
+from megatron_ext.config.megatron_lm import split_unknown, unknown_flags_note
 from megatron_ext.config.megatron_lm_accepted import translate
 from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.config.run_args import RunArgs
@@ -146,7 +146,7 @@ def parse_args(
     namespace, extras = parser.parse_known_args(taken.argv)
     refused, unknown = split_unknown(extras)
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{unknown_flags_note(unknown)}")
     given: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
     for dest, value in vars(namespace).items():
         if dest == _PRESET:

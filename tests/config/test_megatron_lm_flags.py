@@ -227,3 +227,15 @@ def test_fp8_in_a_launch_script_is_taken_and_needs_transformer_engine() -> None:
     assert fp8.returncode == 0, fp8.stderr  # a rehearsal of the cluster's job: the flags are Megatron-LM's
     assert "--fp8-format hybrid need Transformer Engine's layers (not installed here; the run checks)" in fp8.stdout
     # On CPU processes it is refused before launch (tests/config/test_transformer_engine_features.py).
+
+
+def test_a_flag_no_megatron_lm_release_here_knows_is_named_as_a_later_releases_or_a_forks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """NVIDIA's newer GPT-3 example passes --step-batch-size-schedule (after core_v0.16.1); forks add their own."""
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--mock-data", "--step-batch-size-schedule", "0:16", "2.4B:320", "--use-mpi=1"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unrecognized arguments: --step-batch-size-schedule 0:16 2.4B:320 --use-mpi=1; ")
+    assert "--step-batch-size-schedule, --use-mpi are not in the parser of Megatron-LM core_v0.16.1" in err

@@ -24,6 +24,8 @@ ACCEPTED = [
     "+1,2,3",
     "90 5 5",
     "0,1,0",  # no training share: Megatron takes it (the training data set is then refused at start-up)
+    "'99,1,0'",  # quoted inside a launch script's flag array (NVIDIA's Llama 3 examples pass it so)
+    '"969, 30, 1"',
 ]
 REFUSED = [
     ("100,-5,5", "'-5', which is not a non-negative decimal number"),  # Megatron-Core would read 100,5,5
@@ -39,6 +41,7 @@ REFUSED = [
     ("1..2", "'1..2', which is not"),  # a ValueError there
     ("  ", "--split is empty"),
     ("9" * 400, "too large"),
+    ("'99,1,0", '"\'99", which is not'),  # an unmatched quote is not read past
 ]
 
 
