@@ -33,6 +33,7 @@ from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser, add_options, options, value_type
 from megatron_ext.config.layout_flags import build_layout, megatron_lm_adjustments, pipeline_p2p_problems
 from megatron_ext.config.presets import PRESETS, get_preset
+from megatron_ext.estimate.coverage import APPROXIMATED
 from megatron_ext.estimate.hardware import PROFILES, get_profile
 from megatron_ext.estimate.relayout import POLICIES, RelayoutError, describe, relayout
 from megatron_ext.estimate.schedule_comparison import compare_schedules
@@ -54,15 +55,29 @@ class CalculatorError(ValueError):
 
 
 def _add_modelled_flags(group: argparse._ArgumentGroup, cls: type) -> None:
-    """``cls``'s pretrain_gpt.py flags that the calculator models (``estimate=True`` in the flag table)."""
+    """``cls``'s pretrain_gpt.py flags that the calculator models (``estimate=True`` in the flag table), and those
+    it approximates (``coverage.APPROXIMATED``: taken, said, and carried into the printed command)."""
     add_options(group, cls, options(cls, estimate=True), suppress_defaults=False, short_aliases=True)
+    add_options(group, cls, approximated_fields(cls), suppress_defaults=False)
+
+
+def approximated_fields(cls: type) -> list[Any]:
+    """The flags of ``cls`` that the estimate approximates (``coverage.APPROXIMATED``)."""
+    return [f for f in options(cls, estimate=False) if f.name in APPROXIMATED]
+
+
+def _given(args: argparse.Namespace, fields: list[Any]) -> dict[str, Any]:
+    """The values of ``fields`` given on the command line (not None, not a switch left off)."""
+    values = {f.name: getattr(args, f.name) for f in fields}
+    return {name: value for name, value in values.items() if value is not None and value is not False}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         unrecognized_hint=(
             "; the calculator takes the pretrain_gpt.py flags it models (shape, layout, batch, precision, "
-            "recompute, overlap) and no others: remove the rest from its command line (see --help)"
+            "recompute, overlap) or approximates (and says so), and no others: remove the rest from its command "
+            "line (see --help)"
         ),
         prog="tools/layout.py",
         description=(
@@ -190,10 +205,7 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, int | None]:
             raise CalculatorError(str(exc)) from None
         values.update(preset.model_flags())
         preset_batch = preset.global_batch_size
-    for name in (f.name for f in options(ModelArgs, estimate=True)):
-        value = getattr(args, name)
-        if value is not None and value is not False:
-            values[name] = value
+    values.update(_given(args, [*options(ModelArgs, estimate=True), *approximated_fields(ModelArgs)]))
     missing = [
         f"--{n.replace('_', '-')}" for n in ("num_layers", "hidden_size", "num_attention_heads") if n not in values
     ]
@@ -203,12 +215,13 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, int | None]:
         raise CalculatorError("give --seq-length (tokens per sequence)")
     values.setdefault("vocab_size", 50257)
     # The training options as pretrain_gpt.py's groups take them, checked by the same rules.
-    optim = {f.name: getattr(args, f.name) for f in options(OptimizerArgs, estimate=True)}
+    optim = _given(args, [*options(OptimizerArgs, estimate=True), *approximated_fields(OptimizerArgs)])
     try:
         workload = Workload.of_flags(
             ModelArgs(**values),
-            OptimizerArgs(**{name: value for name, value in optim.items() if value is not None}),
+            OptimizerArgs(**optim),
             ParallelArgs(
+                **_given(args, approximated_fields(ParallelArgs)),
                 overlap_grad_reduce=args.overlap_grad_reduce,
                 overlap_param_gather=args.overlap_param_gather,
                 use_distributed_optimizer=args.use_distributed_optimizer,
@@ -218,6 +231,7 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, int | None]:
                 tp_comm_overlap=args.tp_comm_overlap,
                 sequence_parallel=args.sequence_parallel,
             ),
+            BatchArgs(**_given(args, approximated_fields(BatchArgs))),
         )
     except (ConfigError, ValueError) as exc:
         raise CalculatorError(str(exc)) from None

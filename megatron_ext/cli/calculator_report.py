@@ -68,6 +68,7 @@ def describe_inputs(workload: Workload, cluster: Cluster, batch: int | None) -> 
     if batch is not None:
         options.append(f"global batch {batch} sequences ({batch * m.seq_length:,} tokens)")
     lines.append("training: " + ", ".join(o.replace("_", "-") for o in options))
+    lines += [f"approximated: {note}" for note in workload.approximations]
     return lines
 
 
@@ -198,6 +199,7 @@ def json_header(workload: Workload, cluster: Cluster, mode: str) -> dict[str, An
         "cluster": slurm_counts(cluster),
         "precision": workload.precision,
         "recompute_granularity": workload.recompute_granularity,
+        "approximations": list(workload.approximations),
     }
 
 

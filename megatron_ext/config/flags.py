@@ -214,7 +214,7 @@ def to_argv(values: Any, *, only: Iterable[str] | None = None, always: Iterable[
             argv.append(flag_of(f))
         elif value is False:
             continue
-        elif isinstance(value, tuple):
+        elif isinstance(value, tuple | list):
             argv += [flag_of(f), *map(str, value)]
         else:
             argv += [flag_of(f), str(value)]

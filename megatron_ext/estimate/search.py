@@ -515,11 +515,13 @@ def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
         (batch, ("micro_batch_size", "global_batch_size")),
         (training, ()),
     ]
-    return [
+    emitted = [
         shlex.join(pair)  # a layout string holds | ( ) *: quoted for the shell
         for values, always in groups
         for pair in _pairs(to_argv(values, only=[f.name for f in options(type(values), estimate=True)], always=always))
     ]
+    # The flags the estimate approximates: the run must still be given them (--squared-relu is another model).
+    return emitted + [shlex.join(pair) for pair in _pairs(list(workload.approximated))]
 
 
 def _pairs(argv: list[str]) -> list[list[str]]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_ext.config.arguments import ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.arguments import BatchArgs, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.flags import to_argv
 from megatron_ext.config.training_config import TrainingConfig, pad_vocab_size
+from megatron_ext.estimate.coverage import APPROXIMATED, approximations
 from megatron_ext.estimate.shapes import ParameterCounts, parameter_counts
 
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -48,6 +50,11 @@ class Workload:
     """``--fp8-format``: the transformer layers' GEMMs run in FP8 (Transformer Engine), at the GPU's FP8 peak,
     their inputs and output gradients cast to FP8 first; the logits and the attention core stay in the training
     precision."""
+    approximated: tuple[str, ...] = ()
+    """The flags given whose effect the estimate follows only approximately, as ``pretrain_gpt.py`` spells them
+    (``coverage.APPROXIMATED``): carried into the printed command."""
+    approximations: tuple[str, ...] = ()
+    """One line for each of them: how the estimate approximates it."""
     p2p_scatter_gather: bool = False
     """Send 1/TP of each pipeline activation per TP rank and all-gather it after (Narayanan et al. 2021,
     §4.1; Megatron-LM 2021). Megatron-Core splits p2p messages only with sequence parallelism."""
@@ -55,11 +62,15 @@ class Workload:
     @classmethod
     def of_config(cls, cfg: TrainingConfig) -> Workload:
         """The workload of a run's configuration (what ``pretrain_gpt.py`` trains with these flags)."""
-        return cls.of_flags(cfg.model, cfg.optim, cfg.parallel)
+        return cls.of_flags(cfg.model, cfg.optim, cfg.parallel, cfg.batch)
 
     @classmethod
-    def of_flags(cls, model: ModelArgs, optim: OptimizerArgs, parallel: ParallelArgs) -> Workload:
-        """The workload of ``pretrain_gpt.py``'s argument groups, each already checked on its own."""
+    def of_flags(
+        cls, model: ModelArgs, optim: OptimizerArgs, parallel: ParallelArgs, batch: BatchArgs | None = None
+    ) -> Workload:
+        """The workload of ``pretrain_gpt.py``'s argument groups, each already checked on its own (``batch``: for
+        the flags the estimate approximates)."""
+        approximate = {"model": model, "optim": optim, "parallel": parallel, **({"batch": batch} if batch else {})}
         return cls(
             model=model,
             precision="bf16" if optim.bf16 else "fp16" if optim.fp16 else "fp32",
@@ -74,6 +85,8 @@ class Workload:
             fp8_format=optim.fp8_format,
             overlap_p2p_comm=not parallel.no_overlap_p2p_communication,
             tp_comm_overlap=parallel.tp_comm_overlap,
+            approximated=tuple(approximated_flags(*approximate.values())),
+            approximations=tuple(approximations(approximate)),
         )
 
     def __post_init__(self) -> None:
@@ -122,3 +135,8 @@ class Workload:
         return parameter_counts(
             self.model, padded_vocab_size=self.padded_vocab_size(tp), tp=tp, pp=pp, stage_layers=stage_layers
         )
+
+
+def approximated_flags(*groups: object) -> list[str]:
+    """The approximated flags (``coverage.APPROXIMATED``) that ``groups`` give, as command-line words."""
+    return [word for values in groups for word in to_argv(values, only=APPROXIMATED)]

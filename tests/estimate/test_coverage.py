@@ -45,3 +45,36 @@ def test_the_dry_run_names_each_approximation_in_use() -> None:
         "the memory and time estimates approximate --optimizer: optimizer memory is Adam's (two fp32 moments); SGD "
         "keeps one or none, less than estimated",
     ]
+
+
+def test_the_calculator_takes_every_approximated_flag_says_how_and_carries_it_into_the_command() -> None:
+    """A flag the estimate approximates is taken (not refused as unknown), named in one line of the output, and
+    kept in the printed pretrain_gpt.py command: --squared-relu trains another model than GeLU."""
+    import io
+    import json
+    import shlex
+
+    from megatron_ext.cli import calculator
+
+    parser = calculator.build_parser()
+    known = {option for action in parser._actions for option in action.option_strings}
+    for group in coverage.STEP_GROUPS:
+        for field in dataclasses.fields(group):
+            if field.name in coverage.APPROXIMATED:
+                assert f"--{field.name.replace('_', '-')}" in known, field.name
+    out = io.StringIO()
+    argv = ["--model", "gpt3-1.3b", "--gpus", "16", "--global-batch-size", "64", "--bf16", "--tp", "2",
+            "--squared-relu", "--optimizer", "sgd", "--no-bias-gelu-fusion", "--rampup-batch-size", "16", "16", "1000",
+            "--json"]  # fmt: skip
+    assert calculator.main(argv, stdout=out, stderr=io.StringIO()) == 0
+    doc = json.loads(out.getvalue())
+    assert doc["approximations"] == [
+        f"--squared-relu: {coverage.APPROXIMATED['squared_relu']}",
+        f"--no-bias-gelu-fusion: {coverage.APPROXIMATED['no_bias_gelu_fusion']}",
+        f"--optimizer: {coverage.APPROXIMATED['optimizer']}",
+        f"--rampup-batch-size: {coverage.APPROXIMATED['rampup_batch_size']}",
+    ]
+    command = shlex.split(doc["layouts"][0]["pretrain_flags"])
+    cfg = parse_args([*command, "--mock-data", "--train-samples", "100000"], world_size=16)  # ramp-up: in samples
+    assert cfg.model.squared_relu and cfg.model.no_bias_gelu_fusion and cfg.optim.optimizer == "sgd"
+    assert cfg.batch.rampup_batch_size == (16, 16, 1000)
