@@ -21,6 +21,7 @@ and a larger head dimension takes 128's curve (the paper tabulates forward + bac
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -57,6 +58,7 @@ non-causal only: the causal backward is taken as the non-causal one times the fo
 ratio at the same length (masking costs both passes alike)."""
 
 
+@functools.cache
 def cudnn_causal_forward_and_backward(head_dim: int) -> tuple[float, ...]:
     """cuDNN's causal forward + backward TFLOP/s on H100 at ``SEQUENCE_LENGTHS`` (head dimension 64 or 128):
     ``3.5 / (1/forward + 2.5/backward)``, the backward as ``CUDNN_H100_TFLOPS`` says."""

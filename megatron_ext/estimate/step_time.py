@@ -332,10 +332,9 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         attention_s = passes * attention_fwd / 2 / t / (peak * share)
     else:
         attention_s = (3 * attention_fwd + attention_recompute) / t / rate
+    layer_gemm_s = gemm_seconds(linears, gemm_rate, gemm_passes)
     layer_compute = (
-        gemm_seconds(linears, gemm_rate, gemm_passes)
-        + attention_s
-        + (3 * layer_fwd_bytes + recompute_bytes + cast_fwd + cast_bwd) / bandwidth
+        layer_gemm_s + attention_s + (3 * layer_fwd_bytes + recompute_bytes + cast_fwd + cast_bwd) / bandwidth
     )
     output_compute = gemm_seconds(((vocab / t, h),), rate, 3)
 
@@ -346,7 +345,7 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         if workload.tp_comm_overlap:
             # Transformer Engine's userbuffers: each collective runs chunk by chunk around the ring under its
             # GEMM; the first chunk (1/TP) cannot start behind anything, and what the GEMMs cannot cover stays.
-            layer_tp = max(layer_tp / t, layer_tp - gemm_seconds(linears, gemm_rate, gemm_passes))
+            layer_tp = max(layer_tp / t, layer_tp - layer_gemm_s)
     else:
         layer_tp = 0.0
 
