@@ -16,7 +16,8 @@
 #                     srun: one srun task per GPU running pretrain_gpt.py directly
 #   DEVICE            cuda | cpu | auto, passed as --device (cuda)
 #   GPU_PROFILE       GPU for the memory estimate of tools/layout.py: a100-40g,
-#                     a100-80g, h100-sxm, h200, or none to skip it (h100-sxm)
+#                     a100-80g, h100-sxm, h200, a profile FILE.json from
+#                     tools/layout.py --calibrate, or none to skip it (h100-sxm)
 # Layout, batch, precision, run and data (recipe defaults; each sets pretrain_gpt.py
 # flags through megatron_ext.cli.recipe, which lists them: python -m megatron_ext.cli.recipe --variables)
 #   TP PP             tensor- and pipeline-parallel sizes

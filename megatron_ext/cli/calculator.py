@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from megatron_ext.cli import calculator_report as report
+from megatron_ext.cli import calibrate
 from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser, add_options, options, value_type
@@ -48,6 +49,8 @@ from megatron_ext.estimate.search import (
 from megatron_ext.estimate.step_time import fp8_peak
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import LayoutError, ParallelLayout
+
+DEFAULT_PROFILE = "h100-sxm"
 
 
 class CalculatorError(ValueError):
@@ -93,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--nodes", type=int, help="Number of nodes (GPUs = nodes × --gpus-per-node).")
     cluster.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8).")
     cluster.add_argument(
-        "--gpu", default="h100-sxm", help=f"Hardware profile: {', '.join(PROFILES)} (default h100-sxm)."
+        "--gpu",
+        help=f"Hardware profile: {', '.join(PROFILES)} (default {DEFAULT_PROFILE}), or a profile file FILE.json "
+        "that --calibrate wrote.",
     )
     cluster.add_argument("--peak-tflops", type=float, help="Override the profile's dense bf16/fp16 peak, TFLOP/s.")
     cluster.add_argument("--gpu-memory-gib", type=float, help="Override the profile's memory per GPU, GiB.")
@@ -165,13 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
         "interleaved 1F1B with the best microbatch group: bubble, exposed p2p, activations in flight, p2p "
         "volume and step time side by side.",
     )
+    calibrate.add_arguments(parser)
     return parser
 
 
 # ---------------------------------------------------------------- inputs
 def _cluster(args: argparse.Namespace) -> Cluster:
     try:
-        gpu = get_profile(args.gpu)
+        gpu = get_profile(args.gpu or DEFAULT_PROFILE)
     except ValueError as exc:
         raise CalculatorError(str(exc)) from None
     gpu = gpu.with_overrides(
@@ -194,7 +200,7 @@ def _cluster(args: argparse.Namespace) -> Cluster:
     return cluster
 
 
-def _workload(args: argparse.Namespace) -> tuple[Workload, int | None]:
+def workload_of(args: argparse.Namespace) -> tuple[Workload, int | None]:
     """The model and training options, and the preset's global batch size (if a preset was given)."""
     values: dict[str, Any] = {}
     preset_batch = None
@@ -267,9 +273,13 @@ def main(
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     args = build_parser().parse_args(argv)
+    if args.calibrate is not None:
+        return calibrate.run(args, out, err)
     try:
+        if args.profile_out is not None or args.profile_name is not None:
+            raise CalculatorError("--profile-out and --profile-name go with --calibrate METRICS [...]")
         cluster = _cluster(args)
-        workload, preset_batch = _workload(args)
+        workload, preset_batch = workload_of(args)
         if workload.fp8_format:
             try:
                 fp8_peak(workload, cluster.gpu)

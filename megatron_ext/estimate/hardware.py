@@ -35,8 +35,10 @@ Sources (see ``docs/layout-model.md`` for the derivations):
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -120,6 +122,16 @@ class GpuProfile:
     attention_kernels: str = "hopper"
     """Whose published fused-attention benchmarks give this GPU's attention efficiency by shape
     (``estimate.kernels``): ``ampere`` (A100) or ``hopper`` (H100, H200)."""
+    pass_overhead_s: float = 0.0
+    """Fixed time of one layer's forward and backward pass for one microbatch beyond its FLOPs and bytes: kernel
+    launches, framework dispatch (on CPU processes, PyTorch's per-operator overhead dominates small layers). 0 in
+    the published profiles, whose layers are large; fitted by ``--calibrate`` where the runs tell it from the GEMM
+    rate (two micro-batch sizes do)."""
+    link_latency_s: float | None = None
+    """Latency of one step of a collective and of one point-to-point message, seconds: the transport's own
+    (gloo over TCP on CPU processes), fitted by ``tools/layout.py --calibrate``. None: NCCL's ring model for the
+    data-parallel collectives (``step_time.ring_latency``), and none counted for the tensor-parallel collectives
+    and pipeline messages, whose microsecond latencies the published profiles' fitted efficiencies absorb."""
     attention_efficiency: float | None = None
     """A fixed share of ``peak_flops`` for fused attention, in the kernel's count (causal: half the ``s²``
     square; backward 2.5 forwards), instead of the benchmarks' curve by sequence length and head dimension
@@ -199,10 +211,11 @@ benchmarks' curve, ``estimate.kernels``)."""
 
 H100_GEMM_DEPTH_HALF = 256.0
 
+"""The GEMM depth at which a tile's fixed cost halves the H100's rate: fitted with ``H100_COMPUTE_EFFICIENCY``."""
+
 H100_FP8_COMPUTE_EFFICIENCY = 0.56
 """FP8 GEMMs' best share of the H100's FP8 peak: fitted to the BF16 / FP8 step-time ratios of the calibration
 models' pairs in NVIDIA's dgxc-benchmarking tables (Llama 3.1 8B, 405B and its proxy, Nemotron-4 340B)."""
-"""The GEMM depth at which a tile's fixed cost halves the H100's rate: fitted with ``H100_COMPUTE_EFFICIENCY``."""
 
 PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
     {
@@ -273,9 +286,70 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
 )
 
 
+PROFILE_FILE_FORMAT = "megatron_ext gpu profile 1"
+"""The ``format`` of a profile file (``tools/layout.py --calibrate`` writes one; ``--gpu FILE.json`` reads it)."""
+
+
+def profile_document(profile: GpuProfile, **extra: Any) -> dict[str, Any]:
+    """A profile as the JSON document ``--gpu FILE.json`` reads (``extra``: kept beside it, e.g. how it was
+    calibrated)."""
+    return {"format": PROFILE_FILE_FORMAT, "profile": dataclasses.asdict(profile), **extra}
+
+
+def read_profile_file(path: Path) -> GpuProfile:
+    """The profile in a JSON file written by ``--calibrate`` (or by hand, in the same form); a ValueError saying
+    what is wrong with it otherwise."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"--gpu {path}: cannot read the profile file ({exc.strerror or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--gpu {path}: not JSON ({exc})") from None
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != PROFILE_FILE_FORMAT
+        or not isinstance(doc.get("profile"), dict)
+    ):
+        raise ValueError(
+            f'--gpu {path}: not a profile file (expected {{"format": "{PROFILE_FILE_FORMAT}", "profile": {{...}}}}, '
+            "as tools/layout.py --calibrate writes)"
+        )
+    values = doc["profile"]
+    known = {f.name for f in dataclasses.fields(GpuProfile)}
+    unknown = sorted(set(values) - known)
+    missing = sorted(
+        f.name for f in dataclasses.fields(GpuProfile) if f.name not in values and f.default is dataclasses.MISSING
+    )
+    if unknown or missing:
+        raise ValueError(
+            f"--gpu {path}: "
+            + "; ".join(
+                [
+                    *([f"unknown fields {', '.join(unknown)}"] if unknown else []),
+                    *([f"missing {', '.join(missing)}"] if missing else []),
+                ]
+            )
+            + f" (the fields are {', '.join(sorted(known))})"
+        )
+    try:
+        profile = GpuProfile(**values)
+    except TypeError as exc:
+        raise ValueError(f"--gpu {path}: {exc}") from None
+    problems = profile.problems()
+    if problems:
+        raise ValueError(f"--gpu {path}: " + "; ".join(problems))
+    return profile
+
+
 def get_profile(name: str) -> GpuProfile:
-    """The profile called ``name``; a ValueError listing the known ones otherwise."""
+    """The profile called ``name``, or the one in the file ``name`` (``*.json``); a ValueError listing the known
+    ones otherwise."""
+    if name.lower().endswith(".json"):
+        return read_profile_file(Path(name))
     try:
         return PROFILES[name.lower()]
     except KeyError:
-        raise ValueError(f"unknown --gpu {name!r}; choose one of {', '.join(PROFILES)}") from None
+        raise ValueError(
+            f"unknown --gpu {name!r}; choose one of {', '.join(PROFILES)}, or a profile file (FILE.json) that "
+            "tools/layout.py --calibrate wrote"
+        ) from None

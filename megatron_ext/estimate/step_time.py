@@ -25,6 +25,11 @@ backward twice the forward, recomputation once more. These kernels are why
 small models reach a smaller share of peak (Narayanan et al. 2021, §5.1:
 larger GEMMs, super-linear scaling).
 
+A profile calibrated on the user's runs (``calibration``) may add a layer pass's fixed overhead
+(``pass_overhead_s``: kernel launches, framework dispatch) to each layer's forward and backward, and a
+transport latency (``link_latency_s``) to every pipeline message and to every step of a TP or DP ring
+collective (``2·(t − 1)`` for an all-reduce); the published profiles have neither.
+
 **FP8** (``--fp8-format``, Transformer Engine): the layers' GEMMs run at the
 profile's FP8 peak times the same ``compute_efficiency``; the logits GEMM and
 the attention core stay in the training precision; the casts to FP8 are
@@ -334,14 +339,19 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         attention_s = (3 * attention_fwd + attention_recompute) / t / rate
     layer_gemm_s = gemm_seconds(linears, gemm_rate, gemm_passes)
     layer_compute = (
-        layer_gemm_s + attention_s + (3 * layer_fwd_bytes + recompute_bytes + cast_fwd + cast_bwd) / bandwidth
+        layer_gemm_s
+        + attention_s
+        + (3 * layer_fwd_bytes + recompute_bytes + cast_fwd + cast_bwd) / bandwidth
+        + gpu.pass_overhead_s
     )
     output_compute = gemm_seconds(((vocab / t, h),), rate, 3)
 
     # Tensor parallelism: 4 collectives of b·s·h per layer (6 with full recompute), each 2(t-1)/t of it per GPU.
     if t > 1:
         collectives = 6 if workload.recompute_granularity == "full" else 4
-        layer_tp = collectives * 2 * _ring(t) * b * s * h * e / gpu.intra_node_bandwidth
+        layer_tp = collectives * (
+            2 * _ring(t) * b * s * h * e / gpu.intra_node_bandwidth + 2 * (t - 1) * link_latency(gpu)
+        )
         if workload.tp_comm_overlap:
             # Transformer Engine's userbuffers: each collective runs chunk by chunk around the ring under its
             # GEMM; the first chunk (1/TP) cannot start behind anything, and what the GEMMs cannot cover stays.
@@ -426,6 +436,12 @@ def ring_latency(ranks: int, nodes: int) -> float:
     )
 
 
+def link_latency(gpu: GpuProfile) -> float:
+    """One message's or one collective step's latency beyond its bytes: the profile's measured transport latency
+    (``GpuProfile.link_latency_s``, from ``--calibrate``), else none (NCCL's microseconds, within the fit)."""
+    return gpu.link_latency_s or 0.0
+
+
 def gradient_buckets(workload: Workload, *, chunk_parameters: float, dp: int) -> int:
     """Buckets of the chunk whose reduction overlaps the backward pass (Megatron-Core's DDP; with interleaving
     only the first chunk is bucketed, as Megatron-LM does): ``--ddp-bucket-size``, else the rank's parameters /
@@ -477,7 +493,7 @@ def data_parallel_time(
         bandwidth = min(gpu.intra_node_bandwidth, per_node * gpu.inter_node_bandwidth)
     buckets = gradient_buckets(workload, chunk_parameters=rank_parameters / layout.vp, dp=dp)
     collectives = buckets + layout.vp - 1  # the other chunks reduce as one bucket each
-    latency = ring_latency(dp, nodes)
+    latency = ring_latency(dp, nodes) if gpu.link_latency_s is None else (dp - 1) * gpu.link_latency_s
     grad_bytes = workload.gradient_bytes * rank_parameters
     if layout.use_distributed_optimizer:
         reduce = _ring(dp) * grad_bytes / bandwidth + collectives * latency
@@ -534,7 +550,8 @@ def estimate_step_time(
             vp=v,
             num_microbatches=mbs,
             stage_time=mb_time,
-            transfer_time=p2p_message_bytes(workload, layout) / p2p_bandwidth(layout, gpu, gpus_per_node=gpus_per_node),
+            transfer_time=p2p_message_bytes(workload, layout) / p2p_bandwidth(layout, gpu, gpus_per_node=gpus_per_node)
+            + link_latency(gpu),
             schedule_time=mbs * mb_time + bubble,
             overlap=workload.overlap_p2p_comm,
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.data.tokenizers import Tokenizer
 from megatron_ext.estimate import plan
+from megatron_ext.estimate.calibration import run_record
 from megatron_ext.estimate.flops import flops_per_step
 from megatron_ext.estimate.hardware import peak_flops_for
 from megatron_ext.training import checkpointing, distributed, resilience, timing
@@ -48,7 +50,7 @@ from megatron_ext.training.profiling import Profiler
 from megatron_ext.training.progress_log import ProgressLog
 from megatron_ext.training.stage_timing import StageTimer
 from megatron_ext.training.stragglers import StragglerWatch
-from megatron_ext.training.tracking import StepScalars, Tracker, cuda_memory
+from megatron_ext.training.tracking import StepScalars, Tracker, cuda_memory, device_facts
 
 log = logging.getLogger("megatron_ext")
 
@@ -251,6 +253,11 @@ class Trainer:
         if self.ctx.rank == 0:
             per_rank = [int(c.item()) for c in counts]
             log.info("parameters per rank: min %s, max %s", f"{min(per_rank):,}", f"{max(per_rank):,}")
+        hosts: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        # What ran and where, first in the metrics file: tools/layout.py --calibrate fits a profile to it.
+        per_node = max(map(hosts.count, hosts))
+        self.metrics.write(run_record(self.cfg, gpus_per_node=per_node, **device_facts(self.ctx.device, per_node)))
 
     def _iterators(self, dataset: Any, consumed: int) -> Any:
         iters = chunk_iterators(

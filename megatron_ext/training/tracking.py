@@ -224,6 +224,18 @@ class Tracker:
             self._wandb = None
 
 
+def device_facts(device: Any, ranks_on_host: int) -> dict[str, Any]:
+    """The device's name and memory, as ``estimate.calibration.run_record`` records them: the GPU's, or ``cpu``
+    with this host's memory shared by its ranks."""
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        properties = torch.cuda.get_device_properties(device)
+        return {"device": properties.name, "device_memory_bytes": int(properties.total_memory)}
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"device": "cpu", "device_memory_bytes": host // max(ranks_on_host, 1)}
+
+
 def cuda_memory(device: Any) -> dict[str, int] | None:
     """``--log-memory-to-tensorboard``'s counters of this rank's GPU (Megatron-LM's tags); None on CPU."""
     if getattr(device, "type", None) != "cuda":

@@ -218,6 +218,23 @@ def test_a_layout_estimated_not_to_fit_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
+def test_a_calibrated_profile_file_is_the_recipes_gpu_profile(tmp_path: Path) -> None:
+    import dataclasses
+    import json
+
+    from megatron_ext.estimate.hardware import GIB, get_profile, profile_document
+
+    # The same GPT-3 175B on one node, on a (made-up) GPU with memory enough: the recipe's estimate reads the file.
+    big = dataclasses.replace(get_profile("h100-sxm"), name="big", memory_bytes=4096 * GIB)
+    profile = tmp_path / "big.json"
+    profile.write_text(json.dumps(profile_document(big)))
+    env = recipe_env(tmp_path, DRY_RUN="1", NNODES="1", PP="1", VP_LAYERS="0", GPU_PROFILE=str(profile))
+    proc = run_recipe(RECIPES_DIR / "gpt3_175b_tp4_pp8_vp12.sh", env)
+    assert proc.returncode == ExitCode.OK, proc.stdout + proc.stderr
+    assert f"memory estimate: tools/layout.py for 8 × {profile}" in proc.stdout
+
+
+@pytest.mark.unit
 def test_per_gpu_tasks_and_a_container_when_asked(tmp_path: Path) -> None:
     env = recipe_env(
         tmp_path,
