@@ -1,0 +1,352 @@
+"""Zero-bubble pipeline schedules, simulated pass by pass: the backward pass split into B and W.
+
+Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024) split each backward pass in two: **B**, the gradient
+with respect to the stage's input, which the previous stage waits for, and **W**, the gradient with respect to
+its weights, which nothing downstream waits for. W passes can then fill the idle slots of warm-up and cool-down.
+The activations of a microbatch are held from its forward pass until its W has run (W needs the layer inputs).
+
+This module places F, B and W passes of three schedules, each within an activation-memory limit (in a whole
+stage's microbatch activations; 1F1B holds ``p − r`` on rank ``r``, ``p`` at most):
+
+* **ZB-H1** (``zb_h1_order``): 1F1B's F and B order, each B followed by its W, rank ``r`` keeping ``r`` W passes
+  back for its cool-down. Its idle time per rank is the paper's ``(p − 1)·(t_F + t_B − t_W)`` against 1F1B's
+  ``(p − 1)·(t_F + t_B + t_W)`` (``zb_h1_bubble``): a third of it when the three passes take equal time, at
+  1F1B's peak memory.
+* **ZB-V**: two chunks per rank placed in a V: rank ``r`` holds stages ``r`` and ``2p − 1 − r``, so the first and
+  the last stage are both on rank 0, and a microbatch goes down the ranks and back up; at 1F1B's memory.
+* **ZB interleaved**: Megatron-Core's interleaved placement (rank ``r`` holds stages ``c·p + r``) and order with
+  the split backward, at interleaved 1F1B's memory: the alternative ZB-V is weighed against (issue 31, item 3).
+
+ZB-V and ZB interleaved take the best of several orders (``simulate_zero_bubble``): greedy ones, chosen as the
+simulation runs as the paper's heuristic does (a free rank runs a B whose gradient has arrived, the critical
+path; else, past a number of pending W passes, a W; else an F whose input has arrived if the memory allows;
+else a W; else it waits), and for ZB interleaved Megatron-Core's order split (``split_order``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from megatron_ext.estimate.pipeline_schedule import PipelinePass, TimedPass, schedule_order
+from megatron_ext.parallel.pipeline import warmup_passes
+
+SCHEDULES = ("zb-h1", "zb-v", "zb-interleaved")
+"""The zero-bubble schedules this simulator places."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which pipeline stage each (rank, chunk) holds."""
+
+    pp: int
+    vp: int
+    v_shape: bool
+    """ZB-V's placement (``vp = 2``: rank ``r`` holds stages ``r`` and ``2p − 1 − r``); else interleaved."""
+
+    def stage(self, rank: int, chunk: int) -> int:
+        if self.v_shape:
+            return rank if chunk == 0 else 2 * self.pp - 1 - rank
+        return chunk * self.pp + rank
+
+    def holder(self, stage: int) -> tuple[int, int]:
+        """(rank, chunk) holding ``stage``."""
+        if self.v_shape:
+            return (stage, 0) if stage < self.pp else (2 * self.pp - 1 - stage, 1)
+        return stage % self.pp, stage // self.pp
+
+    @property
+    def stages(self) -> int:
+        return self.pp * self.vp
+
+
+@dataclass(frozen=True)
+class ZeroBubbleTimeline:
+    """A zero-bubble step: every rank's F, B and W passes with their times, and what each rank held."""
+
+    schedule: str
+    pp: int
+    vp: int
+    num_microbatches: int
+    passes: tuple[TimedPass, ...]
+    ideal: float
+    """Every rank's busy time: ``m·(t_F + t_B + t_W)`` of a whole stage."""
+    peak_activations: tuple[float, ...]
+    """Per rank, the most stage activations held at once (a chunk's microbatch is ``1/v`` of one)."""
+    peak_w_store: tuple[float, ...]
+    """Per rank, the most stage activations held only for a W pass still to run (B done, W not)."""
+
+    @property
+    def makespan(self) -> float:
+        return max(p.end for p in self.passes)
+
+    @property
+    def bubble_of_ideal(self) -> float:
+        return (self.makespan - self.ideal) / self.ideal
+
+
+def split_order(order: Sequence[PipelinePass], *, defer: int) -> list[PipelinePass]:
+    """An unsplit schedule's order with each B followed by a W, except that the rank keeps ``defer`` W passes
+    back and runs them last: the F and B passes keep their order, and the deferred W passes fill the cool-down."""
+    out: list[PipelinePass] = []
+    backwards = [s for s in order if s.kind == "B"]
+    for step in order:
+        out.append(step)
+        if step.kind == "B":
+            index = sum(1 for s in out if s.kind == "B") - 1
+            if index >= defer:
+                w = backwards[index - defer]
+                out.append(PipelinePass("W", w.microbatch, w.chunk))
+    out += [PipelinePass("W", b.microbatch, b.chunk) for b in backwards[max(0, len(backwards) - defer) :]]
+    return out
+
+
+def zb_h1_order(*, pp: int, num_microbatches: int, pipeline_rank: int) -> list[PipelinePass]:
+    """ZB-H1's order on one rank (Qi et al. 2024, §3.1): 1F1B's F and B passes
+    (``pipeline_schedule.schedule_order``), each B followed by a W, rank ``r`` keeping ``r`` W passes back for its
+    cool-down, where it waits for the last B passes to travel from the last rank to rank 0."""
+    order = schedule_order(pp=pp, vp=1, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank)
+    return split_order(order, defer=pipeline_rank)
+
+
+def memory_limits(schedule: str, *, pp: int, vp: int, num_microbatches: int) -> list[float]:
+    """Each rank's activation limit, in stage activations: the peak of the schedule it is compared with, on
+    every rank (a schedule's memory is its most loaded rank's). 1F1B's rank 0 holds ``min(p, m)`` (``zb-h1``,
+    ``zb-v``); interleaved 1F1B's rank 0 its ``w + 1`` chunk passes of ``1/v`` each (``zb-interleaved``,
+    ``parallel.pipeline.warmup_passes``)."""
+    if schedule == "zb-interleaved":
+        peak = (warmup_passes(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=0) + 1) / vp
+    else:
+        peak = float(min(pp, num_microbatches))
+    return [peak] * pp
+
+
+def simulate_zero_bubble(
+    schedule: str,
+    *,
+    pp: int,
+    num_microbatches: int,
+    vp: int = 2,
+    forward_time: float = 1.0,
+    backward_time: float = 1.0,
+    weight_time: float = 1.0,
+    p2p_time: float = 0.0,
+    chunk_times: Sequence[Sequence[tuple[float, float, float]]] | None = None,
+) -> ZeroBubbleTimeline:
+    """Place one step of ``schedule`` (``SCHEDULES``); times are a whole stage's F, B and W for one microbatch
+    (a chunk takes ``1/v`` of them), or ``chunk_times[rank][chunk]`` = (F, B, W) per chunk.
+
+    ZB-H1 runs its handcrafted order (``zb_h1_order``). The others take, of their candidates, the one that
+    finishes first within the memory limit: interleaved 1F1B's order split (``split_order``, each rank keeping
+    0 to ``p`` W passes back), and the greedy choice (module docstring) with W passes run before F passes once
+    more than 0, 1, 2, ``p`` or any are pending.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown zero-bubble schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if schedule == "zb-h1":
+        vp = 1
+    if schedule == "zb-v" and vp != 2:
+        raise ValueError("ZB-V places exactly two chunks per rank (vp = 2)")
+    if pp < 2 or num_microbatches < 1 or vp < 1:
+        raise ValueError("a zero-bubble schedule needs pp >= 2, at least one microbatch and vp >= 1")
+    if min(forward_time, backward_time, weight_time) <= 0 or p2p_time < 0:
+        raise ValueError("pass times must be positive and the p2p time non-negative")
+    m = num_microbatches
+    times = chunk_times or [[(forward_time / vp, backward_time / vp, weight_time / vp)] * vp for _ in range(pp)]
+    place = functools.partial(_place, schedule, pp=pp, vp=vp, m=m, times=times, p2p_time=p2p_time)
+    if schedule == "zb-h1":
+        timeline = place(orders=[zb_h1_order(pp=pp, num_microbatches=m, pipeline_rank=r) for r in range(pp)])
+        if timeline is None:  # cannot happen: 1F1B's order with W passes added runs as 1F1B does
+            raise RuntimeError(f"the ZB-H1 order of p={pp}, m={m} deadlocks")
+        return timeline
+    candidates = [place(w_first_above=k) for k in (0, 1, 2, pp, m * vp)]
+    if schedule == "zb-interleaved":
+        for defer in range(pp + 1):
+            orders = [
+                split_order(schedule_order(pp=pp, vp=vp, num_microbatches=m, pipeline_rank=r), defer=defer)
+                for r in range(pp)
+            ]
+            candidates.append(place(orders=orders))
+    limits = memory_limits(schedule, pp=pp, vp=vp, num_microbatches=m)
+    fitting = [
+        t
+        for t in candidates
+        if t is not None and all(a <= b + 1e-9 for a, b in zip(t.peak_activations, limits, strict=True))
+    ]
+    if not fitting:
+        raise RuntimeError(f"no {schedule} order of p={pp}, m={m} keeps within the memory limit")
+    return min(fitting, key=lambda t: t.makespan)
+
+
+def _place(
+    schedule: str,
+    *,
+    pp: int,
+    vp: int,
+    m: int,
+    times: Sequence[Sequence[tuple[float, float, float]]],
+    p2p_time: float,
+    orders: list[list[PipelinePass]] | None = None,
+    w_first_above: int = 0,
+) -> ZeroBubbleTimeline | None:
+    """One step placed pass by pass: the ranks' fixed ``orders``, or the greedy choice; None if it deadlocks
+    (a fixed order whose memory the limit would not allow is still placed: the caller checks the peak)."""
+    placement = Placement(pp, vp, v_shape=schedule == "zb-v")
+    limits = memory_limits(schedule, pp=pp, vp=vp, num_microbatches=m)
+    cursor = [0] * pp
+    done: dict[tuple[str, int, int], float] = {}  # (kind, microbatch, stage) -> end time
+    free = [0.0] * pp
+    held = [0.0] * pp
+    store = [0.0] * pp
+    peak, peak_store = [0.0] * pp, [0.0] * pp
+    next_forward = [[0] * vp for _ in range(pp)]  # the next microbatch of each chunk to go forward
+    pending_b: list[set[tuple[int, int]]] = [set() for _ in range(pp)]
+    pending_w: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
+    releases: list[list[tuple[float, float]]] = [[] for _ in range(pp)]  # (time, activations freed by a W)
+    placed: list[TimedPass] = []
+    last = placement.stages - 1
+    total = 3 * m * placement.stages
+    min_pass = min(t for row in times for pair in row for t in pair)
+    max_pass = max(t for row in times for pair in row for t in pair)
+    latest = 0.0  # the end of the last pass placed
+
+    def arrival(kind: str, mb: int, stage: int) -> float | None:
+        """When the input of ``kind`` for (mb, stage) is on its rank, or None if its producer has not run."""
+        if kind == "F":
+            if stage == 0:
+                return 0.0
+            src = ("F", mb, stage - 1)
+        elif stage == last:
+            src = ("F", mb, stage)
+        else:
+            src = ("B", mb, stage + 1)
+        if src not in done:
+            return None
+        same_rank = placement.holder(src[2])[0] == placement.holder(stage)[0]
+        return done[src] + (0.0 if same_rank else p2p_time)
+
+    def candidates(rank: int, now: float) -> tuple[list[tuple[float, str, int, int]], float | None]:
+        """Passes of ``rank`` whose input has arrived by ``now`` ((ready, kind, mb, chunk)), and the earliest
+        later arrival among the rest whose producer has run."""
+        ready, later = [], None
+        for chunk in range(vp):
+            stage = placement.stage(rank, chunk)
+            for mb, c in pending_b[rank]:
+                if c == chunk:
+                    t = arrival("B", mb, stage)
+                    if t is not None:
+                        (ready.append((t, "B", mb, chunk)) if t <= now else None)
+                        later = t if t > now and (later is None or t < later) else later
+            mb = next_forward[rank][chunk]
+            if mb < m:
+                t = arrival("F", mb, stage)
+                if t is not None:
+                    (ready.append((t, "F", mb, chunk)) if t <= now else None)
+                    later = t if t > now and (later is None or t < later) else later
+        return ready, later
+
+    while len(done) < total:
+        rank = min(range(pp), key=lambda r: free[r])
+        now = free[rank]
+        for when, amount in [x for x in releases[rank] if x[0] <= now]:
+            held[rank] -= amount
+            releases[rank].remove((when, amount))
+        ready, later = candidates(rank, now)
+        chosen = _next_in_order(orders[rank], cursor[rank], ready) if orders is not None else None
+        backward = sorted((mb, -placement.stage(rank, c), c) for t, k, mb, c in ready if k == "B")
+        # A microbatch that enters the rank will come back for its deeper chunks: their memory is reserved, so
+        # that a deeper chunk's forward (on the way to the first B) is never the one that waits.
+        by_stage = sorted(range(vp), key=lambda c: placement.stage(rank, c))
+        entered = next_forward[rank][by_stage[0]]
+        reserved = sum(entered - next_forward[rank][c] for c in by_stage[1:]) / vp
+        forward = sorted(
+            (mb, -placement.stage(rank, c), c)
+            for t, k, mb, c in ready
+            if k == "F" and held[rank] + reserved + (vp if c == by_stage[0] else 0) / vp <= limits[rank] + 1e-9
+        )
+        if orders is not None:
+            if chosen is not None:
+                kind, mb, chunk = chosen
+                cursor[rank] += 1
+                if kind == "W":
+                    pending_w[rank].remove((mb, chunk))
+        elif backward:
+            mb, _, chunk = backward[0]
+            kind = "B"
+            chosen = (kind, mb, chunk)
+        elif len(pending_w[rank]) > w_first_above:
+            mb, chunk = pending_w[rank].pop(0)
+            kind = "W"
+            chosen = (kind, mb, chunk)
+        elif forward:
+            mb, _, chunk = forward[0]
+            kind = "F"
+            chosen = (kind, mb, chunk)
+        elif pending_w[rank]:
+            mb, chunk = pending_w[rank].pop(0)
+            kind = "W"
+            chosen = (kind, mb, chunk)
+        if chosen is None:
+            if later is None and min(free) > latest + max_pass + p2p_time:
+                return None  # every rank waits for a pass that no rank can run: the order deadlocks
+            # Nothing to run: wait for the next arrival or for another rank's next pass to end.
+            others = [free[q] for q in range(pp) if q != rank]
+            bound = min(others) + min_pass if others else now + min_pass
+            soonest = min(t for t in (later, bound, *(w for w, _ in releases[rank])) if t is not None)
+            free[rank] = max(soonest, now + 1e-12)
+            continue
+        stage = placement.stage(rank, chunk)
+        duration = times[rank][chunk]["FBW".index(kind)]
+        end = now + duration
+        done[(kind, mb, stage)] = end
+        latest = max(latest, end)
+        placed.append(TimedPass(rank, PipelinePass(kind, mb, chunk), now, end))
+        if kind == "F":
+            held[rank] += 1 / vp
+            next_forward[rank][chunk] += 1
+            pending_b[rank].add((mb, chunk))
+        elif kind == "B":
+            pending_b[rank].discard((mb, chunk))
+            pending_w[rank].append((mb, chunk))
+            store[rank] += 1 / vp
+        else:
+            store[rank] -= 1 / vp
+            releases[rank].append((end, 1 / vp))
+        peak[rank] = max(peak[rank], held[rank])
+        peak_store[rank] = max(peak_store[rank], store[rank])
+        free[rank] = end
+    busy = max(m * sum(sum(t) for t in row) for row in times)
+    return ZeroBubbleTimeline(
+        schedule=schedule,
+        pp=pp,
+        vp=vp,
+        num_microbatches=m,
+        passes=tuple(sorted(placed, key=lambda p: (p.rank, p.start))),
+        ideal=busy,
+        peak_activations=tuple(peak),
+        peak_w_store=tuple(peak_store),
+    )
+
+
+def _next_in_order(
+    order: Sequence[PipelinePass], at: int, ready: list[tuple[float, str, int, int]]
+) -> tuple[str, int, int] | None:
+    """The rank's next pass in its fixed order if it can run now (a W always can: its B ran before it)."""
+    if at >= len(order):
+        return None
+    step = order[at]
+    if step.kind == "W" or any((k, mb, c) == (step.kind, step.microbatch, step.chunk) for _, k, mb, c in ready):
+        return step.kind, step.microbatch, step.chunk
+    return None
+
+
+def zb_h1_bubble(*, pp: int, forward_time: float, backward_time: float, weight_time: float) -> float:
+    """ZB-H1's idle time per rank: ``(p − 1)·(t_F + t_B − t_W)`` (Qi et al. 2024, §3.1, where ``t_W ≤ t_B``);
+    a W longer than a B fills only a B's gap of the cool-down, ``(p − 1)·t_F``."""
+    return (pp - 1) * (forward_time + backward_time - min(weight_time, backward_time))
+
+
+def one_f_one_b_bubble(*, pp: int, forward_time: float, backward_time: float, weight_time: float) -> float:
+    """1F1B's idle time per rank with the backward unsplit: ``(p − 1)·(t_F + t_B + t_W)``."""
+    return (pp - 1) * (forward_time + backward_time + weight_time)
