@@ -311,7 +311,8 @@ def schedule_lines(e: LayoutEstimate, workload: Workload) -> list[str]:
         return ["schedules: PP = 1, no pipeline: every schedule runs the same"]
     lines = [
         f"pipeline schedules for TP {lay.tp} PP {lay.pp} DP {lay.dp}, {lay.num_microbatches} microbatches, "
-        "simulated pass by pass (GPipe is not a Megatron-Core schedule: shown for comparison only):",
+        "simulated pass by pass (GPipe is not a Megatron-Core schedule: shown for comparison only; the zero-bubble "
+        "schedules are simulated only: pretrain_gpt.py does not run them yet):",
         f" {'schedule':<46} {'bubble':>7} {'p2p s':>7} {'in flight':>9} {'act GiB':>8} {'peak GiB':>9} {'fits':>4} "
         f"{'p2p GB':>8} {'step s':>9} {'vs this':>8}",
     ]
@@ -327,7 +328,8 @@ def schedule_lines(e: LayoutEstimate, workload: Workload) -> list[str]:
         )
     lines += [
         "bubble: idle share of the step with free transfers; p2p s: what the transfers add; in flight: most "
-        "microbatches' activations a stage holds (GPipe all m, 1F1B at most PP); act GiB: those activations on "
+        "microbatches' activations a stage holds (GPipe all m, 1F1B at most PP; zero-bubble: until each W pass); "
+        "act GiB: those activations on "
         "the most loaded stage; p2p GB: what the busiest rank sends per step; vs this: against the closed-form "
         f"estimate above ({e.time.step_s:.3f} s)",
     ]

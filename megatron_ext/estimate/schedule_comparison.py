@@ -52,18 +52,23 @@ from megatron_ext.estimate.pipeline_schedule import (
 from megatron_ext.estimate.search import LayoutEstimate, evaluate
 from megatron_ext.estimate.step_time import p2p_bandwidth, p2p_message_bytes, unit_times
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.estimate.zero_bubble import Placement, simulate_zero_bubble
 from megatron_ext.parallel.factors import divisors
 from megatron_ext.parallel.layout import ParallelLayout
 from megatron_ext.parallel.pipeline import valid_group_sizes
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-group")
-"""The schedules compared, in the order they are shown."""
+"""The schedules compared that Megatron-Core's orders give (``run_schedule``)."""
+ZERO_BUBBLE = ("zb-h1", "zb-interleaved")
+"""The zero-bubble schedules compared (``zero_bubble``): simulated only, ``pretrain_gpt.py`` does not run them
+yet (issue 31)."""
 GROUP_CANDIDATES = 6
 """Most microbatch group sizes simulated per comparison (spread geometrically over the valid ones)."""
 GROUP_TIE = 0.001
 """A larger microbatch group must be this much faster (0.1%) to be preferred: it costs memory."""
 
 ChunkTimes = list[list[tuple[float, float]]]
+ChunkTimes3 = list[list[tuple[float, float, float]]]
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,37 @@ def run_schedule(
         compute_makespan=free.makespan,
         in_flight_chunks=tuple(peak_in_flight(o) for o in orders),
         messages=tuple(messages_sent(o, pp=pp, vp=vp, pipeline_rank=r) for r, o in enumerate(orders)),
+    )
+
+
+def run_zero_bubble(
+    schedule: str, *, pp: int, num_microbatches: int, chunk_times: ChunkTimes3, p2p_time: float
+) -> ScheduleRun:
+    """Simulate a zero-bubble ``schedule`` with ``chunk_times[rank][chunk]`` = (F, B, W) of one microbatch; its
+    transfers delay only the pass that needs them, as the interleaved schedule's do."""
+    vp = len(chunk_times[0])
+    common: dict[str, Any] = dict(pp=pp, num_microbatches=num_microbatches, vp=vp, chunk_times=chunk_times)
+    timeline = simulate_zero_bubble(schedule, **common, p2p_time=p2p_time)
+    free = simulate_zero_bubble(schedule, **common) if p2p_time > 0 else timeline
+    slowest = max(chunk_times, key=lambda row: sum(map(sum, row)))
+    placement = Placement(pp, timeline.vp, v_shape=schedule == "zb-v")
+    return ScheduleRun(
+        schedule=schedule,
+        vp=timeline.vp,
+        group_size=None,
+        timeline=Timeline(
+            pp=pp,
+            vp=timeline.vp,
+            num_microbatches=num_microbatches,
+            forward_time=sum(f for f, _, _ in slowest),
+            backward_time=sum(b + w for _, b, w in slowest),
+            passes=timeline.passes,
+        ),
+        compute_makespan=free.makespan,
+        in_flight_chunks=tuple(round(peak * timeline.vp) for peak in timeline.peak_activations),
+        messages=tuple(
+            sum(1 for q in timeline.passes if q.rank == r and placement.sends(q.rank, q.step)) for r in range(pp)
+        ),
     )
 
 
@@ -258,6 +294,13 @@ def _relayout(layout: ParallelLayout, **changes: Any) -> tuple[ParallelLayout | 
 
 def _model_chunk_times(workload: Workload, estimate: LayoutEstimate) -> Callable[[ParallelLayout], ChunkTimes]:
     """(forward, backward) of one microbatch through every chunk of a layout with ``estimate``'s TP, MB, SP, CP."""
+    split = _split_chunk_times(workload, estimate)
+    return lambda candidate: [[(f, b + w) for f, b, w in row] for row in split(candidate)]
+
+
+def _split_chunk_times(workload: Workload, estimate: LayoutEstimate) -> Callable[[ParallelLayout], ChunkTimes3]:
+    """(F, B, W) of one microbatch through every chunk: the backward split into its input-gradient part B and
+    its weight-gradient GEMMs W (``UnitTimes.layer_weight_grad_s``)."""
     layout, cluster = estimate.layout, estimate.cluster
     units = unit_times(workload, layout, cluster.gpu, gpus_per_node=cluster.gpus_per_node)
     layer = units.layer_compute_s + units.layer_tp_s + units.layer_cp_s
@@ -265,15 +308,19 @@ def _model_chunk_times(workload: Workload, estimate: LayoutEstimate) -> Callable
     forward_flops = layer_forward_flops(workload.model, sequences=layout.micro_batch_size) / layout.cp
     forward_share = 1 / (3 + units.recompute_flops / forward_flops)
 
-    def times(candidate: ParallelLayout) -> ChunkTimes:
+    def times(candidate: ParallelLayout) -> ChunkTimes3:
         p, v = candidate.pp, candidate.vp
         out = []
         for r in range(p):
             row = []
             for c in range(v):
-                layers = candidate.stages[r][c].num_layers * layer
-                output = units.output_compute_s if (r, c) == (p - 1, v - 1) else 0.0
-                row.append((layers * forward_share + output / 3, layers * (1 - forward_share) + output * 2 / 3))
+                n = candidate.stages[r][c].num_layers
+                layers = n * layer
+                last = (r, c) == (p - 1, v - 1)
+                output = units.output_compute_s if last else 0.0
+                weights = n * units.layer_weight_grad_s + (units.output_weight_grad_s if last else 0.0)
+                backward = layers * (1 - forward_share) + output * 2 / 3
+                row.append((layers * forward_share + output / 3, backward - weights, weights))
             out.append(row)
         return out
 
@@ -306,6 +353,7 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
     if layout.pp == 1:
         return []
     chunk_times = _model_chunk_times(workload, estimate)
+    split_times = _split_chunk_times(workload, estimate)
     p2p_bytes = p2p_message_bytes(workload, layout)
     p2p_time = p2p_bytes / p2p_bandwidth(layout, cluster.gpu, gpus_per_node=cluster.gpus_per_node)
     m = layout.num_microbatches
@@ -319,7 +367,7 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
         return ScheduleOption(
             schedule=schedule,
             label=schedule_label(run),
-            trainable=schedule != "gpipe",
+            trainable=schedule in SCHEDULES[1:],
             layout=candidate,
             run=run,
             step_s=run.timeline.makespan + own.time.dp_comm_s + own.time.optimizer_s,
@@ -340,6 +388,10 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
             continue
         run = run_schedule(schedule, pp=layout.pp, num_microbatches=m, chunk_times=chunk_times(flat), p2p_time=p2p_time)
         options.append(option(schedule, flat, run))
+    if flat is not None:
+        run = run_zero_bubble("zb-h1", pp=layout.pp, num_microbatches=m, chunk_times=split_times(flat),
+                              p2p_time=p2p_time)  # fmt: skip
+        options.append(option("zb-h1", flat, run))
 
     interleaved, reason = _interleaved_layout(workload, estimate)
     if interleaved is None:
@@ -372,6 +424,10 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
     grouped, _ = _relayout(interleaved, microbatch_group_size_per_vp_stage=best.group_size)
     assert grouped is not None  # group_candidates only yields sizes Megatron-Core accepts
     options.append(option("interleaved-group", grouped, best))
+    if default is not None:
+        run = run_zero_bubble("zb-interleaved", pp=layout.pp, num_microbatches=m, chunk_times=split_times(default),
+                              p2p_time=p2p_time)  # fmt: skip
+        options.append(option("zb-interleaved", default, run))
     return options
 
 
@@ -397,6 +453,10 @@ def schedule_label(run: ScheduleRun) -> str:
         return "GPipe (comparison only)"
     if run.schedule == "1f1b":
         return "1F1B"
+    if run.schedule == "zb-h1":
+        return "ZB-H1 (simulated only)"
+    if run.schedule == "zb-interleaved":
+        return f"ZB interleaved (VP {run.vp}; simulated only)"
     if run.schedule == "interleaved":
         return f"interleaved 1F1B (VP {run.vp}, N = PP, the default)"
     return f"interleaved 1F1B (VP {run.vp}, best N = {run.group_size})"

@@ -239,6 +239,11 @@ class UnitTimes:
     """FLOPs recomputation adds per layer and microbatch."""
     layer_cp_s: float = 0.0
     """A layer's context-parallel ring exchange that its attention does not hide."""
+    layer_weight_grad_s: float = 0.0
+    """The part of a layer's backward that computes its weight gradients (one pass of its linears' GEMMs): what
+    a zero-bubble schedule's W pass takes (``zero_bubble``); the rest of the backward is its B pass."""
+    output_weight_grad_s: float = 0.0
+    """The output layer's weight-gradient GEMM."""
 
     @property
     def output_in_layers(self) -> float:
@@ -374,6 +379,8 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         output_compute_s=output_compute,
         recompute_flops=recompute,
         layer_cp_s=layer_cp,
+        layer_weight_grad_s=gemm_seconds(linears, gemm_rate, 1),
+        output_weight_grad_s=output_compute / 3,
     )
 
 

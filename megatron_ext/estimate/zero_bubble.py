@@ -60,6 +60,15 @@ class Placement:
     def stages(self) -> int:
         return self.pp * self.vp
 
+    def sends(self, rank: int, step: PipelinePass) -> bool:
+        """Whether the pass's output goes to another rank (a W's never leaves it)."""
+        stage = self.stage(rank, step.chunk)
+        if step.kind == "F" and stage < self.stages - 1:
+            return self.holder(stage + 1)[0] != rank
+        if step.kind == "B" and stage > 0:
+            return self.holder(stage - 1)[0] != rank
+        return False
+
 
 @dataclass(frozen=True)
 class ZeroBubbleTimeline:
@@ -91,10 +100,11 @@ def split_order(order: Sequence[PipelinePass], *, defer: int) -> list[PipelinePa
     back and runs them last: the F and B passes keep their order, and the deferred W passes fill the cool-down."""
     out: list[PipelinePass] = []
     backwards = [s for s in order if s.kind == "B"]
+    index = -1
     for step in order:
         out.append(step)
         if step.kind == "B":
-            index = sum(1 for s in out if s.kind == "B") - 1
+            index += 1
             if index >= defer:
                 w = backwards[index - defer]
                 out.append(PipelinePass("W", w.microbatch, w.chunk))
@@ -138,9 +148,10 @@ def simulate_zero_bubble(
     (a chunk takes ``1/v`` of them), or ``chunk_times[rank][chunk]`` = (F, B, W) per chunk.
 
     ZB-H1 runs its handcrafted order (``zb_h1_order``). The others take, of their candidates, the one that
-    finishes first within the memory limit: interleaved 1F1B's order split (``split_order``, each rank keeping
-    0 to ``p`` W passes back), and the greedy choice (module docstring) with W passes run before F passes once
-    more than 0, 1, 2, ``p`` or any are pending.
+    finishes first within the memory limit: ZB interleaved Megatron-Core's interleaved order split
+    (``split_order``), rank ``r`` keeping none, half or all of the ``w_0 − w_r`` W passes back that rank 0's
+    larger warm-up leaves it room for (ZB-H1 keeps ``r``: the same rule on 1F1B); ZB-V the greedy choice
+    (module docstring) with W passes run before F passes once more than 0, 1, 2, ``p`` or any are pending.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown zero-bubble schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
@@ -160,14 +171,24 @@ def simulate_zero_bubble(
         if timeline is None:  # cannot happen: 1F1B's order with W passes added runs as 1F1B does
             raise RuntimeError(f"the ZB-H1 order of p={pp}, m={m} deadlocks")
         return timeline
-    candidates = [place(w_first_above=k) for k in (0, 1, 2, pp, m * vp)]
-    if schedule == "zb-interleaved":
-        for defer in range(pp + 1):
-            orders = [
-                split_order(schedule_order(pp=pp, vp=vp, num_microbatches=m, pipeline_rank=r), defer=defer)
-                for r in range(pp)
-            ]
-            candidates.append(place(orders=orders))
+    if schedule == "zb-v":
+        candidates = [place(w_first_above=k) for k in (0, 1, 2, pp, m * vp)]
+    else:
+        # Rank r may hold what rank 0 holds: w_0 − w_r chunks more than its own interleaved peak, as many W passes
+        # as it can keep back (ZB-H1's r, generalised); none and half as many are tried too.
+        warmups = [warmup_passes(pp=pp, vp=vp, num_microbatches=m, pipeline_rank=r) for r in range(pp)]
+        candidates = [
+            place(
+                orders=[
+                    split_order(
+                        schedule_order(pp=pp, vp=vp, num_microbatches=m, pipeline_rank=r),
+                        defer=int((warmups[0] - warmups[r]) * share),
+                    )
+                    for r in range(pp)
+                ]
+            )
+            for share in (0.0, 0.5, 1.0)
+        ]
     limits = memory_limits(schedule, pp=pp, vp=vp, num_microbatches=m)
     fitting = [
         t
@@ -252,41 +273,37 @@ def _place(
         for when, amount in [x for x in releases[rank] if x[0] <= now]:
             held[rank] -= amount
             releases[rank].remove((when, amount))
-        ready, later = candidates(rank, now)
-        chosen = _next_in_order(orders[rank], cursor[rank], ready) if orders is not None else None
-        backward = sorted((mb, -placement.stage(rank, c), c) for t, k, mb, c in ready if k == "B")
-        # A microbatch that enters the rank will come back for its deeper chunks: their memory is reserved, so
-        # that a deeper chunk's forward (on the way to the first B) is never the one that waits.
-        by_stage = sorted(range(vp), key=lambda c: placement.stage(rank, c))
-        entered = next_forward[rank][by_stage[0]]
-        reserved = sum(entered - next_forward[rank][c] for c in by_stage[1:]) / vp
-        forward = sorted(
-            (mb, -placement.stage(rank, c), c)
-            for t, k, mb, c in ready
-            if k == "F" and held[rank] + reserved + (vp if c == by_stage[0] else 0) / vp <= limits[rank] + 1e-9
-        )
+        chosen: tuple[str, int, int] | None = None
         if orders is not None:
-            if chosen is not None:
-                kind, mb, chunk = chosen
-                cursor[rank] += 1
-                if kind == "W":
-                    pending_w[rank].remove((mb, chunk))
-        elif backward:
-            mb, _, chunk = backward[0]
-            kind = "B"
-            chosen = (kind, mb, chunk)
-        elif len(pending_w[rank]) > w_first_above:
-            mb, chunk = pending_w[rank].pop(0)
-            kind = "W"
-            chosen = (kind, mb, chunk)
-        elif forward:
-            mb, _, chunk = forward[0]
-            kind = "F"
-            chosen = (kind, mb, chunk)
-        elif pending_w[rank]:
-            mb, chunk = pending_w[rank].pop(0)
-            kind = "W"
-            chosen = (kind, mb, chunk)
+            later = None
+            if cursor[rank] < len(orders[rank]):
+                step = orders[rank][cursor[rank]]
+                t = 0.0 if step.kind == "W" else arrival(step.kind, step.microbatch, placement.stage(rank, step.chunk))
+                if t is not None and t <= now:
+                    chosen = (step.kind, step.microbatch, step.chunk)
+                    cursor[rank] += 1
+                    if step.kind == "W":
+                        pending_w[rank].remove((step.microbatch, step.chunk))
+                later = t if t is not None and t > now else None
+        else:
+            ready, later = candidates(rank, now)
+            backward = sorted((mb, -placement.stage(rank, c), c) for _, k, mb, c in ready if k == "B")
+            # A microbatch that enters the rank will come back for its deeper chunks: their memory is reserved,
+            # so that a deeper chunk's forward (on the way to the first B) is never the one that waits.
+            by_stage = sorted(range(vp), key=lambda c: placement.stage(rank, c))
+            entered = next_forward[rank][by_stage[0]]
+            reserved = sum(entered - next_forward[rank][c] for c in by_stage[1:]) / vp
+            forward = sorted(
+                (mb, -placement.stage(rank, c), c)
+                for _, k, mb, c in ready
+                if k == "F" and held[rank] + reserved + (vp if c == by_stage[0] else 0) / vp <= limits[rank] + 1e-9
+            )
+            if backward:
+                chosen = ("B", backward[0][0], backward[0][2])
+            elif len(pending_w[rank]) > w_first_above or (pending_w[rank] and not forward):
+                chosen = ("W", *pending_w[rank].pop(0))
+            elif forward:
+                chosen = ("F", forward[0][0], forward[0][2])
         if chosen is None:
             if later is None and min(free) > latest + max_pass + p2p_time:
                 return None  # every rank waits for a pass that no rank can run: the order deadlocks
@@ -296,6 +313,7 @@ def _place(
             soonest = min(t for t in (later, bound, *(w for w, _ in releases[rank])) if t is not None)
             free[rank] = max(soonest, now + 1e-12)
             continue
+        kind, mb, chunk = chosen
         stage = placement.stage(rank, chunk)
         duration = times[rank][chunk]["FBW".index(kind)]
         end = now + duration
@@ -327,18 +345,6 @@ def _place(
         peak_activations=tuple(peak),
         peak_w_store=tuple(peak_store),
     )
-
-
-def _next_in_order(
-    order: Sequence[PipelinePass], at: int, ready: list[tuple[float, str, int, int]]
-) -> tuple[str, int, int] | None:
-    """The rank's next pass in its fixed order if it can run now (a W always can: its B ran before it)."""
-    if at >= len(order):
-        return None
-    step = order[at]
-    if step.kind == "W" or any((k, mb, c) == (step.kind, step.microbatch, step.chunk) for _, k, mb, c in ready):
-        return step.kind, step.microbatch, step.chunk
-    return None
 
 
 def zb_h1_bubble(*, pp: int, forward_time: float, backward_time: float, weight_time: float) -> float:

@@ -157,6 +157,24 @@ def test_gpt3_175b_schedules_side_by_side() -> None:
     assert options["interleaved"].layout is not None and options["interleaved"].layout.vp > 1
 
 
+def test_zero_bubble_schedules_beat_their_counterparts_at_their_memory() -> None:
+    """GPT-3 175B, TP 8 PP 8 VP 4, 128 microbatches (docs/layout-model.md): ZB-H1 halves 1F1B's bubble, ZB
+    interleaved cuts interleaved 1F1B's, each holding the activations its counterpart holds."""
+    workload, layout, cluster = _gpt3_175b(tp=8, vp=4, batch=256)
+    options = {o.schedule: o for o in compare_schedules(workload, evaluate(workload, layout, cluster))}
+    flat, h1, inter, zb = (options[s] for s in ("1f1b", "zb-h1", "interleaved", "zb-interleaved"))
+    assert h1.run and flat.run and inter.run and zb.run and not h1.trainable and not zb.trainable
+    assert h1.run.bubble_share < flat.run.bubble_share / 2 and h1.step_s < flat.step_s * 0.98
+    # Rank r keeps r W passes back: every rank holds as many microbatches as 1F1B's rank 0 (the last rank's
+    # activations, with the logits', come to 0.4% more), and the most loaded stage's memory is 1F1B's.
+    assert h1.run.in_flight_microbatches == (max(flat.run.in_flight_microbatches),) * layout.pp
+    assert max(h1.activation_bytes) <= 1.01 * max(flat.activation_bytes)
+    assert h1.peak_bytes == pytest.approx(flat.peak_bytes)
+    assert zb.run.bubble_share < inter.run.bubble_share / 2 and zb.step_s < inter.step_s
+    assert zb.peak_bytes <= inter.peak_bytes
+    assert zb.p2p_bytes == inter.p2p_bytes  # W passes send nothing
+
+
 def test_layout_tool_compares_schedules_in_text_and_json() -> None:
     args = (
         "--gpus 128 --gpu h100-sxm --model gpt3-175b --bf16 --sequence-parallel --use-distributed-optimizer "
@@ -167,13 +185,17 @@ def test_layout_tool_compares_schedules_in_text_and_json() -> None:
     assert layout_tool(args.split(), stdout=out, stderr=err) == ExitCode.OK
     text = out.getvalue()
     assert "GPipe is not a Megatron-Core schedule: shown for comparison only" in text
-    rows = [line for line in text.splitlines() if re.match(r" (GPipe|1F1B|interleaved)", line)]
-    assert len(rows) == 4 and " no " in rows[0] and " yes " in rows[1]
+    rows = [line for line in text.splitlines() if re.match(r" (GPipe|1F1B|interleaved|ZB)", line)]
+    assert len(rows) == 6 and " no " in rows[0] and " yes " in rows[1]
+    assert "zero-bubble schedules are simulated only" in text and "ZB-H1 (simulated only)" in rows[2]
     out = io.StringIO()
     assert layout_tool([*args.split(), "--json"], stdout=out, stderr=io.StringIO()) == ExitCode.OK
     schedules = json.loads(out.getvalue())["schedules"]
-    assert [s["schedule"] for s in schedules] == ["gpipe", "1f1b", "interleaved", "interleaved-group"]
+    assert [s["schedule"] for s in schedules] == [
+        "gpipe", "1f1b", "zb-h1", "interleaved", "interleaved-group", "zb-interleaved"
+    ]  # fmt: skip
     assert schedules[0]["trainable"] is False and schedules[0]["fits"] is False
+    assert [s["trainable"] for s in schedules] == [False, True, False, True, True, False]
     assert all(s["possible"] and len(s["activation_bytes"]) == 8 for s in schedules)
     # One pipeline stage: nothing to compare, said once.
     out = io.StringIO()
