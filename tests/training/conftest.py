@@ -1,14 +1,16 @@
-"""The resumable run shared by the resilience and checkpoint-fault tests: one saved run, many damaged copies."""
+"""The resumable run shared by the resilience and checkpoint-fault tests (one saved run, many damaged copies),
+and the one-process gloo group of the tests that build Megatron-Core modules in the test's own process."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from megatron_ext.config.exit_codes import ExitCode
-from tests.conftest import TINY_MODEL, run_pretrain
+from tests.conftest import TINY_MODEL, _free_port, run_pretrain
 
 ITERS = 40
 RUN = [
@@ -42,3 +44,22 @@ def copy_of(saved: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "ckpt"
     shutil.copytree(saved, copy)
     return copy
+
+
+@pytest.fixture(scope="module")
+def parallel_state() -> Iterator[None]:
+    """A one-process gloo group and Megatron-Core's parallel state (TP = PP = DP = 1) on the CPU backend."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from megatron_ext.training import cpu_backend
+
+    cpu_backend.enable()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    ps.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(123)
+    yield
+    ps.destroy_model_parallel()
+    dist.destroy_process_group()
+    cpu_backend.disable()

@@ -9,31 +9,10 @@ is in test_loss_equivalence.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
 pytestmark = pytest.mark.distributed  # a one-process gloo group for Megatron-Core's parallel state
-
-
-@pytest.fixture(scope="module")
-def parallel_state() -> Iterator[None]:
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    from megatron_ext.training import cpu_backend
-    from tests.conftest import _free_port
-
-    cpu_backend.enable()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    ps.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(123)
-    yield
-    ps.destroy_model_parallel()
-    dist.destroy_process_group()
-    cpu_backend.disable()
 
 
 def _config(*, heads: int, groups: int, dropout: float = 0.0):  # -> TransformerConfig

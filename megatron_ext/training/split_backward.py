@@ -1,0 +1,168 @@
+"""The backward pass split into B and W for Megatron-Core's linear layers (zero-bubble schedules, issue 31).
+
+A zero-bubble schedule (Qi et al., ICLR 2024; ``estimate.zero_bubble``) runs each microbatch's backward in two:
+**B** computes the gradient with respect to the stage's input, which the previous stage waits for; **W**
+computes the weight gradients, which nothing downstream needs until the optimizer step, and runs later, in a
+slot that would otherwise idle.
+
+Here B is the ordinary autograd backward with the weight-gradient GEMM of every ``ColumnParallelLinear`` and
+``RowParallelLinear`` (the local spec's QKV, projection, FC1 and FC2, and the output layer) left out: the layer's
+saved input and output gradient go to a ``WeightGradStore``, one entry per microbatch's B. ``WeightGradStore.
+run_w`` later computes them and hands each gradient to the parameter as autograd would have: into ``.grad``,
+then through Megatron-Core DDP's own backward hook for the parameter, which adds it to ``main_grad`` and, with
+``--overlap-grad-reduce``, marks it ready in its bucket, so that the reduction (and the distributed optimizer)
+see exactly what they see without the split. Everything else (norms, biases, embeddings, the attention core)
+keeps its gradient in B, and so does an output layer tied to the embedding (``--untie-embeddings-and-output-
+weights`` not given): the embedding gives the same weight a gradient in B, and DDP must see one, complete.
+
+Nothing calls this yet: the zero-bubble forward-backward function that will (issue 31, item 2) is to come.
+
+The B pass's input gradient and its tensor-parallel all-reduce are Megatron-Core's own
+(``linear_with_grad_accumulation_and_async_allreduce``'s arithmetic). Not covered, and refused where asked
+for: sequence parallelism (its W would need the all-gathered input kept or gathered again) and Megatron-Core's
+fused weight-gradient accumulation (a CUDA kernel; the CPU runs never use it).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class _Pending:
+    weight: torch.nn.Parameter
+    grad_output: torch.Tensor
+    """The layer's output gradient, flattened to (tokens, outputs)."""
+    input: torch.Tensor
+    """The layer's input, flattened to (tokens, inputs)."""
+
+
+class WeightGradStore:
+    """The W passes the split backward defers, oldest first: one per B pass (``close_b``), each every deferred
+    weight-gradient GEMM of that B."""
+
+    def __init__(self) -> None:
+        self.splitting = False
+        """While True, linear layers defer their weight gradients here; False, they compute them in place."""
+        self._open: list[_Pending] = []
+        self._queue: deque[list[_Pending]] = deque()
+        self._hooks: dict[torch.nn.Parameter, Callable[..., None]] = {}
+
+    def use_ddp_hooks(self, chunks: Iterable[Any]) -> None:
+        """Deliver gradients through each DDP-wrapped chunk's own backward hook (``main_grad``, bucket readiness)."""
+        for chunk in chunks:
+            make_hook = getattr(chunk, "_make_backward_post_hook", None)
+            if make_hook is None:
+                continue
+            for param in chunk.parameters():
+                if param.requires_grad:
+                    self._hooks[param] = make_hook(param)
+
+    def defer(self, weight: torch.nn.Parameter, grad_output: torch.Tensor, input_: torch.Tensor) -> None:
+        self._open.append(_Pending(weight, grad_output, input_))
+
+    def close_b(self) -> None:
+        """End one B pass: what it deferred becomes one W pass (possibly empty, on a stage without linears)."""
+        self._queue.append(self._open)
+        self._open = []
+
+    @property
+    def pending(self) -> int:
+        """W passes not yet run."""
+        return len(self._queue)
+
+    def run_w(self) -> None:
+        """Run the oldest W pass: each weight gradient, delivered as autograd would have delivered it."""
+        for item in self._queue.popleft():
+            grad = item.grad_output.t().matmul(item.input)
+            weight = item.weight
+            weight.grad = grad if weight.grad is None else weight.grad + grad
+            hook = self._hooks.get(weight)
+            if hook is not None:
+                hook()
+
+    def run_all(self) -> None:
+        while self._queue:
+            self.run_w()
+
+
+class _SplitLinear(torch.autograd.Function):
+    """``y = x·Wᵀ + b`` whose backward returns the input and bias gradients and defers the weight's."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        input_: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        allreduce_dgrad: bool,
+        tp_group: Any,
+        store: WeightGradStore,
+        parameter: tuple[torch.nn.Parameter],
+    ) -> torch.Tensor:
+        ctx.save_for_backward(input_, weight)
+        ctx.use_bias = bias is not None
+        ctx.allreduce_dgrad = allreduce_dgrad
+        ctx.tp_group = tp_group
+        ctx.store = store
+        ctx.parameter = parameter[0]
+        output = torch.matmul(input_, weight.t())
+        return output + bias if bias is not None else output
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
+        input_, weight = ctx.saved_tensors
+        grad_input = grad_output.matmul(weight)
+        handle = None
+        if ctx.allreduce_dgrad:
+            handle = torch.distributed.all_reduce(grad_input, group=ctx.tp_group, async_op=True)
+        flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
+        ctx.store.defer(ctx.parameter, flat_grad, input_.reshape(-1, input_.shape[-1]))
+        grad_bias = flat_grad.sum(dim=0) if ctx.use_bias else None
+        if handle is not None:
+            handle.wait()
+        return grad_input, None, grad_bias, None, None, None, None
+
+
+def split_linear_layers(chunks: Iterable[torch.nn.Module], store: WeightGradStore) -> int:
+    """Make every Megatron-Core column- and row-parallel linear layer of ``chunks`` defer its weight gradient to
+    ``store`` while ``store.splitting``; the number of layers changed. A ValueError names a layer whose
+    configuration the split does not cover."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    changed = 0
+    for chunk in chunks:
+        for name, module in chunk.named_modules():
+            if not isinstance(module, ColumnParallelLinear | RowParallelLinear):
+                continue
+            if module.sequence_parallel:
+                raise ValueError(f"{name}: the split backward does not cover --sequence-parallel")
+            if module.gradient_accumulation_fusion:
+                raise ValueError(f"{name}: the split backward does not cover --gradient-accumulation-fusion")
+            module._forward_impl = _split_forward(module._forward_impl, store, own=module.weight)
+            changed += module.weight is not None
+    return changed
+
+
+def _split_forward(
+    original: Callable[..., torch.Tensor], store: WeightGradStore, *, own: torch.nn.Parameter | None
+) -> Callable[..., torch.Tensor]:
+    def forward_impl(input: torch.Tensor, weight: torch.nn.Parameter, *args: Any, **kwargs: Any) -> torch.Tensor:
+        # A weight passed in (the output layer tied to the embedding) also gets the embedding's gradient in B:
+        # its W stays in B, so that DDP sees one gradient for it, complete.
+        if not store.splitting or not weight.requires_grad or weight is not own:
+            return original(input, weight, *args, **kwargs)
+        from megatron.core.utils import get_tensor_model_parallel_group_if_none
+
+        group = get_tensor_model_parallel_group_if_none(kwargs.get("tp_group"))
+        # The weight enters detached: autograd has no edge to it, so DDP's hook for it runs once, from the W pass.
+        # (The parameter itself travels in a tuple: a tensor argument would be an autograd edge again.)
+        return _SplitLinear.apply(input, weight.detach(), kwargs["bias"], kwargs["allreduce_dgrad"], group, store,
+                                  (weight,))  # fmt: skip
+
+    return forward_impl

@@ -1,0 +1,106 @@
+"""The split backward (issue 31, item 1): B now, W later, the same gradients in Megatron-Core's DDP buffers.
+
+A real GPTModel of the local spec, wrapped in Megatron-Core's DDP with ``--overlap-grad-reduce``, in one CPU
+process: several microbatches' forward and backward with the weight gradients of every linear layer deferred,
+then the W passes, give the gradient buffers of the ordinary backward to the last bit of fp32 arithmetic's
+reach; DDP's own bucket bookkeeping (which refuses to finish a sync whose parameters did not all report) sees
+every parameter. The tensor-parallel and pipeline cases run in the schedule's loss-equivalence rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.distributed  # a one-process gloo group for Megatron-Core's parallel state
+
+FLAGS = (
+    "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 "
+    "--micro-batch-size 2 --global-batch-size 8 --mock-data --device cpu --overlap-grad-reduce "
+    "--ddp-bucket-size 3000 --hidden-dropout 0 --attention-dropout 0"
+).split()
+
+
+def _model(untied: bool) -> Any:
+    from megatron.core.distributed import DistributedDataParallel
+
+    from megatron_ext.config.training_config import parse_args
+    from megatron_ext.training.model import ddp_config, gpt_model
+
+    cfg = parse_args([*FLAGS, *(["--untie-embeddings-and-output-weights"] if untied else [])], world_size=1)
+    torch.manual_seed(0)
+    chunk = gpt_model(cfg, pre_process=True, post_process=True, vp_stage=None, device=torch.device("cpu"))
+    return DistributedDataParallel(config=chunk.config, ddp_config=ddp_config(cfg), module=chunk)
+
+
+def _grads(model: Any, store: Any | None, batches: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    model.zero_grad_buffer()
+    for i, tokens in enumerate(batches):
+        positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+        last = i == len(batches) - 1
+        # Megatron-Core's schedules: gradient sync only on the last microbatch.
+        context = model.no_sync() if not last else torch.enable_grad()
+        with context:
+            if store is not None:
+                store.splitting = True
+            loss = model(tokens, positions, None, labels=tokens.roll(-1, dims=1)).sum()
+            loss.backward()
+            if store is not None:
+                store.close_b()
+                store.splitting = False
+    if store is not None:
+        assert store.pending == len(batches)
+        for i in range(len(batches)):  # the W passes afterwards, the last microbatch's last, with sync on
+            if i < len(batches) - 1:
+                with model.no_sync():
+                    store.run_w()
+            else:
+                store.run_w()
+    model.finish_grad_sync()
+    return {name: p.main_grad.clone() for name, p in model.module.named_parameters()}
+
+
+@pytest.mark.parametrize("untied", [False, True])
+def test_deferred_weight_gradients_match_the_ordinary_backward(parallel_state: None, untied: bool) -> None:
+    from megatron_ext.training.split_backward import WeightGradStore, split_linear_layers
+
+    torch.manual_seed(1)
+    batches = [torch.randint(0, 1000, (2, 16)) for _ in range(3)]
+    expected = _grads(_model(untied), None, batches)
+    model = _model(untied)
+    store = WeightGradStore()
+    store.use_ddp_hooks([model])
+    # 2 layers × (QKV, projection, FC1, FC2), and the output layer when it has its own weight (a tied one keeps
+    # its W in B: the embedding gives the same weight a gradient there).
+    assert split_linear_layers([model], store) == (9 if untied else 8)
+    got = _grads(model, store, batches)
+    assert got.keys() == expected.keys()
+    for name, grad in expected.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_while_not_splitting_the_layers_compute_their_weight_gradients_in_place(parallel_state: None) -> None:
+    from megatron_ext.training.split_backward import WeightGradStore, split_linear_layers
+
+    torch.manual_seed(2)
+    batches = [torch.randint(0, 1000, (2, 16))]
+    expected = _grads(_model(False), None, batches)
+    model = _model(False)
+    store = WeightGradStore()
+    split_linear_layers([model], store)
+    got = _grads(model, None, batches)  # the store never splits
+    assert store.pending == 0
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_sequence_parallelism_is_refused_with_the_reason(parallel_state: None) -> None:
+    from megatron_ext.training.split_backward import WeightGradStore, split_linear_layers
+
+    model = _model(False)
+    next(m for m in model.modules() if hasattr(m, "sequence_parallel")).sequence_parallel = True
+    with pytest.raises(ValueError, match="does not cover --sequence-parallel"):
+        split_linear_layers([model], WeightGradStore())
