@@ -46,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--backward-time", type=float, default=2.0, help="Backward time of a microbatch through one stage (default 2)."
     )
+    parser.add_argument(
+        "--weight-grad-time",
+        type=float,
+        help="The part of the backward time that computes weight gradients (a zero-bubble schedule's W pass; "
+        "default half of it, as a layer's GEMMs split it): with --compare-schedules, draws ZB-H1 and ZB "
+        "interleaved too (simulated only: pretrain_gpt.py does not run them yet).",
+    )
     parser.add_argument("--p2p-time", type=float, default=0.0, help="Time to pass activations between ranks.")
     parser.add_argument("--output", type=Path, help="Output stem (default schedule_p<P>_v<V>_m<M>): .png and .svg.")
     parser.add_argument("--width", type=int, default=1200, help="Picture width in pixels (default 1200).")
@@ -84,7 +91,11 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         print(f"error: --width must be at least 400 pixels, got {args.width}", file=err)
         return ExitCode.INVALID
     if args.compare_schedules:
-        return _compare(args, out)
+        weight = args.backward_time / 2 if args.weight_grad_time is None else args.weight_grad_time
+        if not 0 < weight < args.backward_time:
+            print(f"error: --weight-grad-time must be above 0 and below the backward time, got {weight:g}", file=err)
+            return ExitCode.INVALID
+        return _compare(args, out, weight)
     orders: list[list[PipelinePass]] | None = None
     if args.trace is not None:
         from megatron_ext.training.schedule_trace import load_trace
@@ -129,7 +140,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     return ExitCode.OK
 
 
-def _compare(args: argparse.Namespace, out: TextIO) -> int:
+def _compare(args: argparse.Namespace, out: TextIO, weight_time: float) -> int:
     p, v, m = args.pp, args.vp, args.num_microbatches
     runs = runs_for_picture(
         pp=p,
@@ -138,12 +149,15 @@ def _compare(args: argparse.Namespace, out: TextIO) -> int:
         forward_time=args.forward_time,
         backward_time=args.backward_time,
         p2p_time=args.p2p_time,
+        weight_time=weight_time,
     )
     scale = max(max(r.in_flight_microbatches) for r in runs)
     panels = []
     print(
         f"p={p} m={m}, stage forward {args.forward_time:g} + backward {args.backward_time:g}, p2p {args.p2p_time:g}; "
-        "GPipe is not a Megatron-Core schedule: shown for comparison only",
+        "GPipe is not a Megatron-Core schedule: shown for comparison only; the zero-bubble schedules (W "
+        f"{weight_time:g} of the backward) are "
+        "simulated only",
         file=out,
     )
     print(f"{'schedule':<46} {'bubble':>7} {'p2p':>7} {'step':>9} {'rank 0 in flight':>16} {'messages':>8}", file=out)

@@ -432,18 +432,37 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
 
 
 def runs_for_picture(
-    *, pp: int, vp: int, num_microbatches: int, forward_time: float, backward_time: float, p2p_time: float
+    *,
+    pp: int,
+    vp: int,
+    num_microbatches: int,
+    forward_time: float,
+    backward_time: float,
+    p2p_time: float,
+    weight_time: float | None = None,
 ) -> list[ScheduleRun]:
-    """GPipe, 1F1B, and with ``vp > 1`` interleaved 1F1B at the default and the best group size: equal stages."""
+    """GPipe, 1F1B, and with ``vp > 1`` interleaved 1F1B at the default and the best group size: equal stages.
+    With ``weight_time`` (the part of ``backward_time`` that computes weight gradients), ZB-H1 after 1F1B and ZB
+    interleaved after interleaved 1F1B, simulated only."""
     flat = uniform_chunk_times(pp=pp, vp=1, forward_time=forward_time, backward_time=backward_time)
     common: dict[str, Any] = dict(pp=pp, num_microbatches=num_microbatches, p2p_time=p2p_time)
+
+    def split(v: int) -> ChunkTimes3:
+        assert weight_time is not None
+        return [[(forward_time / v, (backward_time - weight_time) / v, weight_time / v)] * v for _ in range(pp)]
+
     runs = [run_schedule(s, chunk_times=flat, **common) for s in ("gpipe", "1f1b")]
+    if weight_time is not None:
+        runs.append(run_zero_bubble("zb-h1", chunk_times=split(1), **common))
     if vp > 1:
         times = uniform_chunk_times(pp=pp, vp=vp, forward_time=forward_time, backward_time=backward_time)
         runs.append(run_schedule("interleaved", chunk_times=times, **common))
-        found = best_group(chunk_times=times, default=runs[-1], **common)
+        default = runs[-1]
+        found = best_group(chunk_times=times, default=default, **common)
         if found is not None:
             runs.append(found[0])
+        if weight_time is not None:
+            runs.append(run_zero_bubble("zb-interleaved", chunk_times=split(vp), **common))
     return runs
 
 
@@ -463,8 +482,11 @@ def schedule_label(run: ScheduleRun) -> str:
 
 
 def in_flight_curve(run: ScheduleRun, rank: int) -> list[tuple[float, float, int]]:
-    """(start, end, chunks held) over one rank's simulated step: held from a forward pass's end to its backward's."""
-    events = sorted((p.end, 1 if p.step.kind == "F" else -1) for p in run.timeline.passes if p.rank == rank)
+    """(start, end, chunks held) over one rank's simulated step: held from a forward pass's end to its backward's
+    (its W pass's, in a zero-bubble schedule)."""
+    release = "W" if run.schedule in ZERO_BUBBLE else "B"
+    passes = [p for p in run.timeline.passes if p.rank == rank and p.step.kind in ("F", release)]
+    events = sorted((p.end, 1 if p.step.kind == "F" else -1) for p in passes)
     out, live = [], 0
     for (time, delta), following in zip(events, [*events[1:], None], strict=True):
         live += delta

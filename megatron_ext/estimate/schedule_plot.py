@@ -22,6 +22,9 @@ Color = tuple[int, int, int]
 
 FORWARD_COLORS: tuple[Color, ...] = ((158, 202, 225), (66, 146, 198), (8, 81, 156), (8, 48, 107))
 BACKWARD_COLORS: tuple[Color, ...] = ((253, 174, 107), (241, 105, 19), (166, 54, 3), (127, 39, 4))
+WEIGHT_COLORS: tuple[Color, ...] = ((161, 217, 155), (65, 171, 93), (0, 109, 44), (0, 68, 27))
+"""Zero-bubble schedules' W passes (weight gradients); their B passes take the backward colours."""
+KIND_COLORS = {"F": FORWARD_COLORS, "B": BACKWARD_COLORS, "W": WEIGHT_COLORS}
 IDLE: Color = (225, 225, 225)
 BACKGROUND: Color = (255, 255, 255)
 TEXT: Color = (20, 20, 20)
@@ -241,7 +244,10 @@ def draw(
     """Draw one panel (title, rank rows with idle background, passes) from ``top``; returns the panel's bottom."""
     canvas.text(8, top, heading or title(timeline))
     canvas.text(
-        8, top + 16, "boxes: microbatch number; blue forward, orange backward, darker = later model chunk; grey idle"
+        8,
+        top + 16,
+        "boxes: microbatch number; blue forward, orange backward (B), green weight gradients (W), darker = later "
+        "model chunk; grey idle",
     )
     rows_top = top + PANEL_HEAD - 4
     for rank in range(timeline.pp):
@@ -250,7 +256,7 @@ def draw(
         canvas.text(8, y + ROW_HEIGHT / 2 - 6, f"rank {rank}{note}")
         canvas.rect(geo.x(0), y, timeline.makespan * geo.pixels_per_time, ROW_HEIGHT, IDLE)
     for p in timeline.passes:
-        colors = FORWARD_COLORS if p.step.kind == "F" else BACKWARD_COLORS
+        colors = KIND_COLORS[p.step.kind]
         color = colors[p.step.chunk % len(colors)]
         x, y = geo.x(p.start), geo.y(p.rank, rows_top)
         w = (p.end - p.start) * geo.pixels_per_time
@@ -267,8 +273,9 @@ def draw(
 
 def _legend(timeline: Timeline, canvas: Canvas, y: float) -> None:
     x = float(LEFT)
+    kinds = "FBW" if any(p.step.kind == "W" for p in timeline.passes) else "FB"
     for chunk in range(timeline.vp):
-        for kind, colors in (("F", FORWARD_COLORS), ("B", BACKWARD_COLORS)):
+        for kind, colors in ((k, KIND_COLORS[k]) for k in kinds):
             canvas.rect(x, y, 14, 14, colors[chunk % len(colors)])
             label = f"{kind} chunk {chunk}"
             canvas.text(x + 18, y + 1, label)
@@ -360,7 +367,9 @@ def _comparison(panels: Sequence[ComparedPanel], width: int, canvas_type: Any) -
         bottom = draw(timeline, canvas, geo, top=top, heading=heading, legend=False)
         draw_strip(strip, canvas, geo, top=bottom, makespan=timeline.makespan, name="rank 0 mem")
         top = bottom + MEMORY_HEIGHT + 8
-    _legend(max((t for t, _, _ in panels), key=lambda t: t.vp), canvas, top)
+    # The legend of the panel with the most chunks, and the W passes' colours if any panel has them.
+    _legend(max((t for t, _, _ in panels), key=lambda t: (t.vp, any(p.step.kind == "W" for p in t.passes))), canvas,
+            top)  # fmt: skip
     return canvas
 
 

@@ -31,7 +31,7 @@ from megatron_ext.estimate.schedule_comparison import (
     run_schedule,
     runs_for_picture,
 )
-from megatron_ext.estimate.schedule_plot import MEMORY_COLOR
+from megatron_ext.estimate.schedule_plot import MEMORY_COLOR, WEIGHT_COLORS
 from megatron_ext.estimate.search import Cluster, evaluate
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import ParallelLayout
@@ -217,9 +217,15 @@ def test_plot_tool_draws_the_schedules_on_one_axis_with_memory(tmp_path) -> None
     assert "GPipe is not a Megatron-Core schedule: shown for comparison only" in text
     assert "interleaved 1F1B (VP 2, best N = 8)" in text
     svg = (tmp_path / "cmp.svg").read_text()
-    # One memory strip per schedule, and GPipe's strip reaches the full height (the largest peak: all 8).
-    assert svg.count("peak ") == 4 and "peak 8 microbatches" in svg
+    # One memory strip per schedule (the zero-bubble ones too), and GPipe's strip reaches the full height (the
+    # largest peak: all 8).
+    assert svg.count("peak ") == 6 and "peak 8 microbatches" in svg
     assert f"rgb{MEMORY_COLOR}" in svg
+    # The zero-bubble rows: W passes drawn in their own colour, the bubble below their counterparts'.
+    bubble = {line[:46].strip(): float(line[46:].split()[0].rstrip("%")) for line in text.splitlines()[2:8]}
+    assert bubble["ZB-H1 (simulated only)"] < bubble["1F1B"] / 2
+    assert bubble["ZB interleaved (VP 2; simulated only)"] < bubble["interleaved 1F1B (VP 2, N = PP, the default)"] / 2
+    assert "W chunk 1" in svg and f"rgb{WEIGHT_COLORS[1]}" in svg
     assert (tmp_path / "cmp.png").read_bytes().startswith(b"\x89PNG")
 
 
