@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="The part of the backward time that computes weight gradients (a zero-bubble schedule's W pass; "
         "default half of it, as a layer's GEMMs split it): with --compare-schedules, draws ZB-H1 and ZB "
-        "interleaved too (simulated only: pretrain_gpt.py does not run them yet).",
+        "interleaved too (ZB-H1 is pretrain_gpt.py --enable-zero-bubble; ZB interleaved is simulated only).",
     )
     parser.add_argument("--p2p-time", type=float, default=0.0, help="Time to pass activations between ranks.")
     parser.add_argument("--output", type=Path, help="Output stem (default schedule_p<P>_v<V>_m<M>): .png and .svg.")
@@ -155,9 +155,8 @@ def _compare(args: argparse.Namespace, out: TextIO, weight_time: float) -> int:
     panels = []
     print(
         f"p={p} m={m}, stage forward {args.forward_time:g} + backward {args.backward_time:g}, p2p {args.p2p_time:g}; "
-        "GPipe is not a Megatron-Core schedule: shown for comparison only; the zero-bubble schedules (W "
-        f"{weight_time:g} of the backward) are "
-        "simulated only",
+        "GPipe is not a Megatron-Core schedule: shown for comparison only; zero-bubble W passes take "
+        f"{weight_time:g} of the backward; ZB interleaved is simulated only",
         file=out,
     )
     print(f"{'schedule':<46} {'bubble':>7} {'p2p':>7} {'step':>9} {'rank 0 in flight':>16} {'messages':>8}", file=out)

@@ -435,6 +435,13 @@ class ParallelArgs(_Options):
     overlap_p2p_communication_warmup_flush: bool = opt(
         False, "Interleaved schedule: overlap the pipeline transfers of the warm-up and flush passes too."
     )
+    enable_zero_bubble: bool = opt(
+        False,
+        "The ZB-H1 zero-bubble schedule (Qi et al., ICLR 2024; their Megatron-LM fork's flag): each backward pass "
+        "split into B (input gradients) and W (the linear layers' weight gradients), rank r keeping r W passes "
+        "back for its cool-down; 1F1B's memory, about a third of its bubble. Needs PP > 1 without virtual stages "
+        "or --sequence-parallel, and the local spec.",
+    )
     use_tp_pp_dp_mapping: bool = opt(
         False, "Number the ranks TP, then PP, then DP (Megatron-Core's order is TP, CP, DP, PP): DP groups span nodes."
     )

@@ -152,3 +152,29 @@ def pipeline_p2p_problems(parallel: ParallelArgs, layout: ParallelLayout) -> Non
             "batched transfers would pair several sends and receives between the same two ranks (Megatron-LM "
             "refuses it too); drop the flag or use PP 3 or more"
         )
+
+
+def zero_bubble_problems(parallel: ParallelArgs, layout: ParallelLayout, *, transformer_engine: bool) -> None:
+    """What ``--enable-zero-bubble`` (ZB-H1) needs, each with the fix (ConfigError)."""
+    if not parallel.enable_zero_bubble:
+        return
+    problems = []
+    if layout.pp == 1:
+        problems.append("a pipeline to fill: give --pipeline-model-parallel-size 2 or more, or drop the flag")
+    if layout.interleaved:
+        problems.append(
+            "one model chunk per rank (ZB-H1 fills 1F1B's bubble; a zero-bubble interleaved schedule is not built "
+            "yet): drop the virtual stages, or the flag"
+        )
+    if parallel.sequence_parallel:
+        problems.append(
+            "no --sequence-parallel (the split backward would need each W pass's all-gathered input kept or "
+            "gathered again): drop one of them"
+        )
+    if transformer_engine:
+        problems.append(
+            "the local spec's Megatron-Core linears, whose weight gradients it defers: give --transformer-impl local "
+            "(Transformer Engine's delay_wgrad_compute is not wired to it)"
+        )
+    if problems:
+        raise ConfigError("--enable-zero-bubble needs " + "; ".join(problems))

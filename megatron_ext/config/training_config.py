@@ -20,6 +20,7 @@ from megatron_ext.config.layout_flags import (
     gloo_problem,
     megatron_lm_adjustments,
     pipeline_p2p_problems,
+    zero_bubble_problems,
 )
 from megatron_ext.config.megatron_lm import split_unknown, unknown_flags_note
 from megatron_ext.config.megatron_lm_accepted import translate
@@ -237,6 +238,7 @@ def make_config(
     layout = build_layout(model, parallel, batch, world_size=world_size)
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
     pipeline_p2p_problems(parallel, layout)
+    zero_bubble_problems(parallel, layout, transformer_engine=no_te is None)
     problems = iterations.ramp_problems(batch, layout)
     if problems:
         raise ConfigError("\n".join(problems))

@@ -48,9 +48,11 @@ from megatron_ext.training.model import (
 from megatron_ext.training.optimizer_scheduler import optimizer_config_of, param_group_overrides, scheduler_arguments
 from megatron_ext.training.profiling import Profiler
 from megatron_ext.training.progress_log import ProgressLog
+from megatron_ext.training.split_backward import WeightGradStore, split_linear_layers
 from megatron_ext.training.stage_timing import StageTimer
 from megatron_ext.training.stragglers import StragglerWatch
 from megatron_ext.training.tracking import StepScalars, Tracker, cuda_memory, device_facts
+from megatron_ext.training.zero_bubble_schedule import zero_bubble_h1
 
 log = logging.getLogger("megatron_ext")
 
@@ -196,6 +198,14 @@ class Trainer:
         if aligned_param_gather(cfg):
             config.param_sync_func = [c.start_param_sync for c in self.chunks]
         self.model_config = config
+        # --enable-zero-bubble: the linear layers' weight gradients deferred to W passes (ZB-H1).
+        self.forward_backward_func: Any = None
+        if cfg.parallel.enable_zero_bubble:
+            store = WeightGradStore()
+            store.use_ddp_hooks(self.chunks)
+            split = split_linear_layers(self.chunks, store)
+            self.forward_backward_func = zero_bubble_h1(store, pipeline_rank=ctx.pp_rank)
+            log.info("schedule: ZB-H1, the weight gradients of %d linear layers in W passes", split)
 
         self.async_queue = None
         if cfg.run.async_save:
@@ -271,7 +281,7 @@ class Trainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         layout = self.cfg.layout
-        return get_forward_backward_func()(
+        return (self.forward_backward_func or get_forward_backward_func())(
             forward_step_func=self.forward_step,
             data_iterator=data_iterator,
             model=self.chunks if layout.interleaved else self.chunks[0],

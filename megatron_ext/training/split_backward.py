@@ -15,7 +15,7 @@ see exactly what they see without the split. Everything else (norms, biases, emb
 keeps its gradient in B, and so does an output layer tied to the embedding (``--untie-embeddings-and-output-
 weights`` not given): the embedding gives the same weight a gradient in B, and DDP must see one, complete.
 
-Nothing calls this yet: the zero-bubble forward-backward function that will (issue 31, item 2) is to come.
+``training.zero_bubble_schedule`` runs ZB-H1 with it (``--enable-zero-bubble``).
 
 The B pass's input gradient and its tensor-parallel all-reduce are Megatron-Core's own
 (``linear_with_grad_accumulation_and_async_allreduce``'s arithmetic). Not covered, and refused where asked
@@ -86,9 +86,10 @@ class WeightGradStore:
             if hook is not None:
                 hook()
 
-    def run_all(self) -> None:
-        while self._queue:
-            self.run_w()
+    def discard(self) -> None:
+        """Drop every deferred W pass (a step abandoned midway)."""
+        self._queue.clear()
+        self._open = []
 
 
 class _SplitLinear(torch.autograd.Function):

@@ -83,6 +83,23 @@ LAYOUTS = {
         3,
         "--pipeline-model-parallel-size 3 --account-for-embedding-in-pipeline-split".split(),
     ),
+    # ZB-H1 (--enable-zero-bubble): Megatron-Core's 1F1B with the linear layers' weight gradients in W passes,
+    # rank r keeping r of them back; the same arithmetic, so the same losses.
+    "pp2-zb-h1": (2, "--pipeline-model-parallel-size 2 --enable-zero-bubble".split()),
+    "pp4-zb-h1": (4, "--pipeline-model-parallel-size 4 --enable-zero-bubble".split()),
+    "tp2-pp2-zb-h1": (
+        4,
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --enable-zero-bubble".split(),
+    ),
+    "pp2-dp2-distopt-overlap-zb-h1": (
+        4,
+        "--pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --ddp-num-buckets 3 "
+        "--enable-zero-bubble".split(),
+    ),
+    "pp2-first-stage-3-layers-zb-h1": (
+        2,
+        "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 3 --enable-zero-bubble".split(),
+    ),
 }
 # The layout-string row and uneven <-> even resharding are in test_checkpoint_resharding.py.
 
