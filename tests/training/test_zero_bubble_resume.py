@@ -1,0 +1,35 @@
+"""A checkpoint saved under 1F1B resumes under ZB-H1 (``--enable-zero-bubble``) and back, to the same losses.
+
+The schedule is not part of what a checkpoint holds: the weights, optimizer state and data position are
+1F1B's either way. One run of six iterations changes schedule at its two saves (1F1B for iterations 1–2, ZB-H1
+for 3–4, 1F1B for 5–6) and must reproduce the uninterrupted 1F1B run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megatron_ext.config.exit_codes import ExitCode
+from tests.conftest import TINY_MODEL, grad_norms, run_pretrain, train_losses
+
+pytestmark = pytest.mark.distributed
+
+RUN = [*TINY_MODEL, "--pipeline-model-parallel-size", "2", "--train-iters", "6"]
+
+
+def test_1f1b_checkpoint_resumes_under_zb_h1_and_back(tmp_path: Path) -> None:
+    whole = tmp_path / "whole.jsonl"
+    run_pretrain([*RUN, "--metrics-file", str(whole)], nproc=2)
+    save, parts = tmp_path / "ckpt", tmp_path / "parts.jsonl"
+    common = [*RUN, "--save", str(save), "--metrics-file", str(parts)]
+    run_pretrain([*common, "--exit-interval", "2"], nproc=2, expect=ExitCode.SAVED_AND_STOPPED)
+    run_pretrain([*common, "--load", str(save), "--exit-interval", "4", "--enable-zero-bubble"], nproc=2,
+                 expect=ExitCode.SAVED_AND_STOPPED)  # fmt: skip
+    run_pretrain([*common, "--load", str(save)], nproc=2)
+    expected, got = train_losses(whole), train_losses(parts)
+    assert sorted(got) == sorted(expected) == list(range(1, 7))
+    for it in expected:
+        assert got[it] == pytest.approx(expected[it], rel=1e-5), it
+        assert grad_norms(parts)[it] == pytest.approx(grad_norms(whole)[it], rel=1e-5), it
