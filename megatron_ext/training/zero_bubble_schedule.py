@@ -10,7 +10,9 @@ bubble is ``(p − 1)·(t_F + t_B − t_W)`` against 1F1B's ``(p − 1)·(t_F + 
 The schedule is Megatron-Core's ``forward_backward_pipelining_without_interleaving`` itself: its p2p
 communication, forward and backward steps, gradient-sync switching and gradient finalisation are unchanged.
 While it runs, its ``backward_step`` runs B (``training.split_backward``: the linear layers defer their weight
-gradients to a ``WeightGradStore``), then the W passes beyond the ``r`` kept; after the last B, the rest. Each W
+gradients to a ``WeightGradStore``); once B's gradient has been sent to the previous stage (and, in the steady
+state, Megatron-Core's batched exchange has brought the next forward input), the W passes beyond the ``r`` kept
+run; after the last B, the rest. Each W
 pass but the last microbatch's runs with DDP's gradient sync held off, so that a bucket (``--overlap-grad-
 reduce``) is reduced only once every microbatch's gradient is in it, as in 1F1B.
 """
@@ -42,6 +44,7 @@ def _sync_held_off(model: Any) -> Iterator[None]:
 def zero_bubble_h1(store: WeightGradStore, *, pipeline_rank: int) -> Callable[..., Any]:
     """A forward-backward function with Megatron-Core's signature that runs ZB-H1 on this pipeline rank."""
     from megatron.core.pipeline_parallel import schedules
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
     from megatron.core.utils import get_model_config
 
     def forward_backward(**kwargs: Any) -> Any:
@@ -49,7 +52,6 @@ def zero_bubble_h1(store: WeightGradStore, *, pipeline_rank: int) -> Callable[..
             return schedules.forward_backward_pipelining_without_interleaving(**kwargs)
         model = kwargs["model"][0] if isinstance(kwargs["model"], list) else kwargs["model"]
         num_microbatches = kwargs["num_microbatches"]
-        original = schedules.backward_step
         done = {"b": 0, "w": 0}
 
         # W passes are backward compute: Megatron-Core's timer for it (the measured bubble's compute) covers them.
@@ -66,15 +68,34 @@ def zero_bubble_h1(store: WeightGradStore, *, pipeline_rank: int) -> Callable[..
                     timer.stop()
             done["w"] += 1
 
-        def backward_step(*args: Any, **step_kwargs: Any) -> Any:
-            grad = original(*args, **step_kwargs)
-            store.close_b()
-            done["b"] += 1
+        def w_passes() -> None:
+            """After a B's gradient has left: the W passes beyond the ``r`` kept, or after the last B, all."""
             while store.pending > (pipeline_rank if done["b"] < num_microbatches else 0):
                 run_w()
+
+        def backward_step(*args: Any, **step_kwargs: Any) -> Any:
+            grad = original_step(*args, **step_kwargs)
+            store.close_b()
+            done["b"] += 1
             return grad
 
+        # The W passes run once B's gradient has gone to the previous stage (with Megatron-Core's batched
+        # exchange, once the next forward input has come too): never on the gradient's way.
+        def send_backward_recv_forward(self: Any, grads: Any, shapes: Any, is_first_stage: bool) -> Any:
+            received = original_exchange(self, grads, shapes, is_first_stage)
+            w_passes()
+            return received
+
+        def send_backward(self: Any, grads: Any, is_first_stage: bool) -> None:
+            original_send(self, grads, is_first_stage)
+            w_passes()
+
+        original_step = schedules.backward_step
+        original_send = P2PCommunicator.send_backward
+        original_exchange = P2PCommunicator.send_backward_recv_forward
         schedules.backward_step = backward_step
+        P2PCommunicator.send_backward = send_backward
+        P2PCommunicator.send_backward_recv_forward = send_backward_recv_forward
         store.splitting = True
         try:
             result = schedules.forward_backward_pipelining_without_interleaving(**kwargs)
@@ -82,7 +103,9 @@ def zero_bubble_h1(store: WeightGradStore, *, pipeline_rank: int) -> Callable[..
                 raise RuntimeError(f"ZB-H1 ran {done['w']} W passes for {num_microbatches} microbatches")
             return result
         finally:
-            schedules.backward_step = original
+            schedules.backward_step = original_step
+            P2PCommunicator.send_backward = original_send
+            P2PCommunicator.send_backward_recv_forward = original_exchange
             store.splitting = False
             if store.pending:  # only after an error: the step is abandoned
                 store.discard()
