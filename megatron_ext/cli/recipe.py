@@ -54,6 +54,12 @@ SETTINGS = (
     Setting("RECOMPUTE", "none", "none | selective | full (full: uniform, one layer per checkpoint)."),
     Setting("VP_LAYERS", "0", "Layers per virtual pipeline stage (interleaved 1F1B); 0: not interleaved."),
     Setting(
+        "SCHEDULE",
+        "1f1b",
+        "1f1b: Megatron-Core's 1F1B (interleaved with VP_LAYERS); zb-h1: the ZB-H1 zero-bubble schedule "
+        "(--enable-zero-bubble; needs VP_LAYERS=0).",
+    ),
+    Setting(
         "OVERLAP",
         "",
         "1: overlap the DP gradient reduce (and, with the distributed optimizer, the parameter all-gather) with "
@@ -151,6 +157,13 @@ def resolve(recipe_argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[st
     vp_layers = _get(env, "VP_LAYERS")
     if vp_layers not in ("", "0"):
         derived += ["--num-layers-per-virtual-pipeline-stage", vp_layers]
+    schedule = _get(env, "SCHEDULE")
+    if schedule not in ("1f1b", "zb-h1"):
+        raise RecipeError(f"SCHEDULE must be 1f1b or zb-h1, got {schedule!r}")
+    if schedule == "zb-h1":
+        if vp_layers not in ("", "0"):
+            raise RecipeError("SCHEDULE=zb-h1 runs one model chunk per rank: set VP_LAYERS=0")
+        derived.append("--enable-zero-bubble")
     overlap = _switch("OVERLAP", _get(env, "OVERLAP") or ("0" if device == "cpu" else "1"))
     distributed_optimizer = _switch("DISTRIBUTED_OPTIMIZER", _get(env, "DISTRIBUTED_OPTIMIZER") or "0")
     if _switch("ELASTIC", _get(env, "ELASTIC")) and distributed_optimizer:

@@ -11,6 +11,7 @@ from megatron_ext.estimate.coverage import approximations
 from megatron_ext.estimate.memory import checkpoint_bytes_per_parameter
 from megatron_ext.estimate.shapes import ParameterCounts
 from megatron_ext.estimate.shapes import parameter_counts as model_parameter_counts
+from megatron_ext.estimate.zero_bubble import zb_h1_bubble_fraction
 
 
 def parameter_counts(cfg: TrainingConfig) -> ParameterCounts:
@@ -47,6 +48,12 @@ def describe(cfg: TrainingConfig) -> list[str]:
     tokens = layout.global_batch_size * cfg.model.seq_length
     lines = [f"note: {change}" for change in cfg.adjustments]
     lines += layout.describe()
+    if cfg.parallel.enable_zero_bubble:
+        fraction = zb_h1_bubble_fraction(pp=layout.pp, num_microbatches=layout.num_microbatches)
+        lines.append(
+            f"schedule: ZB-H1 (--enable-zero-bubble): pipeline bubble (p-1)/(3*m) = {fraction:.3f} with equal F, B "
+            "and W passes, a third of 1F1B's"
+        )
     lines += [
         f"tokens per step: {tokens:,} ({layout.global_batch_size} sequences × {cfg.model.seq_length})",
         f"padded vocabulary: {cfg.padded_vocab_size:,}" + _kept_padding(cfg),

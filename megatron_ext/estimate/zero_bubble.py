@@ -353,6 +353,12 @@ def zb_h1_bubble(*, pp: int, forward_time: float, backward_time: float, weight_t
     return (pp - 1) * (forward_time + backward_time - min(weight_time, backward_time))
 
 
+def zb_h1_bubble_fraction(*, pp: int, num_microbatches: int) -> float:
+    """ZB-H1's bubble relative to the ideal step when F, B and W take equal time: ``(p − 1)/(3·m)``, a third of
+    1F1B's ``(p − 1)/m`` (``zb_h1_bubble`` over ``m·(t_F + t_B + t_W)``)."""
+    return zb_h1_bubble(pp=pp, forward_time=1, backward_time=1, weight_time=1) / (3 * num_microbatches)
+
+
 def one_f_one_b_bubble(*, pp: int, forward_time: float, backward_time: float, weight_time: float) -> float:
     """1F1B's idle time per rank with the backward unsplit: ``(p − 1)·(t_F + t_B + t_W)``."""
     return (pp - 1) * (forward_time + backward_time + weight_time)

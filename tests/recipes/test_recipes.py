@@ -235,6 +235,23 @@ def test_a_calibrated_profile_file_is_the_recipes_gpu_profile(tmp_path: Path) ->
 
 
 @pytest.mark.unit
+def test_the_schedule_is_a_variable_and_the_dry_run_prints_its_bubble(tmp_path: Path) -> None:
+    recipe = RECIPES_DIR / "gpt_tiny_cpu_pp2_vp2.sh"
+    env = recipe_env(tmp_path, DRY_RUN="1", VP_LAYERS="0", SCHEDULE="zb-h1")
+    proc = run_recipe(recipe, env)
+    assert proc.returncode == ExitCode.OK, proc.stdout + proc.stderr
+    assert "--enable-zero-bubble" in proc.stdout
+    # PP 2, 8 sequences of 2 = 4 microbatches: (p-1)/(3*m) = 1/12.
+    assert "schedule: ZB-H1 (--enable-zero-bubble): pipeline bubble (p-1)/(3*m) = 0.083" in proc.stdout
+    refused = run_recipe(recipe, recipe_env(tmp_path, DRY_RUN="1", SCHEDULE="zb-h1"))
+    assert refused.returncode == ExitCode.INVALID and "SCHEDULE=zb-h1 runs one model chunk per rank" in (
+        refused.stdout + refused.stderr
+    )
+    wrong = run_recipe(recipe, recipe_env(tmp_path, DRY_RUN="1", SCHEDULE="gpipe"))
+    assert wrong.returncode == ExitCode.INVALID and "SCHEDULE must be 1f1b or zb-h1" in wrong.stdout + wrong.stderr
+
+
+@pytest.mark.unit
 def test_per_gpu_tasks_and_a_container_when_asked(tmp_path: Path) -> None:
     env = recipe_env(
         tmp_path,
