@@ -19,6 +19,7 @@ unless said otherwise).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,10 @@ class Accepted:
     """An alias that applies only when this flag of ours is not given (otherwise it is ignored)."""
     condition: Callable[[Given], str | None] | None = None
     """A check against the other flags: None when it changes nothing, else why it is refused."""
+    check_value: Callable[[Given, str], str | None] | None = None
+    """A check of the flag's value against the other flags: None when accepted, else why it is refused."""
+    refused: str = ""
+    """Why the flag is refused whatever its value (a feature this project does not build); '' when accepted."""
 
 
 def _rope_only(given: Given) -> str | None:
@@ -282,8 +287,13 @@ def _values(argv: Sequence[str], start: int) -> list[str]:
     return list(argv[start:end])
 
 
-def translate(argv: Sequence[str], *, ours: frozenset[str]) -> Translation:
-    """Take the accepted and removed Megatron-LM flags out of ``argv`` (``ours``: our parser's flags, which win)."""
+def _check_value(check: Callable[[Given, str], str | None], given: Given, *, value: str) -> str | None:
+    return check(given, value)
+
+
+def translate(argv: Sequence[str], *, ours: frozenset[str], accepted: Mapping[str, Accepted] = ACCEPTED) -> Translation:
+    """Take the accepted and removed Megatron-LM flags out of ``argv`` (``ours``: our parser's flags, which win;
+    ``accepted``: the rules for flags without a field, Megatron-LM's and a fork's)."""
     out: list[str] = []
     notes: list[str] = []
     refused: list[tuple[str, str]] = []
@@ -293,7 +303,7 @@ def translate(argv: Sequence[str], *, ours: frozenset[str]) -> Translation:
     while i < len(argv):
         token = argv[i]
         flag, eq, inline = token.partition("=")
-        rule, removed = ACCEPTED.get(flag), REMOVED.get(flag)
+        rule, removed = accepted.get(flag), REMOVED.get(flag)
         if not token.startswith("--") or flag in ours or (rule is None and removed is None):
             out.append(token)
             i += 1
@@ -301,6 +311,12 @@ def translate(argv: Sequence[str], *, ours: frozenset[str]) -> Translation:
         values = [inline] if eq else _values(argv, i + 1)
         i += 1 + (0 if eq else len(values))
         if rule is not None:
+            if rule.refused:
+                refused.append((" ".join([flag, *values]), rule.refused))
+                continue
+            if rule.check_value is not None:
+                value = values[0] if values else ""
+                conditions.append((f"{flag} {value}", functools.partial(_check_value, rule.check_value, value=value)))
             if rule.values is not None and values and values[0] not in rule.values:
                 refused.append((f"{flag} {values[0]}", rule.otherwise))
                 continue

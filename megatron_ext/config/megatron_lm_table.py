@@ -9,6 +9,7 @@ from __future__ import annotations
 from megatron_ext.config.megatron_lm import ALREADY, NOTES, megatron_lm_flags, megatron_lm_version, refusal
 from megatron_ext.config.megatron_lm_accepted import ACCEPTED, REMOVED, Accepted
 from megatron_ext.config.training_config import build_parser, option_strings
+from megatron_ext.config.zero_bubble_fork import FORK_FLAGS
 
 
 def honoured_flags() -> frozenset[str]:
@@ -77,6 +78,18 @@ def markdown_table() -> str:
             + ("accepted" if r.values is None else f"accepted as `{' '.join(r.values)}`" if r.values else "refused")
             + f": {r.fix.replace('|', '/')} |"
             for flag, r in REMOVED.items()
+        ],
+        "",
+        "The zero-bubble authors' Megatron-LM fork (Qi et al.; `--enable-zero-bubble` is a flag here) has flags "
+        "that its users' scripts pass beside it (`config/zero_bubble_fork.py`):",
+        "",
+        "| fork flag | here |",
+        "|---|---|",
+        *[
+            f"| `{flag}` | "
+            + (f"refused: {rule.refused}" if rule.refused else rule.note.removeprefix("ignored: ").replace("|", "/"))
+            + " |"
+            for flag, rule in FORK_FLAGS.items()
         ],
         "",
         "The flags that only this project has (`--dry-run`, `--metrics-file`, ...) are in `pretrain_gpt.py --help`.",

@@ -23,9 +23,10 @@ from megatron_ext.config.layout_flags import (
     zero_bubble_problems,
 )
 from megatron_ext.config.megatron_lm import split_unknown, unknown_flags_note
-from megatron_ext.config.megatron_lm_accepted import translate
+from megatron_ext.config.megatron_lm_accepted import ACCEPTED, translate
 from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.config.run_args import RunArgs
+from megatron_ext.config.zero_bubble_fork import FORK_FLAGS
 from megatron_ext.parallel.layout import ParallelLayout
 
 
@@ -143,7 +144,7 @@ def parse_args(
     ``--use-checkpoint-args`` takes (the entry reads them).
     """
     parser = build_parser()
-    taken = translate(expand_preset(argv), ours=option_strings(parser))
+    taken = translate(expand_preset(argv), ours=option_strings(parser), accepted=ACCEPTED | FORK_FLAGS)
     namespace, extras = parser.parse_known_args(taken.argv)
     refused, unknown = split_unknown(extras)
     if unknown:
