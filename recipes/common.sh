@@ -24,7 +24,8 @@
 #   CP                context-parallel size (1; more needs Transformer Engine)
 #   VP_LAYERS         layers per virtual pipeline stage (interleaved 1F1B, even stages); 0: off
 #   VP                virtual stages per pipeline rank (instead of VP_LAYERS)
-#   SCHEDULE          1f1b | zb-h1 (1f1b; zb-h1: the ZB-H1 zero-bubble schedule, VP_LAYERS=0)
+#   SCHEDULE          1f1b | zb-h1 | zb-interleaved (1f1b; zb-h1: the ZB-H1 zero-bubble schedule, VP_LAYERS=0;
+#                     zb-interleaved: the zero-bubble interleaved schedule, with VP_LAYERS)
 #   FIRST_STAGE_LAYERS LAST_STAGE_LAYERS   uneven stages: layers on the first / last pipeline rank
 #   ACCOUNT_FOR_EMBEDDING ACCOUNT_FOR_LOSS  1: count the embedding / loss as a layer in the split
 #   PIPELINE_LAYOUT   a Megatron-Core layout string placing every layer (quote it)

@@ -18,6 +18,7 @@ from megatron_ext.estimate.search import (
     SearchResult,
     evaluate,
     pretrain_flags,
+    scheduled,
     slurm_counts,
 )
 from megatron_ext.estimate.workload import Workload
@@ -87,9 +88,9 @@ def table(estimates: list[LayoutEstimate]) -> list[str]:
         rows.append(
             f"{factors}{lay.pp:>3} {lay.vp:>3} {lay.dp:>5} {lay.micro_batch_size:>3} {lay.num_microbatches:>5} "
             f"{gib(e.memory.total_bytes):>8} {FITS_COLUMN[e.verdict]:>5} "
-            f"{lay.bubble_fraction:>7.1%} {e.time.step_s:>9.3f} "
+            f"{lay.bubble_fraction * e.time.bubble_scale:>7.1%} {e.time.step_s:>9.3f} "
             f"{e.tokens_per_sec:>11,.0f} {e.tflops_per_gpu:>8.1f} {e.mfu:>6.1%} {e.time.stage_imbalance:>6.1%}  "
-            f"{SPLIT_NAMES[lay.split.mode]}"
+            f"{SPLIT_NAMES[lay.split.mode]}{', zero-bubble' if e.zero_bubble else ''}"
         )
     return rows
 
@@ -171,7 +172,7 @@ def emit(e: LayoutEstimate, workload: Workload) -> list[str]:
     counts = slurm_counts(e.cluster)
     return [
         "pretrain_gpt.py flags:",
-        "  " + " \\\n  ".join(pretrain_flags(workload, e.layout)),
+        "  " + " \\\n  ".join(pretrain_flags(scheduled(workload, e), e.layout)),
         f"SLURM: #SBATCH --nodes={counts['nodes']} --gpus-per-node={counts['gpus_per_node']}  "
         f"(torchrun per node: --ntasks-per-node={counts['ntasks_per_node_torchrun']}; "
         f"srun per GPU: --ntasks-per-node={counts['ntasks_per_node_srun']}); world size {counts['world_size']}",
@@ -180,7 +181,7 @@ def emit(e: LayoutEstimate, workload: Workload) -> list[str]:
 
 def record(e: LayoutEstimate, workload: Workload) -> dict[str, Any]:
     record = e.to_json()
-    record["pretrain_flags"] = " ".join(pretrain_flags(workload, e.layout))
+    record["pretrain_flags"] = " ".join(pretrain_flags(scheduled(workload, e), e.layout))
     return record
 
 

@@ -57,7 +57,8 @@ SETTINGS = (
         "SCHEDULE",
         "1f1b",
         "1f1b: Megatron-Core's 1F1B (interleaved with VP_LAYERS); zb-h1: the ZB-H1 zero-bubble schedule "
-        "(--enable-zero-bubble; needs VP_LAYERS=0).",
+        "(--enable-zero-bubble; needs VP_LAYERS=0); zb-interleaved: the zero-bubble interleaved schedule "
+        "(--enable-zero-bubble with VP_LAYERS).",
     ),
     Setting(
         "OVERLAP",
@@ -158,11 +159,16 @@ def resolve(recipe_argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[st
     if vp_layers not in ("", "0"):
         derived += ["--num-layers-per-virtual-pipeline-stage", vp_layers]
     schedule = _get(env, "SCHEDULE")
-    if schedule not in ("1f1b", "zb-h1"):
-        raise RecipeError(f"SCHEDULE must be 1f1b or zb-h1, got {schedule!r}")
-    if schedule == "zb-h1":
-        if vp_layers not in ("", "0"):
-            raise RecipeError("SCHEDULE=zb-h1 runs one model chunk per rank: set VP_LAYERS=0")
+    if schedule not in ("1f1b", "zb-h1", "zb-interleaved"):
+        raise RecipeError(f"SCHEDULE must be 1f1b, zb-h1 or zb-interleaved, got {schedule!r}")
+    chunked = vp_layers not in ("", "0") or env.get("VP", "") not in ("", "1")
+    if schedule == "zb-h1" and chunked:
+        raise RecipeError(
+            "SCHEDULE=zb-h1 runs one model chunk per rank: set VP_LAYERS=0 and no VP (or SCHEDULE=zb-interleaved)"
+        )
+    if schedule == "zb-interleaved" and not chunked:
+        raise RecipeError("SCHEDULE=zb-interleaved needs virtual stages: set VP_LAYERS or VP (or SCHEDULE=zb-h1)")
+    if schedule != "1f1b":
         derived.append("--enable-zero-bubble")
     overlap = _switch("OVERLAP", _get(env, "OVERLAP") or ("0" if device == "cpu" else "1"))
     distributed_optimizer = _switch("DISTRIBUTED_OPTIMIZER", _get(env, "DISTRIBUTED_OPTIMIZER") or "0")

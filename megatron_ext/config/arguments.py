@@ -437,10 +437,12 @@ class ParallelArgs(_Options):
     )
     enable_zero_bubble: bool = opt(
         False,
-        "The ZB-H1 zero-bubble schedule (Qi et al., ICLR 2024; their Megatron-LM fork's flag): each backward pass "
-        "split into B (input gradients) and W (the linear layers' weight gradients), rank r keeping r W passes "
-        "back for its cool-down; 1F1B's memory, about a third of its bubble. Needs PP > 1 without virtual stages "
-        "or --sequence-parallel, and the local spec.",
+        "Zero-bubble pipeline schedules (Qi et al., ICLR 2024; their Megatron-LM fork's flag): each backward pass "
+        "split into B (input gradients) and W (the linear layers' weight gradients), W passes kept back to fill "
+        "the cool-down. One chunk per rank: ZB-H1 (1F1B's memory, about a third of its bubble); with virtual "
+        "stages: ZB interleaved (interleaved 1F1B's memory). Needs PP > 1 without --sequence-parallel, and the "
+        "local spec.",
+        estimate=True,
     )
     use_tp_pp_dp_mapping: bool = opt(
         False, "Number the ranks TP, then PP, then DP (Megatron-Core's order is TP, CP, DP, PP): DP groups span nodes."

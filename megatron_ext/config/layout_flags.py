@@ -155,17 +155,13 @@ def pipeline_p2p_problems(parallel: ParallelArgs, layout: ParallelLayout) -> Non
 
 
 def zero_bubble_problems(parallel: ParallelArgs, layout: ParallelLayout, *, transformer_engine: bool) -> None:
-    """What ``--enable-zero-bubble`` (ZB-H1) needs, each with the fix (ConfigError)."""
+    """What ``--enable-zero-bubble`` (ZB-H1; with virtual stages, ZB interleaved) needs, each with the fix
+    (ConfigError)."""
     if not parallel.enable_zero_bubble:
         return
     problems = []
     if layout.pp == 1:
         problems.append("a pipeline to fill: give --pipeline-model-parallel-size 2 or more, or drop the flag")
-    if layout.interleaved:
-        problems.append(
-            "one model chunk per rank (ZB-H1 fills 1F1B's bubble; a zero-bubble interleaved schedule is not built "
-            "yet): drop the virtual stages, or the flag"
-        )
     if parallel.sequence_parallel:
         problems.append(
             "no --sequence-parallel (the split backward would need each W pass's all-gathered input kept or "

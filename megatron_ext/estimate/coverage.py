@@ -60,8 +60,6 @@ APPROXIMATED: dict[str, str] = {
     ),
     "overlap_p2p_communication_warmup_flush": "the warm-up and flush transfers are counted as exposed",
     "use_tp_pp_dp_mapping": "the groups are placed on nodes in Megatron-Core's default order (TP, CP, DP, PP)",
-    "enable_zero_bubble": "the step is priced as 1F1B's; --compare-schedules simulates ZB-H1's smaller bubble and "
-    "the W passes' activations",
 }
 """Flags whose effect on memory or time the estimate does not follow exactly: what it does instead."""
 

@@ -11,7 +11,7 @@ from megatron_ext.estimate.coverage import approximations
 from megatron_ext.estimate.memory import checkpoint_bytes_per_parameter
 from megatron_ext.estimate.shapes import ParameterCounts
 from megatron_ext.estimate.shapes import parameter_counts as model_parameter_counts
-from megatron_ext.estimate.zero_bubble import zb_h1_bubble_fraction
+from megatron_ext.estimate.zero_bubble import simulate_zero_bubble, zb_h1_bubble_fraction
 
 
 def parameter_counts(cfg: TrainingConfig) -> ParameterCounts:
@@ -48,7 +48,16 @@ def describe(cfg: TrainingConfig) -> list[str]:
     tokens = layout.global_batch_size * cfg.model.seq_length
     lines = [f"note: {change}" for change in cfg.adjustments]
     lines += layout.describe()
-    if cfg.parallel.enable_zero_bubble:
+    if cfg.parallel.enable_zero_bubble and layout.interleaved:
+        zb = simulate_zero_bubble(
+            "zb-interleaved", pp=layout.pp, vp=layout.vp, num_microbatches=layout.num_microbatches
+        )
+        lines.append(
+            f"schedule: ZB interleaved (--enable-zero-bubble, {layout.vp} virtual stages): pipeline bubble "
+            f"{zb.bubble_of_ideal:.3f} of the compute, simulated with equal F, B and W passes (interleaved 1F1B's: "
+            f"(p-1)/(v*m) = {layout.bubble_fraction:.3f})"
+        )
+    elif cfg.parallel.enable_zero_bubble:
         fraction = zb_h1_bubble_fraction(pp=layout.pp, num_microbatches=layout.num_microbatches)
         lines.append(
             f"schedule: ZB-H1 (--enable-zero-bubble): pipeline bubble (p-1)/(3*m) = {fraction:.3f} with equal F, B "

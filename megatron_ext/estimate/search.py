@@ -102,6 +102,8 @@ class LayoutEstimate:
     """Tokens per sequence."""
     peak_flops: float
     """The GPU's peak in the training precision (bf16/fp16 tensor cores, or fp32), FLOP/s."""
+    zero_bubble: bool = False
+    """Priced under the zero-bubble schedule (``--enable-zero-bubble``; ``schedules``)."""
 
     @property
     def verdict(self) -> str:
@@ -193,7 +195,8 @@ class LayoutEstimate:
                 for r in range(lay.pp)
             ],
             "stage_imbalance": t.stage_imbalance,
-            "bubble_fraction": lay.bubble_fraction,
+            "schedule": schedule_name(self),
+            "bubble_fraction": lay.bubble_fraction * t.bubble_scale,
             "bubble_share_of_step": t.bubble_share,
             "step_time_s": t.step_s,
             "tokens_per_sec": self.tokens_per_sec,
@@ -213,6 +216,17 @@ class LayoutEstimate:
         }
 
 
+def schedule_name(estimate: LayoutEstimate) -> str:
+    """The estimate's pipeline schedule: ``none`` (PP 1), ``1f1b``, ``interleaved-1f1b``, ``zb-h1`` or
+    ``zb-interleaved``."""
+    lay = estimate.layout
+    if lay.pp == 1:
+        return "none"
+    if estimate.zero_bubble:
+        return "zb-interleaved" if lay.interleaved else "zb-h1"
+    return "interleaved-1f1b" if lay.interleaved else "1f1b"
+
+
 def evaluate(workload: Workload, layout: ParallelLayout, cluster: Cluster) -> LayoutEstimate:
     """Memory and step time of one (validated) layout."""
     memory = estimate_memory(workload, layout)
@@ -225,7 +239,13 @@ def evaluate(workload: Workload, layout: ParallelLayout, cluster: Cluster) -> La
     )
     peak = cluster.gpu.peak_flops if workload.mixed_precision else cluster.gpu.peak_flops_fp32
     return LayoutEstimate(
-        layout=layout, memory=memory, time=time, cluster=cluster, seq_length=workload.model.seq_length, peak_flops=peak
+        layout=layout,
+        memory=memory,
+        time=time,
+        cluster=cluster,
+        seq_length=workload.model.seq_length,
+        peak_flops=peak,
+        zero_bubble=workload.zero_bubble and layout.pp > 1,
     )
 
 
@@ -306,15 +326,19 @@ def search(
                     # (the least memory; the time is the same), kept for the uneven splits too.
                     layout, problems = ParallelLayout.check_grouped(**values)
                     values["microbatch_group_size_per_vp_stage"] = layout.microbatch_group_size_per_vp_stage
+                    first_problems = first_problems or problems
                     found = []
-                    if problems:
-                        first_problems = first_problems or problems
-                    else:
-                        found.append(evaluate(workload, layout, cluster))
-                    if uneven and p > 1:
-                        kept, tried = _uneven_estimates(workload, cluster, values, layout, found[0] if found else None)
-                        candidates += len(tried)
-                        found += kept
+                    ranked = schedules(workload, pp=p, sequence_parallel=values["sequence_parallel"])
+                    candidates += len(ranked) - 1
+                    for scheduled in ranked:
+                        even = [] if problems else [evaluate(scheduled, layout, cluster)]
+                        if uneven and p > 1:
+                            kept, tried = _uneven_estimates(
+                                scheduled, cluster, values, layout, even[0] if even else None
+                            )
+                            candidates += len(tried)
+                            even += kept
+                        found += even
                     estimates += found
                     if found and not any(e.fits for e in found):
                         break  # larger micro-batches only need more memory
@@ -323,6 +347,22 @@ def search(
         key=lambda e: (not e.fits, e.tight, e.time.step_s if e.fits else e.memory.total_bytes, e.memory.total_bytes)
     )
     return SearchResult(estimates=estimates, candidates=candidates, problems=[] if estimates else first_problems)
+
+
+def schedules(workload: Workload, *, pp: int, sequence_parallel: bool) -> list[Workload]:
+    """The pipeline schedules a layout is ranked under: 1F1B (interleaved with virtual stages) and, where the run
+    can use it (PP > 1, the local spec, no sequence parallelism: ``layout_flags.zero_bubble_problems``), the
+    zero-bubble one (``--enable-zero-bubble``: ZB-H1, or ZB interleaved); only that one where it was asked for."""
+    one_f_one_b = dataclasses.replace(workload, zero_bubble=False)
+    if pp == 1 or sequence_parallel or not (workload.zero_bubble or workload.model.transformer_impl == "local"):
+        return [one_f_one_b]
+    zero_bubble = dataclasses.replace(workload, zero_bubble=True)
+    return [zero_bubble] if workload.zero_bubble else [one_f_one_b, zero_bubble]
+
+
+def scheduled(workload: Workload, estimate: LayoutEstimate) -> Workload:
+    """``workload`` under the schedule ``estimate`` was priced with (what its command line asks for)."""
+    return dataclasses.replace(workload, zero_bubble=estimate.zero_bubble)
 
 
 def search_like(workload: Workload, cluster: Cluster, layout: ParallelLayout) -> SearchResult:
@@ -493,6 +533,7 @@ def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
     )
     parallel = dataclasses.replace(
         parallel,
+        enable_zero_bubble=workload.zero_bubble,
         no_overlap_p2p_communication=not workload.overlap_p2p_comm,
         ddp_bucket_size=workload.ddp_bucket_size,
         ddp_num_buckets=workload.ddp_num_buckets,

@@ -101,6 +101,7 @@ from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.kernels import FORWARD_AND_BACKWARD, attention_kernel_efficiency, gemm_pass_efficiency
 from megatron_ext.estimate.memory import unfused_attention
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.estimate.zero_bubble import zb_bubble_scale
 from megatron_ext.parallel.layout import ParallelLayout
 from megatron_ext.parallel.pipeline import pipeline_bubble, stage_imbalance
 
@@ -118,7 +119,7 @@ class StepTimeEstimate:
     tp_comm_s: float
     """Tensor-parallel communication of the ``m`` microbatches."""
     bubble_s: float
-    """Pipeline fill and drain: ``(p−1)/v`` microbatch stage times."""
+    """Pipeline fill and drain: ``(p−1)/v`` microbatch stage times (times ``bubble_scale``)."""
     pp_comm_s: float
     """Exposed pipeline point-to-point transfers."""
     dp_comm_s: float
@@ -129,6 +130,9 @@ class StepTimeEstimate:
     """Adam's update of the rank's (shard of the) parameters, bound by memory bandwidth."""
     cp_comm_s: float = 0.0
     """Context parallelism's key/value ring exchange of the ``m`` microbatches that attention does not hide."""
+    bubble_scale: float = 1.0
+    """The schedule's bubble over 1F1B's (interleaved or not): 1, or a zero-bubble schedule's
+    (``zero_bubble.zb_bubble_scale``)."""
     stage_microbatch_s: tuple[float, ...]
     """One microbatch's forward and backward (and TP communication) on every pipeline stage."""
     model_flops: float
@@ -549,8 +553,13 @@ def estimate_step_time(
     mb_cp = layers_slowest * units.layer_cp_s
     mb_time = stages[slowest]
 
-    # Pipeline: bubble and exposed point-to-point.
-    bubble = pipeline_bubble(stages, vp=v)
+    backward = mb_compute * (2 + (1 if recompute else 0)) / (3 + (1 if recompute else 0))
+    # Pipeline: bubble and exposed point-to-point. A zero-bubble schedule fills part of it with W passes.
+    scale = 1.0
+    if workload.zero_bubble and p > 1:
+        weight = layers_slowest * units.layer_weight_grad_s + (units.output_weight_grad_s if slowest == p - 1 else 0)
+        scale = zb_bubble_scale(forward_time=mb_compute - backward, backward_time=backward - weight, weight_time=weight)
+    bubble = pipeline_bubble(stages, vp=v) * scale
     if p > 1:
         pp_comm = pipeline_p2p_exposed(
             pp=p,
@@ -565,7 +574,6 @@ def estimate_step_time(
     else:
         pp_comm = 0.0
 
-    backward = mb_compute * (2 + (1 if recompute else 0)) / (3 + (1 if recompute else 0))
     dp_total, dp_exposed = data_parallel_time(
         workload,
         layout,
@@ -595,6 +603,7 @@ def estimate_step_time(
         dp_comm_total_s=dp_total,
         optimizer_s=optimizer,
         cp_comm_s=mbs * mb_cp,
+        bubble_scale=scale,
         stage_microbatch_s=tuple(stages),
         model_flops=model_flops,
         hardware_flops=hardware_flops,

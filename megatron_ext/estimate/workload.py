@@ -50,6 +50,10 @@ class Workload:
     """``--fp8-format``: the transformer layers' GEMMs run in FP8 (Transformer Engine), at the GPU's FP8 peak,
     their inputs and output gradients cast to FP8 first; the logits and the attention core stay in the training
     precision."""
+    zero_bubble: bool = False
+    """``--enable-zero-bubble``: the backward split into B and W passes, W passes filling part of the bubble (ZB-H1,
+    or ZB interleaved with virtual stages), priced as ``zero_bubble.zb_bubble_scale`` of 1F1B's bubble at 1F1B's
+    activation memory (``estimate.zero_bubble`` simulates both within it)."""
     approximated: tuple[str, ...] = ()
     """The flags given whose effect the estimate follows only approximately, as ``pretrain_gpt.py`` spells them
     (``coverage.APPROXIMATED``): carried into the printed command."""
@@ -85,6 +89,7 @@ class Workload:
             fp8_format=optim.fp8_format,
             overlap_p2p_comm=not parallel.no_overlap_p2p_communication,
             tp_comm_overlap=parallel.tp_comm_overlap,
+            zero_bubble=parallel.enable_zero_bubble,
             approximated=tuple(approximated_flags(*approximate.values())),
             approximations=tuple(approximations(approximate)),
         )

@@ -26,7 +26,7 @@ else a W; else it waits), and for ZB interleaved Megatron-Core's order split (``
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from megatron_ext.estimate.pipeline_schedule import PipelinePass, TimedPass, schedule_order
@@ -174,30 +174,64 @@ def simulate_zero_bubble(
     if schedule == "zb-v":
         candidates = [place(w_first_above=k) for k in (0, 1, 2, pp, m * vp)]
     else:
-        # Rank r may hold what rank 0 holds: w_0 − w_r chunks more than its own interleaved peak, as many W passes
-        # as it can keep back (ZB-H1's r, generalised); none and half as many are tried too.
-        warmups = [warmup_passes(pp=pp, vp=vp, num_microbatches=m, pipeline_rank=r) for r in range(pp)]
-        candidates = [
-            place(
-                orders=[
-                    split_order(
-                        schedule_order(pp=pp, vp=vp, num_microbatches=m, pipeline_rank=r),
-                        defer=int((warmups[0] - warmups[r]) * share),
-                    )
-                    for r in range(pp)
-                ]
-            )
-            for share in (0.0, 0.5, 1.0)
-        ]
-    limits = memory_limits(schedule, pp=pp, vp=vp, num_microbatches=m)
+        candidates = _interleaved_candidates(place, pp=pp, vp=vp, num_microbatches=m)[1]
+    return candidates[_first_within(schedule, candidates, pp=pp, vp=vp, num_microbatches=m)]  # type: ignore[return-value]
+
+
+def _first_within(
+    schedule: str, candidates: Sequence[ZeroBubbleTimeline | None], *, pp: int, vp: int, num_microbatches: int
+) -> int:
+    """The index of the candidate that finishes first within the schedule's memory limit."""
+    limits = memory_limits(schedule, pp=pp, vp=vp, num_microbatches=num_microbatches)
     fitting = [
-        t
-        for t in candidates
+        i
+        for i, t in enumerate(candidates)
         if t is not None and all(a <= b + 1e-9 for a, b in zip(t.peak_activations, limits, strict=True))
     ]
     if not fitting:
-        raise RuntimeError(f"no {schedule} order of p={pp}, m={m} keeps within the memory limit")
-    return min(fitting, key=lambda t: t.makespan)
+        raise RuntimeError(f"no {schedule} order of p={pp}, m={num_microbatches} keeps within the memory limit")
+    return min(fitting, key=lambda i: candidates[i].makespan)  # type: ignore[union-attr]
+
+
+INTERLEAVED_SHARES = (0.0, 0.5, 1.0)
+"""ZB interleaved's candidates: the shares of ``w_0 − w_r`` W passes that rank ``r`` keeps back."""
+
+
+def interleaved_defers(*, pp: int, vp: int, num_microbatches: int, share: float) -> list[int]:
+    """The W passes each rank keeps back for its cool-down in ZB interleaved: ``share`` of the ``w_0 − w_r``
+    chunk activations that rank 0's larger warm-up leaves rank ``r`` room for."""
+    warmups = [warmup_passes(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=r) for r in range(pp)]
+    return [int((warmups[0] - w) * share) for w in warmups]
+
+
+def _interleaved_candidates(
+    place: Callable[..., ZeroBubbleTimeline | None], *, pp: int, vp: int, num_microbatches: int
+) -> tuple[list[list[int]], list[ZeroBubbleTimeline | None]]:
+    """ZB interleaved's candidates (the W passes each rank keeps back, and the step placed): rank ``r`` may hold
+    what rank 0 holds, ``w_0 − w_r`` chunks more than its own interleaved peak, so it keeps that many W passes
+    back (ZB-H1's ``r``, generalised), or half as many, or none."""
+    m = num_microbatches
+    defers = [interleaved_defers(pp=pp, vp=vp, num_microbatches=m, share=share) for share in INTERLEAVED_SHARES]
+    orders = [
+        [
+            split_order(schedule_order(pp=pp, vp=vp, num_microbatches=m, pipeline_rank=r), defer=d)
+            for r, d in enumerate(ds)
+        ]
+        for ds in defers
+    ]
+    return defers, [place(orders=o) for o in orders]
+
+
+@functools.lru_cache(maxsize=32)
+def zb_interleaved_defers(*, pp: int, vp: int, num_microbatches: int) -> tuple[int, ...]:
+    """What ``--enable-zero-bubble`` with virtual stages keeps back per rank (``training.zero_bubble_schedule``):
+    the candidate that simulation with equal chunk F, B and W times finishes first within interleaved 1F1B's
+    memory."""
+    m = num_microbatches
+    times = [[(1.0, 1.0, 1.0)] * vp] * pp
+    place = functools.partial(_place, "zb-interleaved", pp=pp, vp=vp, m=m, times=times, p2p_time=0.0)
+    defers, candidates = _interleaved_candidates(place, pp=pp, vp=vp, num_microbatches=m)
+    return tuple(defers[_first_within("zb-interleaved", candidates, pp=pp, vp=vp, num_microbatches=m)])
 
 
 def _place(
@@ -351,6 +385,15 @@ def zb_h1_bubble(*, pp: int, forward_time: float, backward_time: float, weight_t
     """ZB-H1's idle time per rank: ``(p − 1)·(t_F + t_B − t_W)`` (Qi et al. 2024, §3.1, where ``t_W ≤ t_B``);
     a W longer than a B fills only a B's gap of the cool-down, ``(p − 1)·t_F``."""
     return (pp - 1) * (forward_time + backward_time - min(weight_time, backward_time))
+
+
+def zb_bubble_scale(*, forward_time: float, backward_time: float, weight_time: float) -> float:
+    """A zero-bubble schedule's bubble over its unsplit schedule's, as the step estimate prices it: ZB-H1's
+    ``(t_F + t_B − min(t_W, t_B))/(t_F + t_B + t_W)`` (``zb_h1_bubble`` over ``one_f_one_b_bubble``). ZB
+    interleaved takes the same share of interleaved 1F1B's bubble: exact at equal F, B and W, and above what the
+    simulator places otherwise (``tests/estimate/test_zero_bubble.py``)."""
+    times = {"forward_time": forward_time, "backward_time": backward_time, "weight_time": weight_time}
+    return zb_h1_bubble(pp=2, **times) / one_f_one_b_bubble(pp=2, **times)
 
 
 def zb_h1_bubble_fraction(*, pp: int, num_microbatches: int) -> float:

@@ -52,7 +52,7 @@ from megatron_ext.training.split_backward import WeightGradStore, split_linear_l
 from megatron_ext.training.stage_timing import StageTimer
 from megatron_ext.training.stragglers import StragglerWatch
 from megatron_ext.training.tracking import StepScalars, Tracker, cuda_memory, device_facts
-from megatron_ext.training.zero_bubble_schedule import zero_bubble_h1
+from megatron_ext.training.zero_bubble_schedule import zero_bubble
 
 log = logging.getLogger("megatron_ext")
 
@@ -198,14 +198,20 @@ class Trainer:
         if aligned_param_gather(cfg):
             config.param_sync_func = [c.start_param_sync for c in self.chunks]
         self.model_config = config
-        # --enable-zero-bubble: the linear layers' weight gradients deferred to W passes (ZB-H1).
+        # --enable-zero-bubble: the linear layers' weight gradients deferred to W passes (ZB-H1, ZB interleaved).
         self.forward_backward_func: Any = None
         if cfg.parallel.enable_zero_bubble:
             store = WeightGradStore()
             store.use_ddp_hooks(self.chunks)
             split = split_linear_layers(self.chunks, store)
-            self.forward_backward_func = zero_bubble_h1(store, pipeline_rank=ctx.pp_rank)
-            log.info("schedule: ZB-H1, the weight gradients of %d linear layers in W passes", split)
+            self.forward_backward_func = zero_bubble(
+                store, chunks=self.chunks, pipeline_rank=ctx.pp_rank, pp=layout.pp, vp=layout.vp
+            )
+            log.info(
+                "schedule: %s, the weight gradients of %d linear layers in W passes",
+                "ZB interleaved" if layout.interleaved else "ZB-H1",
+                split,
+            )
 
         self.async_queue = None
         if cfg.run.async_save:

@@ -52,15 +52,16 @@ class WeightGradStore:
         self._open: list[_Pending] = []
         self._queue: deque[list[_Pending]] = deque()
         self._hooks: dict[torch.nn.Parameter, Callable[..., None]] = {}
+        self._chunk_of: dict[torch.nn.Parameter, int] = {}
 
     def use_ddp_hooks(self, chunks: Iterable[Any]) -> None:
-        """Deliver gradients through each DDP-wrapped chunk's own backward hook (``main_grad``, bucket readiness)."""
-        for chunk in chunks:
+        """Deliver gradients through each DDP-wrapped chunk's own backward hook (``main_grad``, bucket readiness),
+        and know which model chunk each weight is in (``next_chunk``)."""
+        for index, chunk in enumerate(chunks):
             make_hook = getattr(chunk, "_make_backward_post_hook", None)
-            if make_hook is None:
-                continue
             for param in chunk.parameters():
-                if param.requires_grad:
+                self._chunk_of[param] = index
+                if make_hook is not None and param.requires_grad:
                     self._hooks[param] = make_hook(param)
 
     def defer(self, weight: torch.nn.Parameter, grad_output: torch.Tensor, input_: torch.Tensor) -> None:
@@ -75,6 +76,17 @@ class WeightGradStore:
     def pending(self) -> int:
         """W passes not yet run."""
         return len(self._queue)
+
+    @property
+    def next_chunk(self) -> int | None:
+        """The model chunk whose weights the oldest pending W pass updates (None: it updates none)."""
+        if not self._queue or not self._queue[0]:
+            return None
+        return self._chunk_of.get(self._queue[0][0].weight, 0)
+
+    def pending_for(self, chunk: int) -> int:
+        """Pending W passes that update weights of model chunk ``chunk``."""
+        return sum(1 for w in self._queue if w and self._chunk_of.get(w[0].weight, 0) == chunk)
 
     def run_w(self) -> None:
         """Run the oldest W pass: each weight gradient, delivered as autograd would have delivered it."""

@@ -1,111 +1,157 @@
-"""ZB-H1 (``--enable-zero-bubble``): Megatron-Core's own 1F1B schedule with each backward pass split in two.
+"""Zero-bubble schedules (``--enable-zero-bubble``): Megatron-Core's own 1F1B schedules with each backward pass
+split in two.
 
-Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), §3.1: 1F1B's F and B passes in 1F1B's order, each B
-computing the input gradient only, and the weight gradients (W) of the linear layers run after it, rank ``r``
-keeping ``r`` W passes back: the B passes reach the previous stage sooner, and in the cool-down, where rank
-``r`` waits ``r`` times for the last gradients to travel down to rank 0, its kept W passes fill the wait. Its
-bubble is ``(p − 1)·(t_F + t_B − t_W)`` against 1F1B's ``(p − 1)·(t_F + t_B + t_W)``, at 1F1B's peak memory
-(``estimate.zero_bubble``, which simulates it).
+Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024): B computes the input gradient only, and the weight
+gradients of the linear layers (W) run after it, a rank keeping some W passes back: the B passes reach the
+previous stage sooner, and in the cool-down, where the rank waits for the last gradients to travel down, its kept
+W passes fill the wait (``estimate.zero_bubble`` simulates both schedules):
 
-The schedule is Megatron-Core's ``forward_backward_pipelining_without_interleaving`` itself: its p2p
-communication, forward and backward steps, gradient-sync switching and gradient finalisation are unchanged.
-While it runs, its ``backward_step`` runs B (``training.split_backward``: the linear layers defer their weight
-gradients to a ``WeightGradStore``); once B's gradient has been sent to the previous stage (and, in the steady
-state, Megatron-Core's batched exchange has brought the next forward input), the W passes beyond the ``r`` kept
-run; after the last B, the rest. Each W
-pass but the last microbatch's runs with DDP's gradient sync held off, so that a bucket (``--overlap-grad-
-reduce``) is reduced only once every microbatch's gradient is in it, as in 1F1B.
+* **ZB-H1** (one model chunk per rank): 1F1B's order, rank ``r`` keeping ``r`` W passes back. Its bubble is
+  ``(p − 1)·(t_F + t_B − t_W)`` against 1F1B's ``(p − 1)·(t_F + t_B + t_W)``, at 1F1B's peak memory.
+* **ZB interleaved** (virtual stages): interleaved 1F1B's order, rank ``r`` keeping the W passes that simulation
+  chooses within interleaved 1F1B's memory (``zero_bubble.zb_interleaved_defers``).
+
+The schedule is Megatron-Core's ``forward_backward_pipelining_without_interleaving`` (or ``_with_interleaving``)
+itself: its p2p communication, forward and backward steps, gradient-sync switching and gradient finalisation are
+unchanged. While it runs, its ``backward_step`` runs B (``training.split_backward``: the linear layers defer their
+weight gradients to a ``WeightGradStore``); once a B's gradient has been sent to the previous stage, the W passes
+beyond those kept run; after the last B, the rest.
+
+DDP's gradient sync sees every microbatch's gradient before it reduces, as under 1F1B: a W pass runs with the
+sync held off, except a model chunk's last one where the buckets reduce as their gradients arrive (the schedule
+declared the last microbatch). Where the interleaved schedule starts a chunk's reduction itself
+(``config.grad_sync_func``, ``--overlap-grad-reduce`` aligned), that chunk's pending W passes run first.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from megatron_ext.estimate.zero_bubble import zb_interleaved_defers
 from megatron_ext.training.split_backward import WeightGradStore
+
+# Megatron-Core's P2PCommunicator methods that send a B pass's gradient to the previous stage.
+_SENDS_GRADIENT = (
+    "send_backward",
+    "send_backward_recv_forward",
+    "send_backward_recv_backward",
+    "send_forward_backward_recv_forward_backward",
+)
+
+
+def _bucket_groups(chunk: Any) -> list[Any]:
+    return [*getattr(chunk, "bucket_groups", []), *getattr(chunk, "expert_parallel_bucket_groups", [])]
 
 
 @contextlib.contextmanager
-def _sync_held_off(model: Any) -> Iterator[None]:
-    """DDP's buckets told that this is not the last microbatch, and then what they were told before (Megatron-Core's
+def _last_microbatch(chunks: Sequence[Any], value: bool) -> Iterator[None]:
+    """DDP's buckets told whether this is the last microbatch, and then what they were told before (Megatron-Core's
     ``no_sync`` would end by declaring the last microbatch, whatever the schedule had declared)."""
-    groups = [*getattr(model, "bucket_groups", []), *getattr(model, "expert_parallel_bucket_groups", [])]
+    groups = [g for chunk in chunks for g in _bucket_groups(chunk)]
     before = [g.is_last_microbatch for g in groups]
     for g in groups:
-        g.is_last_microbatch = False
+        g.is_last_microbatch = value
     try:
         yield
     finally:
-        for g, value in zip(groups, before, strict=True):
-            g.is_last_microbatch = value
+        for g, was in zip(groups, before, strict=True):
+            g.is_last_microbatch = was
 
 
-def zero_bubble_h1(store: WeightGradStore, *, pipeline_rank: int) -> Callable[..., Any]:
-    """A forward-backward function with Megatron-Core's signature that runs ZB-H1 on this pipeline rank."""
+def zero_bubble(
+    store: WeightGradStore, *, chunks: Sequence[Any], pipeline_rank: int, pp: int, vp: int
+) -> Callable[..., Any]:
+    """A forward-backward function with Megatron-Core's signature that runs ZB-H1 (``vp`` 1) or ZB interleaved on
+    this pipeline rank; ``chunks``: its DDP-wrapped model chunks."""
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
     from megatron.core.utils import get_model_config
 
-    def forward_backward(**kwargs: Any) -> Any:
-        if kwargs.get("forward_only"):
-            return schedules.forward_backward_pipelining_without_interleaving(**kwargs)
-        model = kwargs["model"][0] if isinstance(kwargs["model"], list) else kwargs["model"]
-        num_microbatches = kwargs["num_microbatches"]
-        done = {"b": 0, "w": 0}
+    interleaved = vp > 1
+    name = f"forward_backward_pipelining_with{'' if interleaved else 'out'}_interleaving"
+    config = get_model_config(chunks[0])
 
+    def forward_backward(**kwargs: Any) -> Any:
+        schedule = getattr(schedules, name)
+        if kwargs.get("forward_only"):
+            return schedule(**kwargs)
+        m = kwargs["num_microbatches"]
+        kept = zb_interleaved_defers(pp=pp, vp=vp, num_microbatches=m)[pipeline_rank] if interleaved else pipeline_rank
+        schedule_starts_sync = interleaved and config.grad_sync_func is not None
+        b_passes, w_passes, w_of_chunk = [0], [0], [0] * len(chunks)
         # W passes are backward compute: Megatron-Core's timer for it (the measured bubble's compute) covers them.
-        timers = get_model_config(model).timers
-        timer = timers("backward-compute", log_level=2) if timers is not None else None
+        timer = config.timers("backward-compute", log_level=2) if config.timers is not None else None
+
+        def sync_for(chunk: int | None) -> contextlib.AbstractContextManager[None]:
+            if not interleaved:  # 1F1B's last microbatch: what the schedule declared for it
+                return contextlib.nullcontext() if w_passes[0] == m - 1 else _last_microbatch(chunks, False)
+            if chunk is not None and w_of_chunk[chunk] == m - 1 and not schedule_starts_sync:
+                return _last_microbatch([chunks[chunk]], True)
+            return _last_microbatch(chunks, False)
 
         def run_w() -> None:
-            last = done["w"] == num_microbatches - 1
-            with contextlib.nullcontext() if last else _sync_held_off(model):
+            chunk = store.next_chunk
+            with sync_for(chunk):
                 if timer is not None:
                     timer.start()
                 store.run_w()
                 if timer is not None:
                     timer.stop()
-            done["w"] += 1
+            w_passes[0] += 1
+            if chunk is not None:
+                w_of_chunk[chunk] += 1
 
-        def w_passes() -> None:
-            """After a B's gradient has left: the W passes beyond the ``r`` kept, or after the last B, all."""
-            while store.pending > (pipeline_rank if done["b"] < num_microbatches else 0):
+        def after_gradient_sent() -> None:
+            """The W passes beyond those kept, or after the last B, all."""
+            while store.pending > (kept if b_passes[0] < m * vp else 0):
                 run_w()
 
         def backward_step(*args: Any, **step_kwargs: Any) -> Any:
             grad = original_step(*args, **step_kwargs)
             store.close_b()
-            done["b"] += 1
+            b_passes[0] += 1
             return grad
 
-        # The W passes run once B's gradient has gone to the previous stage (with Megatron-Core's batched
-        # exchange, once the next forward input has come too): never on the gradient's way.
-        def send_backward_recv_forward(self: Any, grads: Any, shapes: Any, is_first_stage: bool) -> Any:
-            received = original_exchange(self, grads, shapes, is_first_stage)
-            w_passes()
-            return received
+        def sends(original: Callable[..., Any]) -> Callable[..., Any]:
+            # The W passes run once B's gradient has gone (with a batched exchange, once the next input has come):
+            # never on the gradient's way.
+            def send(self: Any, *args: Any, **send_kwargs: Any) -> Any:
+                result = original(self, *args, **send_kwargs)
+                after_gradient_sent()
+                return result
 
-        def send_backward(self: Any, grads: Any, is_first_stage: bool) -> None:
-            original_send(self, grads, is_first_stage)
-            w_passes()
+            return send
+
+        def starts_sync(chunk: int, original: Callable[..., Any]) -> Callable[..., Any]:
+            def start(*args: Any) -> Any:
+                while store.pending_for(chunk):
+                    run_w()
+                return original(*args)
+
+            return start
 
         original_step = schedules.backward_step
-        original_send = P2PCommunicator.send_backward
-        original_exchange = P2PCommunicator.send_backward_recv_forward
+        original_sends = {method: getattr(P2PCommunicator, method) for method in _SENDS_GRADIENT}
+        original_sync = config.grad_sync_func
         schedules.backward_step = backward_step
-        P2PCommunicator.send_backward = send_backward
-        P2PCommunicator.send_backward_recv_forward = send_backward_recv_forward
+        for method, original in original_sends.items():
+            setattr(P2PCommunicator, method, sends(original))
+        if schedule_starts_sync:
+            funcs = original_sync if isinstance(original_sync, list) else [original_sync] * len(chunks)
+            config.grad_sync_func = [starts_sync(c, f) for c, f in enumerate(funcs)]
         store.splitting = True
         try:
-            result = schedules.forward_backward_pipelining_without_interleaving(**kwargs)
-            if done["w"] != num_microbatches:  # Megatron-Core's schedule ran a backward pass not through us
-                raise RuntimeError(f"ZB-H1 ran {done['w']} W passes for {num_microbatches} microbatches")
+            result = schedule(**kwargs)
+            if w_passes[0] != m * vp:  # Megatron-Core's schedule ran a backward pass not through us
+                raise RuntimeError(f"the zero-bubble schedule ran {w_passes[0]} W passes for {m * vp} backward passes")
             return result
         finally:
             schedules.backward_step = original_step
-            P2PCommunicator.send_backward = original_send
-            P2PCommunicator.send_backward_recv_forward = original_exchange
+            for method, original in original_sends.items():
+                setattr(P2PCommunicator, method, original)
+            config.grad_sync_func = original_sync
             store.splitting = False
             if store.pending:  # only after an error: the step is abandoned
                 store.discard()

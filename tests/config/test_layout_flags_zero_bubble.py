@@ -20,12 +20,16 @@ def test_zb_h1_on_a_plain_pipeline_is_accepted() -> None:
     assert cfg.parallel.enable_zero_bubble and cfg.layout.pp == 2
 
 
+def test_zb_with_virtual_stages_is_zb_interleaved_and_accepted() -> None:
+    cfg = parse_args([*BASE, "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2",
+                      "--enable-zero-bubble", "--device", "cpu"], world_size=2)  # fmt: skip
+    assert cfg.parallel.enable_zero_bubble and cfg.layout.vp == 2
+
+
 @pytest.mark.parametrize(
     "flags, world_size, message",
     [
         ([], 1, "a pipeline to fill: give --pipeline-model-parallel-size 2 or more"),
-        (["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2"], 2,
-         "one model chunk per rank"),
         (["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"], 4,
          "no --sequence-parallel"),
     ],

@@ -247,8 +247,18 @@ def test_the_schedule_is_a_variable_and_the_dry_run_prints_its_bubble(tmp_path: 
     assert refused.returncode == ExitCode.INVALID and "SCHEDULE=zb-h1 runs one model chunk per rank" in (
         refused.stdout + refused.stderr
     )
+    # The recipe's own virtual stages (2 per rank): ZB interleaved, its bubble simulated beside interleaved 1F1B's.
+    interleaved = run_recipe(recipe, recipe_env(tmp_path, DRY_RUN="1", SCHEDULE="zb-interleaved"))
+    assert interleaved.returncode == ExitCode.OK, interleaved.stdout + interleaved.stderr
+    assert "--enable-zero-bubble" in interleaved.stdout
+    assert (
+        "schedule: ZB interleaved (--enable-zero-bubble, 2 virtual stages): pipeline bubble 0.0" in interleaved.stdout
+    )
+    assert "(interleaved 1F1B's: (p-1)/(v*m) = 0.125)" in interleaved.stdout
     wrong = run_recipe(recipe, recipe_env(tmp_path, DRY_RUN="1", SCHEDULE="gpipe"))
-    assert wrong.returncode == ExitCode.INVALID and "SCHEDULE must be 1f1b or zb-h1" in wrong.stdout + wrong.stderr
+    assert wrong.returncode == ExitCode.INVALID and "SCHEDULE must be 1f1b, zb-h1 or zb-interleaved" in (
+        wrong.stdout + wrong.stderr
+    )
 
 
 @pytest.mark.unit

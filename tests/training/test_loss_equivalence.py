@@ -100,6 +100,34 @@ LAYOUTS = {
         2,
         "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 3 --enable-zero-bubble".split(),
     ),
+    # ZB interleaved (--enable-zero-bubble with virtual stages): Megatron-Core's interleaved 1F1B split the same
+    # way, rank r keeping the W passes simulation chooses; overlapped transfers (the default), batched ones,
+    # DDP's reductions started by the schedule (aligned) and by the buckets (--no-align-grad-reduce).
+    "pp2-vp2-zb-interleaved": (
+        2,
+        "--pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2 --enable-zero-bubble".split(),
+    ),
+    "pp4-vp2-blocking-p2p-zb-interleaved": (
+        4,
+        "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1 --no-overlap-p2p-communication "
+        "--enable-zero-bubble".split(),
+    ),
+    "tp2-pp2-vp2-zb-interleaved": (
+        4,
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 "
+        "--enable-zero-bubble".split(),
+    ),
+    "pp2-vp2-dp2-distopt-overlap-zb-interleaved": (
+        4,
+        "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 --use-distributed-optimizer "
+        "--overlap-grad-reduce --ddp-num-buckets 3 --enable-zero-bubble".split(),
+    ),
+    "pp2-vp2-first-stage-2-layers-dp2-overlap-unaligned-zb-interleaved": (
+        4,
+        "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+        "--decoder-first-pipeline-num-layers 2 --overlap-grad-reduce --no-align-grad-reduce "
+        "--enable-zero-bubble".split(),
+    ),
 }
 # The layout-string row and uneven <-> even resharding are in test_checkpoint_resharding.py.
 

@@ -1,8 +1,10 @@
-"""A checkpoint saved under 1F1B resumes under ZB-H1 (``--enable-zero-bubble``) and back, to the same losses.
+"""A checkpoint saved under 1F1B resumes under each zero-bubble schedule (``--enable-zero-bubble``) and back, to
+the same losses.
 
 The schedule is not part of what a checkpoint holds: the weights, optimizer state and data position are
-1F1B's either way. One run of six iterations changes schedule at its two saves (1F1B for iterations 1–2, ZB-H1
-for 3–4, 1F1B for 5–6) and must reproduce the uninterrupted 1F1B run.
+1F1B's either way. One run of six iterations changes schedule at its two saves (1F1B for iterations 1–2, the
+zero-bubble schedule for 3–4, 1F1B for 5–6) and must reproduce the uninterrupted 1F1B run: ZB-H1 against 1F1B,
+and ZB interleaved against interleaved 1F1B.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ pytestmark = pytest.mark.distributed
 RUN = [*TINY_MODEL, "--pipeline-model-parallel-size", "2", "--train-iters", "6"]
 
 
-def test_1f1b_checkpoint_resumes_under_zb_h1_and_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "chunks", [[], ["--virtual-pipeline-model-parallel-size", "2"]], ids=["zb-h1", "zb-interleaved"]
+)
+def test_1f1b_checkpoint_resumes_under_zero_bubble_and_back(chunks: list[str], tmp_path: Path) -> None:
     whole = tmp_path / "whole.jsonl"
-    run_pretrain([*RUN, "--metrics-file", str(whole)], nproc=2)
+    run_pretrain([*RUN, *chunks, "--metrics-file", str(whole)], nproc=2)
     save, parts = tmp_path / "ckpt", tmp_path / "parts.jsonl"
-    common = [*RUN, "--save", str(save), "--metrics-file", str(parts)]
+    common = [*RUN, *chunks, "--save", str(save), "--metrics-file", str(parts)]
     run_pretrain([*common, "--exit-interval", "2"], nproc=2, expect=ExitCode.SAVED_AND_STOPPED)
     run_pretrain([*common, "--load", str(save), "--exit-interval", "4", "--enable-zero-bubble"], nproc=2,
                  expect=ExitCode.SAVED_AND_STOPPED)  # fmt: skip
