@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO, cast
 
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.estimate.pipeline_schedule import (
@@ -17,7 +17,7 @@ from megatron_ext.estimate.pipeline_schedule import (
     simulate,
     validate,
 )
-from megatron_ext.estimate.schedule_comparison import in_flight_curve, runs_for_picture, schedule_label
+from megatron_ext.estimate.schedule_comparison import in_flight_curve, run_zero_bubble, runs_for_picture, schedule_label
 from megatron_ext.estimate.schedule_plot import MemoryStrip, write, write_comparison
 from megatron_ext.parallel.layout import LayoutError
 from megatron_ext.parallel.pipeline import stage_imbalance
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="The part of the backward time that computes weight gradients (a zero-bubble schedule's W pass; "
         "default half of it, as a layer's GEMMs split it): with --compare-schedules, draws ZB-H1 and ZB "
-        "interleaved too (ZB-H1 is pretrain_gpt.py --enable-zero-bubble; ZB interleaved is simulated only).",
+        "interleaved too (pretrain_gpt.py --enable-zero-bubble runs both).",
     )
     parser.add_argument("--p2p-time", type=float, default=0.0, help="Time to pass activations between ranks.")
     parser.add_argument("--output", type=Path, help="Output stem (default schedule_p<P>_v<V>_m<M>): .png and .svg.")
@@ -156,7 +156,7 @@ def _compare(args: argparse.Namespace, out: TextIO, weight_time: float) -> int:
     print(
         f"p={p} m={m}, stage forward {args.forward_time:g} + backward {args.backward_time:g}, p2p {args.p2p_time:g}; "
         "GPipe is not a Megatron-Core schedule: shown for comparison only; zero-bubble W passes take "
-        f"{weight_time:g} of the backward; ZB interleaved is simulated only",
+        f"{weight_time:g} of the backward",
         file=out,
     )
     print(f"{'schedule':<46} {'bubble':>7} {'p2p':>7} {'step':>9} {'rank 0 in flight':>16} {'messages':>8}", file=out)
@@ -195,17 +195,17 @@ def measured_timeline(passes: dict[int, list[TimedPass]]) -> Timeline:
     )  # fmt: skip
 
 
-def chunk_times(passes: dict[int, list[TimedPass]], vp: int) -> list[list[tuple[float, float]]]:
-    """Mean measured (forward, backward) of one microbatch through every [rank][chunk]."""
+def chunk_times(passes: dict[int, list[TimedPass]], vp: int, kinds: str = "FB") -> list[list[tuple[float, ...]]]:
+    """Mean measured time of one microbatch's pass of each kind (F, B and, split, W) through every [rank][chunk]."""
     out = []
     for rank in sorted(passes):
         row = []
         for chunk in range(vp):
             times = []
-            for kind in "FB":
+            for kind in kinds:
                 spans = [p.end - p.start for p in passes[rank] if p.step.kind == kind and p.step.chunk == chunk]
                 times.append(sum(spans) / len(spans) if spans else 1e-9)
-            row.append((times[0], times[1]))
+            row.append(tuple(times))
         out.append(row)
     return out
 
@@ -222,9 +222,17 @@ def _measured(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     step = {rank: steps[-1] for rank, steps in by_stage.items()}  # the last step kept: steady state
     measured = measured_timeline(step)
     p, v, m = measured.pp, measured.vp, measured.num_microbatches
-    times = chunk_times(step, v)
-    simulated = simulate(pp=p, vp=v, num_microbatches=m, chunk_times=times)
-    busy = [sum(f + b for f, b in row) * m for row in times]
+    # A zero-bubble run (W passes in the trace) beside its own schedule simulated, else Megatron-Core's 1F1B.
+    split = any(q.step.kind == "W" for passes in step.values() for q in passes)
+    times = chunk_times(step, v, "FBW" if split else "FB")
+    schedule = "zb-interleaved" if v > 1 else "zb-h1"
+    if split:
+        simulated = run_zero_bubble(
+            schedule, pp=p, num_microbatches=m, chunk_times=cast(Any, times), p2p_time=0.0
+        ).timeline
+    else:
+        simulated = simulate(pp=p, vp=v, num_microbatches=m, chunk_times=cast(Any, times))
+    busy = [sum(map(sum, row)) * m for row in times]
     slowest = busy.index(max(busy))
     imbalance = stage_imbalance(busy)
     notes = [" *" if r == slowest else "" for r in range(p)]
@@ -232,13 +240,14 @@ def _measured(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     panels = [
         (measured, f"measured: p={p} v={v} m={m}, step {measured.makespan * 1000:.1f} ms; busy ms per rank "
                    f"{per_rank}; stage imbalance {imbalance:.1%} (* slowest: rank {slowest})", notes),
-        (simulated, f"simulated with the measured per-stage times: step {simulated.makespan * 1000:.1f} ms, "
+        (simulated, f"simulated{' (' + schedule + ')' if split else ''} with the measured per-stage times: step {simulated.makespan * 1000:.1f} ms, "
                     f"bubble {simulated.bubble_of_step:.1%} of the step", notes),
     ]  # fmt: skip
     stem = args.output or args.timeline.with_suffix("")
     png, svg = write(measured, stem, width=args.width, panels=panels)
     print(
-        f"measured step {measured.makespan * 1000:.1f} ms, simulated {simulated.makespan * 1000:.1f} ms; "
+        f"measured step {measured.makespan * 1000:.1f} ms, simulated{' ' + schedule if split else ''} "
+        f"{simulated.makespan * 1000:.1f} ms; "
         f"stage imbalance {imbalance:.1%}, slowest pipeline rank {slowest}; idle share of the measured step "
         f"{1 - sum(busy) / (len(busy) * measured.makespan):.1%}",
         file=out,

@@ -28,7 +28,7 @@ def write_trace(path: Path, ranks: list[dict[str, Any]]) -> None:
                 events.append(
                     {
                         "name": f"{kind}{microbatch}.{chunk}",
-                        "cat": "forward" if kind == "F" else "backward",
+                        "cat": CATEGORIES[kind],
                         "ph": "X",
                         "ts": start * 1e6,
                         "dur": (end - start) * 1e6,
@@ -41,6 +41,10 @@ def write_trace(path: Path, ranks: list[dict[str, Any]]) -> None:
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     partial.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     partial.replace(path)
+
+
+CATEGORIES = {"F": "forward", "B": "backward", "W": "weight-gradient"}
+"""Each pass kind's trace category (read back by its first letter)."""
 
 
 def load_timeline(path: Path) -> dict[int, list[list[TimedPass]]]:

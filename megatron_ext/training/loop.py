@@ -205,7 +205,12 @@ class Trainer:
             store.use_ddp_hooks(self.chunks)
             split = split_linear_layers(self.chunks, store)
             self.forward_backward_func = zero_bubble(
-                store, chunks=self.chunks, pipeline_rank=ctx.pp_rank, pp=layout.pp, vp=layout.vp
+                store,
+                chunks=self.chunks,
+                pipeline_rank=ctx.pp_rank,
+                pp=layout.pp,
+                vp=layout.vp,
+                timed=self.stage_timer.weight_pass,
             )
             log.info(
                 "schedule: %s, the weight gradients of %d linear layers in W passes",

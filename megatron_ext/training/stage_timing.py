@@ -10,7 +10,9 @@ model chunk) forward pass, and marks on this rank's clock:
   the schedule starts that chunk's backward pass;
 * **backward end**: a gradient hook on the chunk's input hidden states (the
   embedding output on the first stage, the received activations elsewhere),
-  which fires when the gradient has gone through every layer of the chunk.
+  which fires when the gradient has gone through every layer of the chunk;
+* **weight-gradient passes** of a zero-bubble schedule (``weight_pass``): W, the
+  part of the backward that runs apart from its B (counted as backward time).
 
 Marks are ``time.perf_counter()`` on CPU and CUDA events on GPU (resolved
 after the step, so nothing synchronises inside it). Per step each rank sums
@@ -35,10 +37,11 @@ Evaluation (no gradients) is not timed.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,6 +228,13 @@ class StageTimer:
             microbatch, chunk = current
             hidden.register_hook(lambda grad: self._mark("B", microbatch, chunk, "end"))
 
+    @contextlib.contextmanager
+    def weight_pass(self, microbatch: int, chunk: int) -> Iterator[None]:
+        """Mark a zero-bubble schedule's W pass of ``microbatch`` through ``chunk`` (``zero_bubble_schedule``)."""
+        self._mark("W", microbatch, chunk, "start")
+        yield
+        self._mark("W", microbatch, chunk, "end")
+
     def wrap(self, forward_step: Callable[..., Any]) -> Callable[..., Any]:
         """A forward_step that marks its own start and end and its backward pass's start."""
 
@@ -272,7 +282,7 @@ class StageTimer:
         if not passes:
             return
         forward = sum(p.end - p.start for p in passes if p.step.kind == "F")
-        backward = sum(p.end - p.start for p in passes if p.step.kind == "B")
+        backward = sum(p.end - p.start for p in passes if p.step.kind != "F")  # B, and W where split
         span = max(p.end for p in passes) - min(p.start for p in passes)
         microbatches = len({p.step.microbatch for p in passes})
         self._window[0] += forward

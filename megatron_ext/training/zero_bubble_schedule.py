@@ -61,10 +61,17 @@ def _last_microbatch(chunks: Sequence[Any], value: bool) -> Iterator[None]:
 
 
 def zero_bubble(
-    store: WeightGradStore, *, chunks: Sequence[Any], pipeline_rank: int, pp: int, vp: int
+    store: WeightGradStore,
+    *,
+    chunks: Sequence[Any],
+    pipeline_rank: int,
+    pp: int,
+    vp: int,
+    timed: Callable[[int, int], contextlib.AbstractContextManager[None]] | None = None,
 ) -> Callable[..., Any]:
     """A forward-backward function with Megatron-Core's signature that runs ZB-H1 (``vp`` 1) or ZB interleaved on
-    this pipeline rank; ``chunks``: its DDP-wrapped model chunks."""
+    this pipeline rank; ``chunks``: its DDP-wrapped model chunks; ``timed(microbatch, chunk)``: around each W pass
+    (``StageTimer.weight_pass``)."""
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
     from megatron.core.utils import get_model_config
@@ -93,7 +100,9 @@ def zero_bubble(
 
         def run_w() -> None:
             chunk = store.next_chunk
-            with sync_for(chunk):
+            # A chunk's B passes, and so its W passes, run in microbatch order.
+            mark = timed(w_of_chunk[chunk], chunk) if timed is not None and chunk is not None else None
+            with sync_for(chunk), mark or contextlib.nullcontext():
                 if timer is not None:
                     timer.start()
                 store.run_w()
