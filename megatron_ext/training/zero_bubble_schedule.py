@@ -14,8 +14,10 @@ W passes fill the wait (``estimate.zero_bubble`` simulates both schedules):
 The schedule is Megatron-Core's ``forward_backward_pipelining_without_interleaving`` (or ``_with_interleaving``)
 itself: its p2p communication, forward and backward steps, gradient-sync switching and gradient finalisation are
 unchanged. While it runs, its ``backward_step`` runs B (``training.split_backward``: the linear layers defer their
-weight gradients to a ``WeightGradStore``); once a B's gradient has been sent to the previous stage, the W passes
-beyond those kept run; after the last B, the rest.
+weight gradients to a ``WeightGradStore``); once a B's gradient has been posted to the previous stage, the W
+passes beyond those kept run; after the last B, the rest. Under 1F1B, whose transfers block, the gradient and the
+receive of the next input are posted without waiting and the W passes run while they travel (what the schedule
+means W for: filling the wait for the next input); the interleaved schedule's transfers are already overlapped.
 
 DDP's gradient sync sees every microbatch's gradient before it reduces, as under 1F1B: a W pass runs with the
 sync held off, except a model chunk's last one where the buckets reduce as their gradients arrive (the schedule
@@ -133,6 +135,45 @@ def zero_bubble(
 
             return send
 
+        def posted(original: Callable[..., Any], *, receive: bool, timer_name: str) -> Callable[..., Any]:
+            # 1F1B's blocking calls (send_backward_recv_forward, send_backward): B's gradient (and the receive of
+            # the next input) posted with Megatron-Core's own p2p, the W passes run while they travel, then waited
+            # for: W fills the wait for the next input, as the schedule intends.
+            def send(self: Any, grads: Any, *rest: Any) -> Any:
+                listed = isinstance(grads, list)
+                shapes = rest[0] if receive else None
+                shape = shapes[0] if isinstance(shapes, list) and len(shapes) == 1 else shapes
+                if rest[-1] or (listed and len(grads) != 1) or isinstance(shape, list):  # first stage; several
+                    result = original(self, grads, *rest)
+                    after_gradient_sent()
+                    return result
+                config, grad = self.config, grads[0] if listed else grads
+                batched, config.batch_p2p_comm = config.batch_p2p_comm, False  # batched ops cannot be left pending
+                try:
+                    received, _, reqs = self._communicate(
+                        tensor_send_next=None,
+                        tensor_send_prev=grad,
+                        recv_prev=receive,
+                        recv_next=False,
+                        tensor_shape=shape,
+                        wait_on_reqs=False,
+                    )
+                finally:
+                    config.batch_p2p_comm = batched
+                after_gradient_sent()
+                wait = config.timers(timer_name, log_level=2) if config.timers is not None else None
+                if wait is not None:
+                    wait.start()
+                for req in reqs.values() if isinstance(reqs, dict) else reqs or ():
+                    req.wait()
+                if wait is not None:
+                    wait.stop()
+                if not receive:
+                    return None
+                return [received] if listed else received
+
+            return send
+
         def starts_sync(chunk: int, original: Callable[..., Any]) -> Callable[..., Any]:
             def start(*args: Any) -> Any:
                 while store.pending_for(chunk):
@@ -147,6 +188,13 @@ def zero_bubble(
         schedules.backward_step = backward_step
         for method, original in original_sends.items():
             setattr(P2PCommunicator, method, sends(original))
+        if not interleaved:
+            P2PCommunicator.send_backward = posted(
+                original_sends["send_backward"], receive=False, timer_name="backward-send"
+            )
+            P2PCommunicator.send_backward_recv_forward = posted(
+                original_sends["send_backward_recv_forward"], receive=True, timer_name="backward-send-forward-recv"
+            )
         if schedule_starts_sync:
             funcs = original_sync if isinstance(original_sync, list) else [original_sync] * len(chunks)
             config.grad_sync_func = [starts_sync(c, f) for c, f in enumerate(funcs)]
