@@ -96,6 +96,12 @@ LAYOUTS = {
         "--pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --ddp-num-buckets 3 "
         "--enable-zero-bubble".split(),
     ),
+    # Full recomputation: the checkpointed layers' forward reruns inside the backward, whose B defers the W.
+    "pp2-full-recompute-zb-h1": (
+        2,
+        "--pipeline-model-parallel-size 2 --recompute-granularity full --recompute-method uniform "
+        "--recompute-num-layers 1 --enable-zero-bubble".split(),
+    ),
     "pp2-first-stage-3-layers-zb-h1": (
         2,
         "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 3 --enable-zero-bubble".split(),
