@@ -62,6 +62,103 @@ def _last_microbatch(chunks: Sequence[Any], value: bool) -> Iterator[None]:
             g.is_last_microbatch = was
 
 
+class _Step:
+    """One training step's passes on this rank: counts B and W passes, runs the W passes when the schedule says
+    and keeps DDP's gradient sync to what 1F1B would have declared."""
+
+    def __init__(
+        self,
+        store: WeightGradStore,
+        *,
+        chunks: Sequence[Any],
+        num_microbatches: int,
+        kept: int,
+        interleaved: bool,
+        schedule_starts_sync: bool,
+        timer: Any,
+        timed: Callable[[int, int], contextlib.AbstractContextManager[None]] | None,
+    ) -> None:
+        self.store, self.chunks, self.m, self.kept = store, chunks, num_microbatches, kept
+        self.interleaved, self.schedule_starts_sync = interleaved, schedule_starts_sync
+        self.timer, self.timed = timer, timed
+        self.b_passes = self.w_passes = 0
+        self.w_of_chunk = [0] * len(chunks)
+
+    @property
+    def backward_passes(self) -> int:
+        return self.m * len(self.chunks)
+
+    def _sync_for(self, chunk: int | None) -> contextlib.AbstractContextManager[None]:
+        if not self.interleaved:  # 1F1B's last microbatch: what the schedule declared for it
+            return contextlib.nullcontext() if self.w_passes == self.m - 1 else _last_microbatch(self.chunks, False)
+        if chunk is not None and self.w_of_chunk[chunk] == self.m - 1 and not self.schedule_starts_sync:
+            return _last_microbatch([self.chunks[chunk]], True)
+        return _last_microbatch(self.chunks, False)
+
+    def run_w(self) -> None:
+        """The oldest W pass, timed as backward compute (the measured bubble's compute) and on the timeline."""
+        chunk = self.store.next_chunk
+        # A chunk's B passes, and so its W passes, run in microbatch order.
+        mark = self.timed(self.w_of_chunk[chunk], chunk) if self.timed is not None and chunk is not None else None
+        with self._sync_for(chunk), mark or contextlib.nullcontext():
+            if self.timer is not None:
+                self.timer.start()
+            self.store.run_w()
+            if self.timer is not None:
+                self.timer.stop()
+        self.w_passes += 1
+        if chunk is not None:
+            self.w_of_chunk[chunk] += 1
+
+    def after_gradient_sent(self) -> None:
+        """The W passes beyond those kept, or after the last B, all."""
+        while self.store.pending > (self.kept if self.b_passes < self.backward_passes else 0):
+            self.run_w()
+
+    def closed_b(self) -> None:
+        self.store.close_b()
+        self.b_passes += 1
+
+    def flush_chunk(self, chunk: int) -> None:
+        """Every pending W pass of ``chunk`` (and those before them), before its gradients are reduced."""
+        while self.store.pending_for(chunk):
+            self.run_w()
+
+
+def _post_and_wait(
+    communicator: Any, grads: Any, shapes: Any, *, receive: bool, timer_name: str, during: Callable[[], None]
+) -> Any:
+    """1F1B's blocking ``send_backward_recv_forward`` (``receive``) or ``send_backward``, split: B's gradient (and
+    the receive of the next input) posted with Megatron-Core's own p2p, ``during`` run while they travel, then
+    waited for (timed as Megatron-Core times the call)."""
+    listed = isinstance(grads, list)
+    config, grad = communicator.config, grads[0] if listed else grads
+    shape = shapes[0] if isinstance(shapes, list) else shapes
+    batched, config.batch_p2p_comm = config.batch_p2p_comm, False  # batched ops cannot be left pending
+    try:
+        received, _, reqs = communicator._communicate(
+            tensor_send_next=None,
+            tensor_send_prev=grad,
+            recv_prev=receive,
+            recv_next=False,
+            tensor_shape=shape,
+            wait_on_reqs=False,
+        )
+    finally:
+        config.batch_p2p_comm = batched
+    during()
+    wait = config.timers(timer_name, log_level=2) if config.timers is not None else None
+    if wait is not None:
+        wait.start()
+    for req in reqs.values() if isinstance(reqs, dict) else reqs or ():
+        req.wait()
+    if wait is not None:
+        wait.stop()
+    if not receive:
+        return None
+    return [received] if listed else received
+
+
 def zero_bubble(
     store: WeightGradStore,
     *,
@@ -87,122 +184,65 @@ def zero_bubble(
         if kwargs.get("forward_only"):
             return schedule(**kwargs)
         m = kwargs["num_microbatches"]
-        kept = zb_interleaved_defers(pp=pp, vp=vp, num_microbatches=m)[pipeline_rank] if interleaved else pipeline_rank
-        schedule_starts_sync = interleaved and config.grad_sync_func is not None
-        b_passes, w_passes, w_of_chunk = [0], [0], [0] * len(chunks)
-        # W passes are backward compute: Megatron-Core's timer for it (the measured bubble's compute) covers them.
-        timer = config.timers("backward-compute", log_level=2) if config.timers is not None else None
-
-        def sync_for(chunk: int | None) -> contextlib.AbstractContextManager[None]:
-            if not interleaved:  # 1F1B's last microbatch: what the schedule declared for it
-                return contextlib.nullcontext() if w_passes[0] == m - 1 else _last_microbatch(chunks, False)
-            if chunk is not None and w_of_chunk[chunk] == m - 1 and not schedule_starts_sync:
-                return _last_microbatch([chunks[chunk]], True)
-            return _last_microbatch(chunks, False)
-
-        def run_w() -> None:
-            chunk = store.next_chunk
-            # A chunk's B passes, and so its W passes, run in microbatch order.
-            mark = timed(w_of_chunk[chunk], chunk) if timed is not None and chunk is not None else None
-            with sync_for(chunk), mark or contextlib.nullcontext():
-                if timer is not None:
-                    timer.start()
-                store.run_w()
-                if timer is not None:
-                    timer.stop()
-            w_passes[0] += 1
-            if chunk is not None:
-                w_of_chunk[chunk] += 1
-
-        def after_gradient_sent() -> None:
-            """The W passes beyond those kept, or after the last B, all."""
-            while store.pending > (kept if b_passes[0] < m * vp else 0):
-                run_w()
+        step = _Step(
+            store,
+            chunks=chunks,
+            num_microbatches=m,
+            kept=zb_interleaved_defers(pp=pp, vp=vp, num_microbatches=m)[pipeline_rank]
+            if interleaved
+            else pipeline_rank,
+            interleaved=interleaved,
+            schedule_starts_sync=interleaved and config.grad_sync_func is not None,
+            timer=config.timers("backward-compute", log_level=2) if config.timers is not None else None,
+            timed=timed,
+        )
+        original_step = schedules.backward_step
+        original_sends = {method: getattr(P2PCommunicator, method) for method in _SENDS_GRADIENT}
+        original_sync = config.grad_sync_func
 
         def backward_step(*args: Any, **step_kwargs: Any) -> Any:
             grad = original_step(*args, **step_kwargs)
-            store.close_b()
-            b_passes[0] += 1
+            step.closed_b()
             return grad
 
-        def sends(original: Callable[..., Any]) -> Callable[..., Any]:
-            # The W passes run once B's gradient has gone (with a batched exchange, once the next input has come):
-            # never on the gradient's way.
+        def sends(method: str) -> Callable[..., Any]:
+            original = original_sends[method]
+            blocking = {"send_backward": "backward-send", "send_backward_recv_forward": "backward-send-forward-recv"}
+
             def send(self: Any, *args: Any, **send_kwargs: Any) -> Any:
+                # 1F1B calls these positionally: (grads, [shapes,] is_first_stage).
+                if not interleaved and method in blocking and not send_kwargs and not args[-1]:  # not the first stage
+                    grads, receive = args[0], method == "send_backward_recv_forward"
+                    if not isinstance(grads, list) or len(grads) == 1:
+                        return _post_and_wait(self, grads, args[1] if receive else None, receive=receive,
+                                              timer_name=blocking[method], during=step.after_gradient_sent)  # fmt: skip
+                # Overlapped transfers (interleaved) are posted by the call: W passes once it returns.
                 result = original(self, *args, **send_kwargs)
-                after_gradient_sent()
+                step.after_gradient_sent()
                 return result
-
-            return send
-
-        def posted(original: Callable[..., Any], *, receive: bool, timer_name: str) -> Callable[..., Any]:
-            # 1F1B's blocking calls (send_backward_recv_forward, send_backward): B's gradient (and the receive of
-            # the next input) posted with Megatron-Core's own p2p, the W passes run while they travel, then waited
-            # for: W fills the wait for the next input, as the schedule intends.
-            def send(self: Any, grads: Any, *rest: Any) -> Any:
-                listed = isinstance(grads, list)
-                shapes = rest[0] if receive else None
-                shape = shapes[0] if isinstance(shapes, list) and len(shapes) == 1 else shapes
-                if rest[-1] or (listed and len(grads) != 1) or isinstance(shape, list):  # first stage; several
-                    result = original(self, grads, *rest)
-                    after_gradient_sent()
-                    return result
-                config, grad = self.config, grads[0] if listed else grads
-                batched, config.batch_p2p_comm = config.batch_p2p_comm, False  # batched ops cannot be left pending
-                try:
-                    received, _, reqs = self._communicate(
-                        tensor_send_next=None,
-                        tensor_send_prev=grad,
-                        recv_prev=receive,
-                        recv_next=False,
-                        tensor_shape=shape,
-                        wait_on_reqs=False,
-                    )
-                finally:
-                    config.batch_p2p_comm = batched
-                after_gradient_sent()
-                wait = config.timers(timer_name, log_level=2) if config.timers is not None else None
-                if wait is not None:
-                    wait.start()
-                for req in reqs.values() if isinstance(reqs, dict) else reqs or ():
-                    req.wait()
-                if wait is not None:
-                    wait.stop()
-                if not receive:
-                    return None
-                return [received] if listed else received
 
             return send
 
         def starts_sync(chunk: int, original: Callable[..., Any]) -> Callable[..., Any]:
             def start(*args: Any) -> Any:
-                while store.pending_for(chunk):
-                    run_w()
+                step.flush_chunk(chunk)
                 return original(*args)
 
             return start
 
-        original_step = schedules.backward_step
-        original_sends = {method: getattr(P2PCommunicator, method) for method in _SENDS_GRADIENT}
-        original_sync = config.grad_sync_func
         schedules.backward_step = backward_step
-        for method, original in original_sends.items():
-            setattr(P2PCommunicator, method, sends(original))
-        if not interleaved:
-            P2PCommunicator.send_backward = posted(
-                original_sends["send_backward"], receive=False, timer_name="backward-send"
-            )
-            P2PCommunicator.send_backward_recv_forward = posted(
-                original_sends["send_backward_recv_forward"], receive=True, timer_name="backward-send-forward-recv"
-            )
-        if schedule_starts_sync:
+        for method in _SENDS_GRADIENT:
+            setattr(P2PCommunicator, method, sends(method))
+        if step.schedule_starts_sync:
             funcs = original_sync if isinstance(original_sync, list) else [original_sync] * len(chunks)
             config.grad_sync_func = [starts_sync(c, f) for c, f in enumerate(funcs)]
         store.splitting = True
         try:
             result = schedule(**kwargs)
-            if w_passes[0] != m * vp:  # Megatron-Core's schedule ran a backward pass not through us
-                raise RuntimeError(f"the zero-bubble schedule ran {w_passes[0]} W passes for {m * vp} backward passes")
+            if step.w_passes != step.backward_passes:  # Megatron-Core's schedule ran a backward pass not through us
+                raise RuntimeError(
+                    f"the zero-bubble schedule ran {step.w_passes} W passes for {step.backward_passes} backward passes"
+                )
             return result
         finally:
             schedules.backward_step = original_step
