@@ -49,7 +49,7 @@ from megatron_ext.estimate.pipeline_schedule import (
     simulate,
     uniform_chunk_times,
 )
-from megatron_ext.estimate.search import LayoutEstimate, evaluate
+from megatron_ext.estimate.search import LayoutEstimate, evaluate, zero_bubble_possible
 from megatron_ext.estimate.step_time import p2p_bandwidth, p2p_message_bytes, unit_times
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.estimate.zero_bubble import Placement, simulate_zero_bubble
@@ -367,7 +367,11 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
         return ScheduleOption(
             schedule=schedule,
             label=schedule_label(run),
-            trainable=schedule != "gpipe",
+            trainable=schedule != "gpipe"
+            and (
+                schedule not in ZERO_BUBBLE
+                or zero_bubble_possible(workload, pp=candidate.pp, sequence_parallel=candidate.sequence_parallel)
+            ),
             layout=candidate,
             run=run,
             step_s=run.timeline.makespan + own.time.dp_comm_s + own.time.optimizer_s,
