@@ -440,8 +440,7 @@ class ParallelArgs(_Options):
         "Zero-bubble pipeline schedules (Qi et al., ICLR 2024; their Megatron-LM fork's flag): each backward pass "
         "split into B (input gradients) and W (the linear layers' weight gradients), W passes kept back to fill "
         "the cool-down. One chunk per rank: ZB-H1 (1F1B's memory, about a third of its bubble); with virtual "
-        "stages: ZB interleaved (interleaved 1F1B's memory). Needs PP > 1 without --sequence-parallel, and the "
-        "local spec.",
+        "stages: ZB interleaved (interleaved 1F1B's memory). Needs PP > 1 and the local spec.",
         estimate=True,
     )
     use_tp_pp_dp_mapping: bool = opt(

@@ -162,11 +162,6 @@ def zero_bubble_problems(parallel: ParallelArgs, layout: ParallelLayout, *, tran
     problems = []
     if layout.pp == 1:
         problems.append("a pipeline to fill: give --pipeline-model-parallel-size 2 or more, or drop the flag")
-    if parallel.sequence_parallel:
-        problems.append(
-            "no --sequence-parallel (the split backward would need each W pass's all-gathered input kept or "
-            "gathered again): drop one of them"
-        )
     if transformer_engine:
         problems.append(
             "the local spec's Megatron-Core linears, whose weight gradients it defers: give --transformer-impl local "

@@ -368,10 +368,7 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
             schedule=schedule,
             label=schedule_label(run),
             trainable=schedule != "gpipe"
-            and (
-                schedule not in ZERO_BUBBLE
-                or zero_bubble_possible(workload, pp=candidate.pp, sequence_parallel=candidate.sequence_parallel)
-            ),
+            and (schedule not in ZERO_BUBBLE or zero_bubble_possible(workload, pp=candidate.pp)),
             layout=candidate,
             run=run,
             step_s=run.timeline.makespan + own.time.dp_comm_s + own.time.optimizer_s,

@@ -328,7 +328,7 @@ def search(
                     values["microbatch_group_size_per_vp_stage"] = layout.microbatch_group_size_per_vp_stage
                     first_problems = first_problems or problems
                     found = []
-                    ranked = schedules(workload, pp=p, sequence_parallel=values["sequence_parallel"])
+                    ranked = schedules(workload, pp=p)
                     candidates += len(ranked) - 1
                     for scheduled in ranked:
                         even = [] if problems else [evaluate(scheduled, layout, cluster)]
@@ -349,18 +349,18 @@ def search(
     return SearchResult(estimates=estimates, candidates=candidates, problems=[] if estimates else first_problems)
 
 
-def zero_bubble_possible(workload: Workload, *, pp: int, sequence_parallel: bool) -> bool:
-    """Whether a run could take ``--enable-zero-bubble`` (``layout_flags.zero_bubble_problems``): a pipeline, no
-    sequence parallelism, and the local spec (given, or the flag asked for, which the run checks)."""
-    return pp > 1 and not sequence_parallel and (workload.zero_bubble or workload.model.transformer_impl == "local")
+def zero_bubble_possible(workload: Workload, *, pp: int) -> bool:
+    """Whether a run could take ``--enable-zero-bubble`` (``layout_flags.zero_bubble_problems``): a pipeline and
+    the local spec (given, or the flag asked for, which the run checks)."""
+    return pp > 1 and (workload.zero_bubble or workload.model.transformer_impl == "local")
 
 
-def schedules(workload: Workload, *, pp: int, sequence_parallel: bool) -> list[Workload]:
+def schedules(workload: Workload, *, pp: int) -> list[Workload]:
     """The pipeline schedules a layout is ranked under: 1F1B (interleaved with virtual stages) and, where the run
-    can use it (PP > 1, the local spec, no sequence parallelism: ``layout_flags.zero_bubble_problems``), the
+    can use it (PP > 1 and the local spec: ``layout_flags.zero_bubble_problems``), the
     zero-bubble one (``--enable-zero-bubble``: ZB-H1, or ZB interleaved); only that one where it was asked for."""
     one_f_one_b = dataclasses.replace(workload, zero_bubble=False)
-    if not zero_bubble_possible(workload, pp=pp, sequence_parallel=sequence_parallel):
+    if not zero_bubble_possible(workload, pp=pp):
         return [one_f_one_b]
     zero_bubble = dataclasses.replace(workload, zero_bubble=True)
     return [zero_bubble] if workload.zero_bubble else [one_f_one_b, zero_bubble]

@@ -17,10 +17,12 @@ weights`` not given): the embedding gives the same weight a gradient in B, and D
 
 ``training.zero_bubble_schedule`` runs ZB-H1 with it (``--enable-zero-bubble``).
 
-The B pass's input gradient and its tensor-parallel all-reduce are Megatron-Core's own
-(``linear_with_grad_accumulation_and_async_allreduce``'s arithmetic). Not covered, and refused where asked
-for: sequence parallelism (its W would need the all-gathered input kept or gathered again) and Megatron-Core's
-fused weight-gradient accumulation (a CUDA kernel; the CPU runs never use it).
+The B pass's input gradient and its tensor-parallel all-reduce (with sequence parallelism: the forward's
+all-gather of the input and the backward's reduce-scatter of its gradient) are Megatron-Core's own
+(``linear_with_grad_accumulation_and_async_allreduce``'s arithmetic). With sequence parallelism the W pass
+gathers the input again, as Megatron-Core's backward does for the weight gradient: only this rank's part of it
+is held until W runs. Not covered, and refused where asked for: Megatron-Core's fused weight-gradient
+accumulation (a CUDA kernel; the CPU runs never use it).
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ class _Pending:
     grad_output: torch.Tensor
     """The layer's output gradient, flattened to (tokens, outputs)."""
     input: torch.Tensor
-    """The layer's input, flattened to (tokens, inputs)."""
+    """The layer's input: with sequence parallelism this rank's part of the sequence, else all of it."""
+    gather_group: Any = None
+    """With sequence parallelism, the tensor-parallel group whose ranks hold the rest of the input (gathered by
+    the W pass, as Megatron-Core's backward gathers it for the weight gradient); else None."""
 
 
 class WeightGradStore:
@@ -64,8 +69,10 @@ class WeightGradStore:
                 if make_hook is not None and param.requires_grad:
                     self._hooks[param] = make_hook(param)
 
-    def defer(self, weight: torch.nn.Parameter, grad_output: torch.Tensor, input_: torch.Tensor) -> None:
-        self._open.append(_Pending(weight, grad_output, input_))
+    def defer(
+        self, weight: torch.nn.Parameter, grad_output: torch.Tensor, input_: torch.Tensor, gather_group: Any = None
+    ) -> None:
+        self._open.append(_Pending(weight, grad_output, input_, gather_group))
 
     def close_b(self) -> None:
         """End one B pass: what it deferred becomes one W pass (possibly empty, on a stage without linears)."""
@@ -88,10 +95,16 @@ class WeightGradStore:
         """Pending W passes that update weights of model chunk ``chunk``."""
         return sum(1 for w in self._queue if w and self._chunk_of.get(w[0].weight, 0) == chunk)
 
+    @torch.no_grad()
     def run_w(self) -> None:
-        """Run the oldest W pass: each weight gradient, delivered as autograd would have delivered it."""
+        """Run the oldest W pass: each weight gradient, delivered as autograd would have delivered it (outside
+        autograd: nothing differentiates through a weight gradient)."""
+        from megatron.core.tensor_parallel.mappings import _gather_along_first_dim
+
         for item in self._queue.popleft():
-            grad = item.grad_output.t().matmul(item.input)
+            # Every tensor-parallel rank of a stage runs its W passes in the same order: the gathers pair up.
+            full = item.input if item.gather_group is None else _gather_along_first_dim(item.input, item.gather_group)
+            grad = item.grad_output.t().matmul(full.reshape(-1, full.shape[-1]))
             weight = item.weight
             weight.grad = grad if weight.grad is None else weight.grad + grad
             hook = self._hooks.get(weight)
@@ -114,32 +127,42 @@ class _SplitLinear(torch.autograd.Function):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         allreduce_dgrad: bool,
+        sequence_parallel: bool,
         tp_group: Any,
         store: WeightGradStore,
         parameter: tuple[torch.nn.Parameter],
     ) -> torch.Tensor:
+        from megatron.core.tensor_parallel.mappings import _gather_along_first_dim
+
+        # Sequence parallelism: the input gathered over the TP ranks for the GEMM, only this rank's part kept.
         ctx.save_for_backward(input_, weight)
         ctx.use_bias = bias is not None
         ctx.allreduce_dgrad = allreduce_dgrad
+        ctx.sequence_parallel = sequence_parallel
         ctx.tp_group = tp_group
         ctx.store = store
         ctx.parameter = parameter[0]
-        output = torch.matmul(input_, weight.t())
+        total = _gather_along_first_dim(input_, tp_group) if sequence_parallel else input_
+        output = torch.matmul(total, weight.t())
         return output + bias if bias is not None else output
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
+        from megatron.core.tensor_parallel.mappings import _reduce_scatter_along_first_dim
+
         input_, weight = ctx.saved_tensors
         grad_input = grad_output.matmul(weight)
         handle = None
-        if ctx.allreduce_dgrad:
+        if ctx.sequence_parallel:  # each TP rank's part of the sequence, summed over the ranks
+            grad_input = _reduce_scatter_along_first_dim(grad_input, ctx.tp_group)
+        elif ctx.allreduce_dgrad:
             handle = torch.distributed.all_reduce(grad_input, group=ctx.tp_group, async_op=True)
         flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
-        ctx.store.defer(ctx.parameter, flat_grad, input_.reshape(-1, input_.shape[-1]))
+        ctx.store.defer(ctx.parameter, flat_grad, input_, ctx.tp_group if ctx.sequence_parallel else None)
         grad_bias = flat_grad.sum(dim=0) if ctx.use_bias else None
         if handle is not None:
             handle.wait()
-        return grad_input, None, grad_bias, None, None, None, None
+        return grad_input, None, grad_bias, None, None, None, None, None
 
 
 def split_linear_layers(chunks: Iterable[torch.nn.Module], store: WeightGradStore) -> int:
@@ -153,8 +176,6 @@ def split_linear_layers(chunks: Iterable[torch.nn.Module], store: WeightGradStor
         for name, module in chunk.named_modules():
             if not isinstance(module, ColumnParallelLinear | RowParallelLinear):
                 continue
-            if module.sequence_parallel:
-                raise ValueError(f"{name}: the split backward does not cover --sequence-parallel")
             if module.gradient_accumulation_fusion:
                 raise ValueError(f"{name}: the split backward does not cover --gradient-accumulation-fusion")
             module._forward_impl = _split_forward(module._forward_impl, store, own=module.weight)
@@ -175,7 +196,7 @@ def _split_forward(
         group = get_tensor_model_parallel_group_if_none(kwargs.get("tp_group"))
         # The weight enters detached: autograd has no edge to it, so DDP's hook for it runs once, from the W pass.
         # (The parameter itself travels in a tuple: a tensor argument would be an autograd edge again.)
-        return _SplitLinear.apply(input, weight.detach(), kwargs["bias"], kwargs["allreduce_dgrad"], group, store,
-                                  (weight,))  # fmt: skip
+        return _SplitLinear.apply(input, weight.detach(), kwargs["bias"], kwargs["allreduce_dgrad"],
+                                  kwargs["sequence_parallel"], group, store, (weight,))  # fmt: skip
 
     return forward_impl

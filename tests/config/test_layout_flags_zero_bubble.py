@@ -20,6 +20,12 @@ def test_zb_h1_on_a_plain_pipeline_is_accepted() -> None:
     assert cfg.parallel.enable_zero_bubble and cfg.layout.pp == 2
 
 
+def test_zb_with_sequence_parallelism_is_accepted() -> None:
+    cfg = parse_args([*BASE, "--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
+                      "--sequence-parallel", "--enable-zero-bubble", "--device", "cpu"], world_size=4)  # fmt: skip
+    assert cfg.parallel.enable_zero_bubble and cfg.layout.sequence_parallel
+
+
 def test_zb_with_virtual_stages_is_zb_interleaved_and_accepted() -> None:
     cfg = parse_args([*BASE, "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2",
                       "--enable-zero-bubble", "--device", "cpu"], world_size=2)  # fmt: skip
@@ -30,8 +36,6 @@ def test_zb_with_virtual_stages_is_zb_interleaved_and_accepted() -> None:
     "flags, world_size, message",
     [
         ([], 1, "a pipeline to fill: give --pipeline-model-parallel-size 2 or more"),
-        (["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"], 4,
-         "no --sequence-parallel"),
     ],
 )  # fmt: skip
 def test_what_zb_h1_needs_is_named_with_the_fix(flags: list[str], world_size: int, message: str) -> None:

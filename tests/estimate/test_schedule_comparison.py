@@ -164,7 +164,7 @@ def test_zero_bubble_schedules_beat_their_counterparts_at_their_memory() -> None
     options = {o.schedule: o for o in compare_schedules(workload, evaluate(workload, layout, cluster))}
     flat, h1, inter, zb = (options[s] for s in ("1f1b", "zb-h1", "interleaved", "zb-interleaved"))
     assert h1.run and flat.run and inter.run and zb.run
-    assert not h1.trainable and not zb.trainable  # this layout's --sequence-parallel excludes them
+    assert not h1.trainable and not zb.trainable  # Transformer Engine's layers (the default spec) are not split
     assert h1.run.bubble_share < flat.run.bubble_share / 2 and h1.step_s < flat.step_s * 0.98
     # Rank r keeps r W passes back: every rank holds as many microbatches as 1F1B's rank 0 (the last rank's
     # activations, with the logits', come to 0.4% more), and the most loaded stage's memory is 1F1B's.
@@ -196,7 +196,7 @@ def test_layout_tool_compares_schedules_in_text_and_json() -> None:
         "gpipe", "1f1b", "zb-h1", "interleaved", "interleaved-group", "zb-interleaved"
     ]  # fmt: skip
     assert schedules[0]["trainable"] is False and schedules[0]["fits"] is False
-    # --sequence-parallel (and Transformer Engine's layers): neither zero-bubble schedule would run.
+    # Transformer Engine's layers (the default spec): neither zero-bubble schedule would run.
     assert [s["trainable"] for s in schedules] == [False, True, False, True, True, False]
     assert all(s["possible"] and len(s["activation_bytes"]) == 8 for s in schedules)
     # One pipeline stage: nothing to compare, said once.

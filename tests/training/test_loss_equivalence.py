@@ -96,6 +96,13 @@ LAYOUTS = {
         "--pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --ddp-num-buckets 3 "
         "--enable-zero-bubble".split(),
     ),
+    # Sequence parallelism: the forward gathers each column-parallel layer's input, B reduce-scatters its
+    # gradient, and W gathers the input again.
+    "tp2-pp2-sequence-parallel-zb-h1": (
+        4,
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel "
+        "--enable-zero-bubble".split(),
+    ),
     # Full recomputation: the checkpointed layers' forward reruns inside the backward, whose B defers the W.
     "pp2-full-recompute-zb-h1": (
         2,
@@ -118,10 +125,10 @@ LAYOUTS = {
         "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1 --no-overlap-p2p-communication "
         "--enable-zero-bubble".split(),
     ),
-    "tp2-pp2-vp2-zb-interleaved": (
+    "tp2-pp2-vp2-sequence-parallel-zb-interleaved": (
         4,
         "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 "
-        "--enable-zero-bubble".split(),
+        "--sequence-parallel --enable-zero-bubble".split(),
     ),
     "pp2-vp2-dp2-distopt-overlap-zb-interleaved": (
         4,
