@@ -97,10 +97,12 @@ def test_while_not_splitting_the_layers_compute_their_weight_gradients_in_place(
         torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_sequence_parallelism_is_refused_with_the_reason(parallel_state: None) -> None:
+def test_fused_weight_gradient_accumulation_is_refused_with_the_reason(parallel_state: None) -> None:
+    """Megatron-Core's fused accumulation (a CUDA kernel) is not split; sequence parallelism is (the TP2 rows of
+    the loss-equivalence matrix)."""
     from megatron_ext.training.split_backward import WeightGradStore, split_linear_layers
 
     model = _model(False)
-    next(m for m in model.modules() if hasattr(m, "sequence_parallel")).sequence_parallel = True
-    with pytest.raises(ValueError, match="does not cover --sequence-parallel"):
+    next(m for m in model.modules() if hasattr(m, "gradient_accumulation_fusion")).gradient_accumulation_fusion = True
+    with pytest.raises(ValueError, match="does not cover --gradient-accumulation-fusion"):
         split_linear_layers([model], WeightGradStore())
