@@ -35,6 +35,7 @@ from __future__ import annotations
 import enum
 import errno
 import json
+import logging
 import os
 import shutil
 import socket
@@ -47,6 +48,8 @@ from typing import Any
 
 from megatron_ext.config.runtime import TRACKER_FILENAME
 from megatron_ext.write_faults import describe
+
+log = logging.getLogger(__name__)
 
 SAVE_FLAG = "--save"
 
@@ -233,7 +236,12 @@ def start_save(root: Path, iteration: int, *, overwrite: bool) -> Path:
                 f"{target} already holds a {state.value} checkpoint that this run did not write; it is kept. "
                 f"Use another --save directory, or pass {OVERWRITE_FLAG} to replace it"
             )
-        shutil.rmtree(target)
+        log.warning(
+            "replacing %s: %s",
+            target,
+            "a save that never finished" if state is DirState.PARTIAL else f"{OVERWRITE_FLAG} was given",
+        )
+        remove_directory(target, keep_tracked=not overwrite)
     target.mkdir()
     marker = {"iteration": iteration, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
     write_atomically(target / SAVING_FILENAME, json.dumps(marker))
@@ -245,11 +253,34 @@ def finish_save(target: Path) -> None:
     (target / SAVING_FILENAME).unlink(missing_ok=True)
 
 
+REMOVING_SUFFIX = ".removing"
+"""A directory being removed is first renamed to ``.<name>.removing``: no longer an ``iter_*`` directory, so a
+removal cut short (a killed process) never leaves something that looks like a checkpoint."""
+
+
+def remove_directory(path: Path, *, keep_tracked: bool = True) -> None:
+    """Remove a checkpoint directory this run may remove: renamed out of the ``iter_*`` names first (atomic),
+    then deleted. Never the directory the tracker names (CheckpointError: a published checkpoint stays), unless
+    the user asked to replace it (``keep_tracked=False``, ``--overwrite-checkpoints``)."""
+    iteration = path.name.removeprefix("iter_")
+    if keep_tracked and iteration.isdigit() and _tracked_or_none(path.parent) == int(iteration):
+        raise CheckpointError(f"{path} is the checkpoint {TRACKER_FILENAME} names: it is kept")
+    doomed = path.with_name(f".{path.name}{REMOVING_SUFFIX}")
+    if doomed.exists():
+        shutil.rmtree(doomed)
+    os.rename(path, doomed)
+    shutil.rmtree(doomed)
+
+
 def remove_partial_saves(root: Path) -> list[Path]:
-    """Delete the directories of saves that never finished (rank 0); returns them. Never the tracked one, the
-    only one a run loads (a stale marker there is dropped: its save was published)."""
+    """Delete the directories of saves that never finished (rank 0), and what a cut-short removal left; returns
+    them. Never the tracked one, the only one a run loads (a stale marker there is dropped: its save was
+    published)."""
     tracked = _tracked_or_none(root)
     removed = []
+    for leftover in Path(root).glob(f".iter_*{REMOVING_SUFFIX}"):
+        shutil.rmtree(leftover)
+        removed.append(leftover)
     for iteration, path in iteration_dirs(root).items():
         if iteration == tracked:
             if (path / CHECKSUMS_FILENAME).is_file():
@@ -257,7 +288,7 @@ def remove_partial_saves(root: Path) -> list[Path]:
             continue
         if state_of(path) is not DirState.PARTIAL:
             continue
-        shutil.rmtree(path)
+        remove_directory(path)
         removed.append(path)
     return removed
 
@@ -272,7 +303,7 @@ def prune(root: Path, *, keep: int) -> list[Path]:
     removed = []
     for iteration in complete[:-keep]:
         path = checkpoint_dir(root, iteration)
-        shutil.rmtree(path)
+        remove_directory(path)
         removed.append(path)
     return removed
 

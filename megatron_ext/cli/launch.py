@@ -1,4 +1,4 @@
-"""``torchrun`` that keeps the workers' exit code.
+"""``torchrun`` that keeps the workers' exit code and leaves planned stops to them.
 
 ``torchrun`` reports any failing worker as exit status 1, so a recipe could
 not tell "stopped early with a checkpoint, requeue me" (75) from a crash.
@@ -6,15 +6,20 @@ This wrapper runs torchrun's own launcher with the same arguments and exits
 with the workers' code when every worker that exited with an error code chose
 the same one.
 
-It also forwards SIGUSR1 and SIGUSR2 to the workers (torchrun itself would
-die of them): SLURM's ``--signal=USR1@SECONDS`` before the time limit then
-reaches the training processes, which save and stop (``--exit-signal-handler``).
-SIGTERM is torchrun's own business: it forwards it, kills the workers that have
-not exited 30 s later, and this wrapper then exits 143 (128 + SIGTERM); workers
-started with ``--exit-signal-handler`` save within that grace if they can.
-Prefer USR1 for a planned stop: it waits for the save and exits 75::
+SIGTERM, SIGUSR1 and SIGUSR2 are passed to the workers (the training ranks,
+its direct children) and to nothing else: never to the helper processes the
+ranks started, and without torchrun's own shutdown, which on SIGTERM would
+kill the workers 30 s later whether or not their save was done. Workers
+started with ``--exit-signal-handler`` finish their iteration, save and exit
+75, and so does this launcher; workers without it die of the signal, and the
+launcher exits 128 + its number (143 for SIGTERM). SLURM's
+``--signal=USR1@SECONDS`` before the time limit, a preemption's SIGTERM and
+``scancel`` all end in the same save::
 
     python -m megatron_ext.cli.launch --nproc-per-node 8 pretrain_gpt.py ...
+
+torchrun's ``--signals-to-handle`` keeps its meaning for the other signals
+(SIGINT, SIGHUP, SIGQUIT by default): torchrun shuts the workers down.
 """
 
 from __future__ import annotations
@@ -29,13 +34,23 @@ from types import FrameType
 from megatron_ext.config.exit_codes import SIGNAL_BASE, ExitCode
 from megatron_ext.training.ports import free_port
 
+PLANNED_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+"""The signals that ask the ranks to save and stop (``--exit-signal-handler``): passed on to the workers only."""
+
 
 def _forward_to_workers(signum: int, _frame: FrameType | None) -> None:
     import psutil
 
-    for child in psutil.Process().children(recursive=True):
+    # torchrun's workers are this process's own children; their helpers are theirs.
+    for child in psutil.Process().children(recursive=False):
         with contextlib.suppress(psutil.NoSuchProcess):
             child.send_signal(signum)
+
+
+def _others(signals_to_handle: str) -> str:
+    """torchrun's ``--signals-to-handle`` without the planned-stop signals, which this launcher passes on."""
+    names = {signal.Signals(s).name for s in PLANNED_STOP_SIGNALS}
+    return ",".join(name for name in (n.strip() for n in signals_to_handle.split(",")) if name and name not in names)
 
 
 def local_command(script: str | Path, args: Sequence[str], *, nproc: int) -> list[str]:
@@ -56,12 +71,18 @@ def local_command(script: str | Path, args: Sequence[str], *, nproc: int) -> lis
 
 
 def chosen_exit_code(failed: Iterable[int]) -> int:
-    """The exit code of workers of which some failed: the one positive code they chose, else 1.
+    """The exit code of workers of which some failed: the one positive code they chose; else, when every one
+    was killed by the same signal, ``SIGNAL_BASE`` + its number; else 1.
 
-    Workers killed by a signal (negative codes) were only ended because another failed.
+    Workers killed by a signal (negative codes) next to one that exited by itself were only ended because it
+    failed.
     """
+    failed = list(failed)
     codes = {code for code in failed if code > 0}
-    return codes.pop() if len(codes) == 1 else 1
+    if codes:
+        return codes.pop() if len(codes) == 1 else ExitCode.ERROR
+    signals = {code for code in failed if code < 0}
+    return SIGNAL_BASE - signals.pop() if len(signals) == 1 else ExitCode.ERROR
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,9 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, _forward_to_workers)
     args = get_args_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if hasattr(args, "signals_to_handle"):  # torch >= 2.6; before it torchrun shuts down on SIGTERM itself
+        args.signals_to_handle = _others(args.signals_to_handle)
+    for sig in PLANNED_STOP_SIGNALS:
+        signal.signal(sig, _forward_to_workers)
     try:
         run(args)
     except ChildFailedError as exc:
@@ -80,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # were only tearing down. The code the workers chose is the answer.
         return chosen_exit_code(failure.exitcode for failure in exc.failures.values())
     except SignalException as exc:
-        # torchrun has forwarded the signal and waited for (or killed) the workers.
+        # torchrun has forwarded another signal (SIGINT, SIGHUP, ...) and waited for (or killed) the workers.
         return SIGNAL_BASE + int(exc.sigval)
     return ExitCode.OK
 

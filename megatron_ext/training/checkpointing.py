@@ -10,7 +10,8 @@ skips it); loading verifies them, so a shard damaged after the save (same size,
 other bytes) is an error naming the file rather than silently wrong weights.
 A filesystem step done by rank 0 alone reports its failure to every rank
 (``_on_rank0``), and a save that fails removes its own directory
-(``save_failed``): one error line, never a partial save left behind.
+(``save_failed``): one error line, never a partial save left behind. Once
+the tracker names a save, no failure path removes it.
 
 The distributed optimizer's state is saved as Megatron-LM does: by default
 each rank writes its own shard (``dp_reshardable``: parallel, loadable under
@@ -23,8 +24,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
-import shutil
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,7 @@ from megatron_ext.checkpoint.on_disk import (
     resolve_iteration,
 )
 from megatron_ext.config.training_config import TrainingConfig
+from megatron_ext.training import helper_processes
 from megatron_ext.training.model import unwrap
 
 __all__ = [
@@ -391,8 +394,9 @@ def _causes(exc: BaseException) -> list[BaseException]:
 
 
 def save_failed(target: Path, exc: BaseException) -> CheckpointError:
-    """Remove the directory of a save that failed (this run made it; rank 0) and describe the failure in one
-    line: what, where and what to do. The tracker still names the last published checkpoint."""
+    """Describe a failed save in one line (what, where and what to do) and remove its directory (rank 0) unless
+    it was published: once the tracker names it, it is a checkpoint, and a failure after that (a peer that died
+    while the ranks agreed on the outcome) keeps it."""
     causes = _causes(exc)
     os_error = next((e for e in causes if isinstance(e, OSError)), None) or on_disk.diagnose_write_failure(target)
     if os_error is not None:
@@ -401,11 +405,49 @@ def save_failed(target: Path, exc: BaseException) -> CheckpointError:
     else:
         inner = causes[-1]
         what = f"{type(inner).__name__}: {(str(inner).strip().splitlines() or [''])[0][:300]}"
-    if dist.get_rank() == 0:
-        shutil.rmtree(target, ignore_errors=True)
-    latest = on_disk.read_tracker(target.parent)
+    try:
+        latest = on_disk.read_tracker(target.parent)
+    except CheckpointError:
+        latest = None
+    if latest is not None and on_disk.checkpoint_dir(target.parent, latest) == target:
+        return CheckpointError(
+            f"checkpoint {target} was published ({TRACKER_FILENAME} names it) and is kept; what failed after "
+            f"publishing it: {what}"
+        )
+    if dist.get_rank() == 0 and target.exists():
+        try:
+            on_disk.remove_directory(target)
+        except (OSError, CheckpointError) as removal:
+            log.warning("could not remove the partial save %s (%s): the next save removes it", target, removal)
     kept = f"iteration {latest} is the last published checkpoint" if latest is not None else "none was published"
     return CheckpointError(f"cannot write checkpoint {target}: {what}. The partial save was removed; {kept}")
+
+
+KILL_AT_VARIABLE = "MEGATRON_EXT_KILL_AT"
+"""A test seam: ``STEP:RANK:ITERATION`` kills that rank (SIGKILL, as a node failure would) at that step of that
+iteration's save; the steps are :data:`SAVE_STEPS` (``tests/training/test_save_faults.py``)."""
+
+SAVE_STEPS = ("before-shards", "after-shards", "after-checksums", "after-tracker")
+"""The steps of a save at which a test can kill a rank, in order: the directory and its marker exist; every
+rank's files (and Megatron-Core's common.pt, metadata) are written; checksums.json is; the tracker names it."""
+
+
+def _fault_point(step: str, iteration: int) -> None:
+    wanted = os.environ.get(KILL_AT_VARIABLE)
+    if wanted and wanted == f"{step}:{dist.get_rank()}:{iteration}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _NoFalseAlarm(logging.Filter):
+    """Megatron-Core warns "Overwriting old incomplete / corrupted checkpoint..." when a save's directory is not
+    empty, which ours never is (its in-progress marker is written first): every normal save would say it. A
+    save that really replaces a directory says so itself (``on_disk.start_save``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Overwriting old incomplete / corrupted checkpoint")
+
+
+logging.getLogger("megatron.core.dist_checkpointing.serialization").addFilter(_NoFalseAlarm())
 
 
 def save_checkpoint(
@@ -459,23 +501,25 @@ def save_checkpoint(
     state["has_rng_state"] = not cfg.run.no_save_rng
     state.update(records.common_state(cfg, iteration=iteration, consumed_samples=consumed_samples, identity=identity))
 
-    def publish() -> None:
-        # Runs on every rank once all files are written (also for async saves).
-        _publish(root, target, iteration, cfg)
-
     strategy = _save_strategy()
-    try:
-        if async_queue is not None:
+    helper_processes.start_checkpoint_results_queue()
+    _fault_point("before-shards", iteration)
+    if async_queue is not None:
+        try:
             request = dist_checkpointing.save(
                 state, str(target), strategy, content_metadata=metadata, async_sharded_save=True
             )
-            request.add_finalize_fn(publish)
-            async_queue.schedule_async_request(request)
-            return target
+        except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
+            raise save_failed(target, exc) from exc
+        # Runs on every rank once all files are written; a failure is the caller's to pass to save_failed.
+        request.add_finalize_fn(lambda: _publish(root, target, iteration, cfg))
+        async_queue.schedule_async_request(request)
+        return target
+    try:
         dist_checkpointing.save(state, str(target), strategy, content_metadata=metadata)
         dist.barrier()
-        publish()
-    except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
+        _publish(root, target, iteration, cfg)
+    except (Exception, CheckpointException) as exc:
         raise save_failed(target, exc) from exc
     dist.barrier()
     return target
@@ -497,7 +541,9 @@ def _save_strategy() -> Any:
 def _publish(root: Path, target: Path, iteration: int, cfg: TrainingConfig) -> None:
     """Mark a save complete (checksums), make it the latest (tracker), drop its in-progress marker, then prune
     (every rank calls it; on_disk's docstring gives the order and why)."""
+    _fault_point("after-shards", iteration)
     _write_checksums(target, enabled=not cfg.run.no_checkpoint_checksums)
+    _fault_point("after-checksums", iteration)
 
     def track() -> None:
         on_disk.write_tracker(root, iteration)
@@ -507,6 +553,7 @@ def _publish(root: Path, target: Path, iteration: int, cfg: TrainingConfig) -> N
                 log.info("removed old checkpoint %s (--keep-last-checkpoints %d)", path, cfg.run.keep_last_checkpoints)
 
     _on_rank0(track, what=f"cannot publish checkpoint {target}")
+    _fault_point("after-tracker", iteration)
 
 
 def save_weights(root: str | Path, model: torch.nn.Module, cfg: TrainingConfig, identity: RunIdentity | None) -> Path:

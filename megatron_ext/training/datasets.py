@@ -13,6 +13,8 @@ every ``micro_batch × DP`` block.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,7 @@ from megatron_ext.config import iterations
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.data import sources as data_sources
 from megatron_ext.data.tokenizers import Tokenizer
+from megatron_ext.training import helper_processes
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,10 @@ def make_iterator(
             # Its own generator: creating an iterator draws a worker seed, which
             # from the global RNG would shift dropout after a resume.
             generator=torch.Generator().manual_seed(cfg.optim.seed),
-            worker_init_fn=_ignore_stop_signals if cfg.data.num_workers > 0 else None,
+            # Workers leave planned stops to the rank and end with it (helper_processes).
+            worker_init_fn=functools.partial(helper_processes.become_helper, os.getpid())
+            if cfg.data.num_workers > 0
+            else None,
         )
 
     if cyclic:  # Megatron-LM's cyclic_iter: each pass over the loader is the sampler's next epoch
@@ -213,21 +219,6 @@ def make_iterator(
 def _cycle(loader: torch.utils.data.DataLoader) -> Iterator[dict[str, torch.Tensor]]:
     while True:
         yield from loader
-
-
-def _ignore_stop_signals(_worker_id: int) -> None:
-    """Data-loader workers leave stopping to the training process.
-
-    SLURM signals every process of a job step (and our launcher forwards
-    SIGUSR1/2 to all descendants); a worker that died of it would take the
-    training down before it could save.
-    """
-    import signal
-
-    from megatron_ext.training.resilience import HANDLED_SIGNALS
-
-    for sig in HANDLED_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
 
 
 def chunk_iterators(

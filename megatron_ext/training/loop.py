@@ -32,7 +32,7 @@ from megatron_ext.estimate import plan
 from megatron_ext.estimate.calibration import run_record
 from megatron_ext.estimate.flops import flops_per_step
 from megatron_ext.estimate.hardware import peak_flops_for
-from megatron_ext.training import checkpointing, distributed, resilience, timing
+from megatron_ext.training import checkpointing, distributed, helper_processes, resilience, timing
 from megatron_ext.training.datasets import Datasets, chunk_iterators
 from megatron_ext.training.housekeeping import Housekeeping
 from megatron_ext.training.metrics import LogWindow, MetricsWriter, StepResult
@@ -79,6 +79,8 @@ def train(
     signal_flag = resilience.SignalFlag() if cfg.run.exit_signal_handler else None
     if signal_flag is not None:
         signal_flag.install()
+    # Before anything forks or spawns: helpers leave planned stops to this rank and end with it.
+    helper_processes.install()
     try:
         ctx = distributed.initialize(
             layout=cfg.layout,
@@ -224,9 +226,14 @@ class Trainer:
 
             self.async_queue = AsyncCallsQueue()
         self.saving: Path | None = None
-        self.saving_iteration = 0
-        self._norm_at: tuple[int, float] = (-1, 0.0)
         """The checkpoint being written in the background, if any."""
+        self.saving_iteration = 0
+        self.saving_periodic = False
+        self.failed_saves = 0
+        """Saves that failed in a row (``_save_failed``)."""
+        self.last_saved: int | None = None
+        """The iteration of the newest checkpoint this run wrote or loaded (None: none yet, or its save failed)."""
+        self._norm_at: tuple[int, float] = (-1, 0.0)
         self.iteration = 0
         self.consumed_samples = 0
         self.skipped_iterations = 0
@@ -380,18 +387,35 @@ class Trainer:
         self.housekeeping.after_evaluation()
         return sum(sums) / len(sums)
 
-    def finish_async_saves(self, *, blocking: bool = True) -> None:
-        """Finalise background saves (a collective: every rank calls it at the same point); a failed one is
-        removed and reported as a CheckpointError."""
+    def finish_async_saves(self, *, blocking: bool = True) -> bool:
+        """Finalise background saves (a collective: every rank calls it at the same point); returns False when
+        the one in flight failed: it is removed and, unless it was a periodic save that may fail once
+        (``_save_failed``), reported as a CheckpointError."""
         if self.async_queue is None or self.saving is None:
-            return
+            return True
         try:
             self.async_queue.maybe_finalize_async_calls(blocking=blocking)
         except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
-            raise checkpointing.save_failed(self.saving, exc) from exc
+            failed, self.saving = self.saving, None
+            self.last_saved = None
+            self._save_failed(checkpointing.save_failed(failed, exc), periodic=self.saving_periodic)
+            return False
         if self.async_queue.get_num_unfinalized_calls() == 0:
             self.saving = None
+            self.failed_saves = 0
             self.progress.saved_in_background(self.saving_iteration)
+        return True
+
+    def _save_failed(self, error: checkpointing.CheckpointError, *, periodic: bool) -> None:
+        """A periodic save that fails (disk full, read-only, I/O error) lets training go on to the next one, once:
+        a second failure in a row, or a failed save at a planned stop or at the end, stops the run (exit 3)."""
+        self.failed_saves += 1
+        cause = error.__cause__
+        if isinstance(cause, RuntimeError) and distributed.lost_peers(cause) is not None:
+            raise cause  # a peer died: nothing goes on (train() names it)
+        if not periodic or self.failed_saves > 1:
+            raise error
+        log.error("periodic save failed, training goes on (a second failure in a row stops the run): %s", error)
 
     def _param_sync_for_use(self) -> None:
         # With overlapped param gather the newest weights arrive lazily in the next
@@ -405,30 +429,40 @@ class Trainer:
             for chunk in self.chunks:
                 chunk.enable_forward_pre_hook()
 
-    def save(self) -> None:
+    def save(self, *, periodic: bool = False) -> bool:
+        """Save a checkpoint of this iteration; returns whether it was written (or, in the background, started).
+        ``periodic``: a --save-interval save, which may fail once without ending the run (``_save_failed``)."""
         if not self.cfg.run.save:
-            return
+            return False
         # One save in flight at a time: the next one must see the last one tracked.
         self.finish_async_saves()
         self._param_sync_for_use()
-        path = checkpointing.save_checkpoint(
-            async_queue=self.async_queue,
-            root=self.cfg.run.save,
-            iteration=self.iteration,
-            consumed_samples=self.consumed_samples,
-            chunks=self.chunks,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            cfg=self.cfg,
-            identity=self.identity,
-        )
+        try:
+            path = checkpointing.save_checkpoint(
+                async_queue=self.async_queue,
+                root=self.cfg.run.save,
+                iteration=self.iteration,
+                consumed_samples=self.consumed_samples,
+                chunks=self.chunks,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                cfg=self.cfg,
+                identity=self.identity,
+            )
+        except checkpointing.CheckpointError as exc:
+            self._restore_param_hooks()
+            self._save_failed(exc, periodic=periodic)
+            return False
         if self.async_queue is not None:
-            self.saving, self.saving_iteration = path, self.iteration
+            self.saving, self.saving_iteration, self.saving_periodic = path, self.iteration, periodic
+        else:
+            self.failed_saves = 0
         self._restore_param_hooks()
         self.progress.saved(self.iteration, consumed_samples=self.consumed_samples, seq_length=self.cfg.model.seq_length,
                             background=self.async_queue is not None, now=time.time())  # fmt: skip
         if self.ctx.rank == 0:
             log.info("%s checkpoint %s", "writing in the background" if self.async_queue else "saved", path)
+        return True
 
     # ------------------------------------------------------------------- loop
     def train(self, *, signal_flag: resilience.SignalFlag | None = None, started: float | None = None) -> int:
@@ -455,7 +489,7 @@ class Trainer:
             start_time=started,
         )
         data_iterator = self._iterators(self.datasets.train, self.consumed_samples)
-        last_saved = self.iteration if run.load else None
+        self.last_saved = self.iteration if run.load else None
         if self.ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         self.housekeeping.start()
@@ -467,7 +501,7 @@ class Trainer:
             first_iteration=self.iteration,
         )
         try:
-            stop, last_saved = self._loop(data_iterator, stop_policy, profiler, last_saved)
+            stop = self._loop(data_iterator, stop_policy, profiler)
         finally:
             profiler.close()
         finished = stop is None
@@ -482,7 +516,9 @@ class Trainer:
         if finished:
             # As Megatron-LM: the test split once, at the end of training.
             self._log_eval(self.evaluate("test"), "test")
-        if run.save and last_saved != self.iteration:
+        # A periodic save still in flight first: if it fails (once, allowed), the save below makes it again.
+        self.finish_async_saves()
+        if run.save and self.last_saved != self.iteration:
             self.save()
         self.finish_async_saves()
         self.metrics.close()
@@ -510,18 +546,17 @@ class Trainer:
         data_iterator: Any,
         stop_policy: resilience.StopPolicy,
         profiler: Profiler,
-        last_saved: int | None,
-    ) -> tuple[resilience.StopReason | None, int | None]:
-        """Train until --train-iters or a stop; returns (why it stopped early, the last saved iteration)."""
+    ) -> resilience.StopReason | None:
+        """Train until --train-iters or a stop; returns why it stopped early (None: it did not)."""
         run = self.cfg.run
         consecutive_skipped = 0
         window = LogWindow()
         while self.iteration < run.train_iters:
             profiler.before_step(self.iteration)
-            if self._batch_grows() and run.save and last_saved != self.iteration:
+            if self._batch_grows() and run.save and self.last_saved != self.iteration:
                 # As Megatron-LM: a checkpoint of the last step with the smaller batch.
                 self.save()
-                last_saved = self.iteration
+                self.last_saved = self.iteration
             start = time.perf_counter()
             result = self.train_step(data_iterator)
             samples = self.microbatches.get_current_running_global_batch_size()
@@ -553,15 +588,15 @@ class Trainer:
                     f"{run.max_consecutive_skipped}). Lower --lr, check the data, or resume from an earlier "
                     "checkpoint."
                 )
-            if run.save and run.save_interval > 0 and self.iteration % run.save_interval == 0:
-                self.save()
-                last_saved = self.iteration
+            periodic = run.save and run.save_interval > 0 and self.iteration % run.save_interval == 0
+            if periodic and self.save(periodic=True):
+                self.last_saved = self.iteration
             self.finish_async_saves(blocking=False)
             if self.iteration < run.train_iters:
                 stop = stop_policy.check(self.iteration)
                 if stop is not None:
-                    return stop, last_saved
-        return None, last_saved
+                    return stop
+        return None
 
     def _log_bubble(self) -> None:
         """The measured pipeline bubble of the whole run next to (p-1)/(v*m) (level-2 timers)."""

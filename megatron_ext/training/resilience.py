@@ -19,8 +19,8 @@ Exit codes of ``pretrain_gpt.py`` (kept through ``python -m megatron_ext.cli.lau
 75      stopped early with a checkpoint saved (signal, time limit, exit
         interval): run the same command again to continue (EX_TEMPFAIL);
         without ``--save`` such a stop exits 0 (nothing to continue from)
-143     (launcher only) SIGTERM reached torchrun, which shut the workers
-        down; with ``--exit-signal-handler`` they saved if they could
+128+N   (launcher only) the workers died of signal N: 143 for a SIGTERM
+        without ``--exit-signal-handler`` (with it they save and exit 75)
 ======  ==================================================================
 """
 

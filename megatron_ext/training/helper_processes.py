@@ -1,0 +1,111 @@
+"""A training rank's helper processes: they leave planned stops to the rank and never outlive it.
+
+A rank starts helpers that Megatron-Core and torch create for it: the forked
+processes that write a checkpoint's files (and, with ``--async-save``, the
+one that saves in the background), the spawned server of Megatron-Core's
+write-results queue, Python's resource tracker, and data-loader workers.
+
+**Planned stops are the rank's.** ``torchrun`` sends SIGTERM to each
+worker's whole process group, ``scancel`` and SLURM's ``--signal`` reach
+every process of a job step. A helper that died of the signal would break
+the very save the stop asks for (the first save's results-queue server
+died of SIGUSR1, and the next save wrote into its closed pipe: ``EPIPE``).
+So every helper ignores SIGTERM, SIGUSR1 and SIGUSR2; the rank finishes its
+iteration, saves and exits 75 (``resilience``).
+
+**Nothing outlives its rank.** Each helper asks the kernel for SIGKILL when
+the process that started it ends, however it ends (``PR_SET_PDEATHSIG``;
+kill -9 included), and leaves at once if that process is already gone.
+Without it a killed rank's results-queue server lived on (about 280 MB) on
+nodes without SLURM's cgroup cleanup.
+
+How each kind is reached:
+
+* forked helpers (checkpoint writers, the background saver, data-loader
+  workers): ``os.register_at_fork`` (Python's public hook) runs
+  :func:`become_helper` in every child the rank forks;
+* the results-queue server, which Megatron-Core spawns (a new interpreter,
+  where no fork hook runs) on its first save: the rank starts it itself,
+  with :func:`become_helper` as its initializer, and hands its queue to
+  Megatron-Core (:func:`start_checkpoint_results_queue`; the one private
+  name it sets, ``filesystem_async._results_queue``, is checked by
+  ``tests/training/test_helper_processes.py``);
+* Python's resource tracker (spawned, it ignores SIGINT and SIGTERM by
+  itself): started early with SIGUSR1 and SIGUSR2 blocked, which a new
+  interpreter inherits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+from multiprocessing.managers import SyncManager
+from typing import Any
+
+from megatron_ext.training.resilience import HANDLED_SIGNALS
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal this process gets when its parent ends."""
+
+_installed = False
+_forking_pid = 0
+"""The pid of the process that is forking (set just before each fork: the child's parent)."""
+_results_manager: SyncManager | None = None
+
+
+def become_helper(parent: int) -> None:
+    """In a helper of process ``parent``: ignore the planned-stop signals and end with ``parent``."""
+    for sig in HANDLED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:
+        # The parent ended before the request above was made: it will never fire.
+        os._exit(1)
+
+
+def _before_fork() -> None:
+    global _forking_pid
+    _forking_pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    become_helper(_forking_pid)
+
+
+def install() -> None:
+    """Make every process this rank forks from now on a helper, and start the resource tracker as one
+    (idempotent; call it in the rank before anything forks or spawns)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+    from multiprocessing import resource_tracker
+
+    # A spawned interpreter keeps the signal mask it was started with; the tracker itself unblocks only the
+    # SIGINT and SIGTERM it ignores.
+    usr = {signal.SIGUSR1, signal.SIGUSR2}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, usr)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def start_checkpoint_results_queue() -> Any:
+    """Start the server of Megatron-Core's checkpoint write-results queue as a helper of this rank (once, before
+    the first save) and give its queue to Megatron-Core, which would otherwise spawn an unguarded one."""
+    global _results_manager
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
+        manager.start(initializer=become_helper, initargs=(os.getpid(),))
+        _results_manager = manager  # kept: the server lives as long as its manager object
+        filesystem_async._results_queue = manager.Queue()
+    return filesystem_async._results_queue
