@@ -39,23 +39,25 @@ def launch_command(args: list[str], *, nproc: int) -> list[str]:
     return local_command(PRETRAIN, args, nproc=nproc)
 
 
-def spawn_ranks(args: list[str], *, nproc: int, timeout: float) -> subprocess.CompletedProcess[str]:
+def spawn_ranks(
+    args: list[str], *, nproc: int, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """pretrain_gpt.py as ``nproc`` processes that read their rank from the environment, as under
     ``LAUNCHER=srun`` (recipes/common.sh) — without torchrun's agent, whose start-up costs every run
     about 2 s. Their output is interleaved into one stdout and one stderr, and the exit code is the one
     the failing ranks chose (as ``megatron_ext.cli.launch`` reports it). The launcher's own behaviour
     (exit codes, signals) is tested through ``launch_command``. Ranks still running after ``timeout`` s
-    are killed and the test fails with the command and the tail of their output."""
+    are killed and the test fails with the command and the tail of their output. ``env``: more variables."""
     port = str(_free_port())
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         ranks = []
         for rank in range(nproc):
-            env = _env() | {
+            rank_env = _env() | (env or {}) | {
                 "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
             }  # fmt: skip
             ranks.append(
-                subprocess.Popen([sys.executable, str(PRETRAIN), *args], stdout=out, stderr=err, env=env, cwd=REPO)
+                subprocess.Popen([sys.executable, str(PRETRAIN), *args], stdout=out, stderr=err, env=rank_env, cwd=REPO)
             )
         deadline = time.monotonic() + timeout
         failed_at: float | None = None
@@ -88,10 +90,15 @@ def spawn_ranks(args: list[str], *, nproc: int, timeout: float) -> subprocess.Co
 
 
 def run_pretrain(
-    args: list[str], *, nproc: int = 1, timeout: float = RUN_S, expect: int | None = 0
+    args: list[str],
+    *,
+    nproc: int = 1,
+    timeout: float = RUN_S,
+    expect: int | None = 0,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run pretrain_gpt.py with ``nproc`` CPU processes; check the exit code unless ``expect`` is None."""
-    proc = spawn_ranks(args, nproc=nproc, timeout=timeout)
+    proc = spawn_ranks(args, nproc=nproc, timeout=timeout, env=env)
     if expect is not None and proc.returncode != expect:
         raise AssertionError(
             f"pretrain_gpt.py exited {proc.returncode}, expected {expect}: {' '.join(args)}\n"

@@ -427,9 +427,10 @@ KILL_AT_VARIABLE = "MEGATRON_EXT_KILL_AT"
 """A test seam: ``STEP:RANK:ITERATION`` kills that rank (SIGKILL, as a node failure would) at that step of that
 iteration's save; the steps are :data:`SAVE_STEPS` (``tests/training/test_save_faults.py``)."""
 
-SAVE_STEPS = ("before-shards", "after-shards", "after-checksums", "after-tracker")
+SAVE_STEPS = ("before-shards", "after-shards", "after-checksums", "after-tracker", "published")
 """The steps of a save at which a test can kill a rank, in order: the directory and its marker exist; every
-rank's files (and Megatron-Core's common.pt, metadata) are written; checksums.json is; the tracker names it."""
+rank's files (and Megatron-Core's common.pt and metadata) are written; checksums.json is; the tracker names it
+(rank 0, before the marker is removed); every rank knows it is published."""
 
 
 def _fault_point(step: str, iteration: int) -> None:
@@ -547,13 +548,14 @@ def _publish(root: Path, target: Path, iteration: int, cfg: TrainingConfig) -> N
 
     def track() -> None:
         on_disk.write_tracker(root, iteration)
+        _fault_point("after-tracker", iteration)
         on_disk.finish_save(target)
         if cfg.run.keep_last_checkpoints > 0:
             for path in on_disk.prune(root, keep=cfg.run.keep_last_checkpoints):
                 log.info("removed old checkpoint %s (--keep-last-checkpoints %d)", path, cfg.run.keep_last_checkpoints)
 
     _on_rank0(track, what=f"cannot publish checkpoint {target}")
-    _fault_point("after-tracker", iteration)
+    _fault_point("published", iteration)
 
 
 def save_weights(root: str | Path, model: torch.nn.Module, cfg: TrainingConfig, identity: RunIdentity | None) -> Path:

@@ -206,7 +206,7 @@ def make_iterator(
             # from the global RNG would shift dropout after a resume.
             generator=torch.Generator().manual_seed(cfg.optim.seed),
             # Workers leave planned stops to the rank and end with it (helper_processes).
-            worker_init_fn=functools.partial(helper_processes.become_helper, os.getpid())
+            worker_init_fn=functools.partial(helper_processes.data_loader_worker_init, os.getpid())
             if cfg.data.num_workers > 0
             else None,
         )

@@ -68,6 +68,11 @@ def become_helper(parent: int) -> None:
         os._exit(1)
 
 
+def data_loader_worker_init(parent: int, _worker_id: int) -> None:
+    """A DataLoader's ``worker_init_fn`` (with ``parent`` bound): the worker is a helper of ``parent``."""
+    become_helper(parent)
+
+
 def _before_fork() -> None:
     global _forking_pid
     _forking_pid = os.getpid()

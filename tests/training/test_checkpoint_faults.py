@@ -9,6 +9,7 @@ the damaged-checkpoint cases of ``test_resilience.py`` use the same run.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zlib
@@ -27,10 +28,10 @@ from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate.plan import checkpoint_bytes
 from tests import waits
-from tests.conftest import REPO, _env, run_pretrain, run_script
+from tests.conftest import REPO, _env, launch_command, run_pretrain, run_script, train_losses
 from tests.filesystems import read_only_filesystem, small_filesystem
 from tests.training.conftest import RUN, copy_of
-from tests.waits import RUN_S
+from tests.waits import READY_S, RUN_S
 
 pytestmark = pytest.mark.distributed
 
@@ -142,8 +143,9 @@ def test_dry_run_prints_where_checkpoints_go(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ 8. a save that fails (disk full)
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(mode: str, tmp_path: Path) -> None:
-    """Room for one checkpoint, not two. Before: four CheckpointExceptions per rank and the partial directory
-    left until the next save."""
+    """Room for one checkpoint, not two: the periodic save of iteration 2 fails and training goes on; the save
+    of iteration 3 fails too, a second failure in a row, and stops the run. Before: four CheckpointExceptions
+    per rank and the partial directory left until the next save; then: the first failure ended the run."""
     extra = ["--async-save"] if mode == "async" else []
     with small_filesystem(tmp_path / "small", size_kib=8 * 1024) as fs:
         save = fs / "ckpt"
@@ -152,11 +154,52 @@ def test_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(mode:
             nproc=2,
             expect=ExitCode.CHECKPOINT,
         )
-        _one_error_line(proc, f"cannot write checkpoint {checkpoint_dir(save, 2)}: no space left on device (ENOSPC)")
+        assert proc.stdout.count("periodic save failed, training goes on") == 2, proc.stdout[-3000:]  # a rank each
+        _one_error_line(proc, f"cannot write checkpoint {checkpoint_dir(save, 3)}: no space left on device (ENOSPC)")
         assert "The partial save was removed; iteration 1 is the last published checkpoint" in proc.stdout
         assert sorted(p.name for p in save.iterdir()) == ["iter_0000001", TRACKER_FILENAME]
         assert read_tracker(save) == 1
         assert not (checkpoint_dir(save, 1) / SAVING_FILENAME).exists()
+
+
+def test_a_disk_that_fills_and_is_freed_costs_one_save(tmp_path: Path) -> None:
+    """The disk fills after the run started (another job's files): the periodic save of iteration 10 fails, one
+    line per rank, and training goes on; the space is freed and the saves of 20 and 30 are written."""
+    with small_filesystem(tmp_path / "small", size_kib=24 * 1024) as fs:
+        save, metrics, log = fs / "ckpt", tmp_path / "m.jsonl", tmp_path / "log"
+        args = [
+            *RUN,
+            "--train-iters",
+            "30",
+            "--save",
+            str(save),
+            "--save-interval",
+            "10",
+            "--metrics-file",
+            str(metrics),
+        ]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                launch_command(args, nproc=2), stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=REPO
+            )
+        try:
+            waits.wait_for("the first iteration", lambda: metrics.exists() and train_losses(metrics), timeout=READY_S,
+                           state=lambda: waits.tail(log))  # fmt: skip
+            ballast = fs / "someone-else's-file"
+            free = shutil.disk_usage(fs).free
+            ballast.write_bytes(b"\0" * (free - 256 * 1024))
+            waits.wait_for("the failed save", lambda: log.read_text().count("training goes on") == 2,
+                           timeout=READY_S, state=lambda: waits.tail(log))  # fmt: skip
+            ballast.unlink()
+            code = waits.wait_exit(proc, "the run to finish", timeout=RUN_S, log=log)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        output = log.read_text()
+        assert code == ExitCode.OK, output[-3000:]
+        assert f"cannot write checkpoint {checkpoint_dir(save, 10)}: no space left on device (ENOSPC)" in output
+        assert sorted(p.name for p in save.iterdir()) == ["iter_0000020", "iter_0000030", TRACKER_FILENAME]
+        assert read_tracker(save) == 30
 
 
 # ------------------------------------------------------------------ 7. damaged metadata and trackers

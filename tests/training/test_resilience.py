@@ -13,6 +13,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,10 +23,13 @@ from megatron_ext.checkpoint.on_disk import (
     CHECKSUMS_FILENAME,
     SAVING_FILENAME,
     TRACKER_FILENAME,
+    DirState,
     is_complete,
     read_tracker,
+    states,
 )
 from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.training.checkpointing import KILL_AT_VARIABLE, SAVE_STEPS
 from tests import waits
 from tests.conftest import REPO, TINY_MODEL, _env, launch_command, read_metrics, run_pretrain, train_losses
 from tests.training.conftest import ITERS, RUN, copy_of, saved_run
@@ -81,15 +85,14 @@ def test_exit_duration_saves_and_stops_after_the_first_iteration(tmp_path: Path)
     assert [r["iteration"] for r in read_metrics(metrics) if "lm_loss" in r] == [1]
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _start(args: list[str], log: Path, *, launcher: str = "ours") -> subprocess.Popen[bytes]:
+    """Two ranks of pretrain_gpt.py under our launcher, or under plain ``torchrun`` (``launcher="torchrun"``)."""
+    command = launch_command(args, nproc=2)
+    if launcher == "torchrun":
+        command = [sys.executable, "-m", "torch.distributed.run", *command[3:]]
     with open(log, "wb") as out:
         return subprocess.Popen(
-            launch_command(args, nproc=2),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=_env(),
-            cwd=REPO,
-            start_new_session=True,
+            command, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=REPO, start_new_session=True
         )
 
 
@@ -102,28 +105,36 @@ def _wait_for(what: str, predicate, proc: subprocess.Popen[bytes], log: Path) ->
     )
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+@pytest.mark.parametrize(
+    ("sig", "launcher"),
+    [(signal.SIGUSR1, "ours"), (signal.SIGTERM, "ours"), (signal.SIGTERM, "torchrun")],
+    ids=["SIGUSR1", "SIGTERM", "SIGTERM-plain-torchrun"],
+)
 def test_signal_saves_stops_and_resumes_exactly(
-    sig: signal.Signals, tmp_path: Path, uninterrupted: dict[int, float]
+    sig: signal.Signals, launcher: str, tmp_path: Path, uninterrupted: dict[int, float]
 ) -> None:
+    """After periodic saves (whose helper processes the signal must not reach: before, the stop's own save
+    then failed with EPIPE, exit 3), every rank saves and exits 75, and the launcher says 75 too."""
     save, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
-    # SIGUSR1 with a data-loader worker: the launcher forwards the signal to it too
-    # (see test_data_loader_signals.py), and resuming must stay exact with workers.
+    # SIGUSR1 with a data-loader worker: it must ignore the signal (helper_processes), and resuming must stay
+    # exact with workers.
     workers = ["--num-workers", "1"] if sig == signal.SIGUSR1 else []
     log = tmp_path / "log"
-    proc = _start([*RUN, *workers, "--save", str(save), "--exit-signal-handler", "--metrics-file", str(metrics)], log)
-    after = random.Random(sig).randint(2, 8)
-    _wait_for(f"{after} metrics records", lambda: metrics.exists() and len(read_metrics(metrics)) >= after, proc, log)
-    os.kill(proc.pid, sig)  # the launcher: torchrun forwards SIGTERM, ours forwards SIGUSR1
+    args = [*RUN, *workers, "--save", str(save), "--save-interval", "2", "--exit-signal-handler"]
+    proc = _start([*args, "--metrics-file", str(metrics)], log, launcher=launcher)
+    after = random.Random(sig).randint(3, 8)
+    _wait_for(f"{after} iterations", lambda: metrics.exists() and len(train_losses(metrics)) >= after, proc, log)
+    assert (read_tracker(save) or 0) >= 2, "the signal must come after a periodic save"
+    os.kill(proc.pid, sig)
     if sig == signal.SIGUSR1:
         # A second signal while the checkpoint is being written must not disturb it.
-        _wait_for("a checkpoint directory (the save under way)", lambda: any(save.glob("iter_*")), proc, log)
         os.kill(proc.pid, sig)
-    # SIGUSR1: the launcher waits for the workers' save and keeps their code. SIGTERM:
-    # torchrun shuts down (the workers save within its grace) and the launcher exits 128 + 15.
-    expected = ExitCode.SAVED_AND_STOPPED if sig == signal.SIGUSR1 else 128 + signal.SIGTERM
     code = waits.wait_exit(proc, f"the run to stop on {sig.name}", timeout=READY_S, log=log)
-    assert code == expected, log.read_text()[-3000:]
+    output = log.read_text()
+    assert "checkpoint of iteration" in output and "exit code 75" in output, output[-3000:]
+    if launcher == "ours":
+        assert code == ExitCode.SAVED_AND_STOPPED, output[-3000:]
+    assert "Overwriting old incomplete" not in output  # Megatron-Core's false alarm on every save
     stopped_at = _resume_and_compare(save, metrics, uninterrupted)
     assert stopped_at >= after
 
@@ -172,6 +183,56 @@ def test_kill_9_during_saves_leaves_a_loadable_checkpoint(tmp_path: Path, uninte
     assert not partial.exists()
     assert [p.name for p in save.glob("iter_*") if not is_complete(p)] == []
     assert read_tracker(save) == ITERS
+
+
+def _tagged_processes(tag: str) -> list[str]:
+    """The processes (a run's ranks and every helper they started) whose environment holds ``tag``."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get(TAG_VARIABLE) == tag:
+                found.append(f"{process.pid}: {' '.join(process.info['cmdline'] or [])[:160]}")
+    return found
+
+
+TAG_VARIABLE = "MEGATRON_EXT_TEST_RUN"
+
+
+@pytest.mark.parametrize(
+    ("step", "rank", "published"),
+    [
+        ("before-shards", 1, 2),
+        ("after-shards", 0, 2),
+        ("after-checksums", 1, 4),  # rank 0 writes the tracker, then finds rank 1 gone
+        ("after-tracker", 0, 4),  # the tracker names it, its in-progress marker is still there
+        ("published", 1, 4),
+    ],
+)
+def test_a_rank_killed_at_each_step_of_a_save_loses_no_published_checkpoint(
+    step: str, rank: int, published: int, tmp_path: Path, uninterrupted: dict[int, float]
+) -> None:
+    """kill -9 of one rank at each step of the save of iteration 4 (saves every 2 iterations). Before: a rank
+    that died after rank 0 wrote the tracker made rank 0's failure path delete the checkpoint the tracker
+    named, leaving no common.pt (a requeued job could never restart). Now the newest published checkpoint is
+    complete and resumes bit for bit, and none of the run's helper processes outlives its rank."""
+    assert step in SAVE_STEPS
+    save, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    tag = f"{os.getpid()}-{step}"
+    proc = run_pretrain(
+        [*RUN, "--save", str(save), "--save-interval", "2", "--train-iters", "6"],
+        nproc=2,
+        expect=None,
+        env={KILL_AT_VARIABLE: f"{step}:{rank}:4", TAG_VARIABLE: tag},
+    )
+    assert proc.returncode != 0
+    waits.wait_for("the run's helper processes to end", lambda: not _tagged_processes(tag), timeout=STOP_S,
+                   state=lambda: "\n".join(_tagged_processes(tag)))  # fmt: skip
+    assert read_tracker(save) == published
+    assert states(save)[published] is DirState.COMPLETE
+    assert f"error: rank {rank} on host" in proc.stdout, proc.stdout[-3000:]  # the survivor names the dead
+    assert _resume_and_compare(save, metrics, uninterrupted) == published
 
 
 def test_truncated_shard_is_a_clear_error(saved: Path, tmp_path: Path) -> None:
