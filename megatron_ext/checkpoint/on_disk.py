@@ -272,6 +272,28 @@ def remove_directory(path: Path, *, keep_tracked: bool = True) -> None:
     shutil.rmtree(doomed)
 
 
+DAMAGED_SUFFIX = ".damaged"
+"""A checkpoint that failed its checks and was skipped by a resume is renamed ``iter_NNNNNNN.damaged`` (then
+``.damaged-2``, ...): kept for a person to look at, out of the ``iter_*`` directories runs load, save or prune."""
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint directory out of the way (rank 0); returns its new name. Never deletes."""
+    aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}")
+    number = 1
+    while aside.exists():
+        number += 1
+        aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}-{number}")
+    os.rename(path, aside)
+    return aside
+
+
+def fallback_candidates(root: str | Path, tracked: int) -> list[int]:
+    """The iterations a resume may fall back to when the tracked one is damaged, newest first: the finished
+    (complete or unverified) checkpoints before it."""
+    return sorted((it for it in complete_iterations(root) if it < tracked), reverse=True)
+
+
 def remove_partial_saves(root: Path) -> list[Path]:
     """Delete the directories of saves that never finished (rank 0), and what a cut-short removal left; returns
     them. Never the tracked one, the only one a run loads (a stale marker there is dropped: its save was

@@ -54,6 +54,13 @@ class RunArgs(_Options):
         "Fail when --load holds no checkpoint instead of starting fresh.",
         aliases=["--exit-on-missing-checkpoint"],
     )
+    no_checkpoint_fallback: bool = opt(
+        False,
+        "Stop (exit code 3) when the checkpoint the tracker under --load names fails its checks (a missing, "
+        "truncated or corrupted file) instead of loading the newest earlier one that passes them; the damaged "
+        "one is then left as it is. By default a requeued job goes on from that earlier checkpoint, moves the "
+        "damaged directory aside (renamed iter_NNNNNNN.damaged, never deleted) and says so.",
+    )
     max_consecutive_skipped: int = opt(
         3,
         "Tolerate this many non-finite losses in a row (fp16: overflows at the minimum loss scale); one more "

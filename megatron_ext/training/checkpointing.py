@@ -75,6 +75,8 @@ class LoadedState:
     iteration: int
     consumed_samples: int
     path: Path | None
+    skipped: tuple[tuple[int, str, str], ...] = ()
+    """Damaged checkpoints passed over to load this one, newest first: (iteration, why, where it was moved)."""
 
 
 def _my_share(names: list[str]) -> list[str]:
@@ -603,6 +605,7 @@ def load_checkpoint(
     checkpoints without a tracker (``on_disk.check_load_directory``). ``identity``: this run's tokenizer and
     data, compared with the checkpoint's (None: not compared; the tools compare the tokenizer themselves)."""
     run = cfg.run
+    given = iteration
     if iteration is not None:
         iteration = int(resolve_iteration(root, iteration).name.removeprefix("iter_"))
     else:
@@ -616,12 +619,13 @@ def load_checkpoint(
             )
         log.warning("no checkpoint found under --load %s: starting from scratch", root)
         return LoadedState(iteration=0, consumed_samples=0, path=None)
-    path = checkpoint_dir(root, iteration)
-    if not path.is_dir():
-        raise CheckpointError(f"{root}/{TRACKER_FILENAME} names iteration {iteration} but {path} does not exist")
-
-    saved_tensors = _check_files(path) if run.no_checkpoint_checksums else verify_checkpoint(path)
-    common = saved_common(path)
+    explicit = given is not None
+    path, saved_tensors, common, skipped = _newest_that_passes(
+        Path(root),
+        iteration,
+        verify=not run.no_checkpoint_checksums,
+        fallback=not (run.no_checkpoint_fallback or explicit),
+    )
     saved_layout = common.get("layout", {})
     saved_vocab = common.get("vocab_size")
     if saved_vocab is not None and saved_vocab != cfg.vocab_size:
@@ -692,5 +696,74 @@ def load_checkpoint(
     if load_rng:
         _restore_rng(loaded["rng_state"])
     if run.finetune:
-        return LoadedState(iteration=0, consumed_samples=0, path=path)
-    return LoadedState(iteration=int(common["iteration"]), consumed_samples=int(common["consumed_samples"]), path=path)
+        return LoadedState(iteration=0, consumed_samples=0, path=path, skipped=skipped)
+    return LoadedState(
+        iteration=int(common["iteration"]), consumed_samples=int(common["consumed_samples"]), path=path, skipped=skipped
+    )
+
+
+FALLBACK_FLAG = "--no-checkpoint-fallback"
+
+
+def _passes(path: Path, *, verify: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A checkpoint directory's tensor index and common state, once its files pass their checks (a collective
+    with ``verify``: the ranks share the CRC-32s); CheckpointError names what fails."""
+    if not path.is_dir():
+        raise CheckpointError(f"{path} does not exist")
+    saved_tensors = verify_checkpoint(path) if verify else _check_files(path)
+    return saved_tensors, saved_common(path)
+
+
+def _newest_that_passes(
+    root: Path, iteration: int, *, verify: bool, fallback: bool
+) -> tuple[Path, dict[str, Any], dict[str, Any], tuple[tuple[int, str, str], ...]]:
+    """The checkpoint of ``iteration`` if it passes its checks; else, with ``fallback``, the newest earlier one
+    that does, after moving each damaged one aside (``on_disk.set_aside``, rank 0) and pointing the tracker at
+    the one loaded, so that the next saves cannot collide with them and a later resume starts there too.
+
+    Every rank reaches the same decision: the files are on a filesystem they share and the checksum check is a
+    collective."""
+    skipped: list[tuple[int, str]] = []
+    for candidate in [iteration, *(on_disk.fallback_candidates(root, iteration) if fallback else [])]:
+        path = checkpoint_dir(root, candidate)
+        try:
+            saved_tensors, common = _passes(path, verify=verify)
+        except CheckpointError as exc:
+            if not fallback:
+                raise
+            skipped.append((candidate, str(exc)))
+            continue
+        moved = _set_aside_and_track(root, candidate, skipped)
+        return path, saved_tensors, common, moved
+    listing = "; ".join(f"iteration {it}: {why}" for it, why in skipped)
+    raise CheckpointError(
+        f"no checkpoint under {root} passes its checks ({listing}); nothing was moved or changed. Restore one "
+        "from a copy, or start from scratch in another --save directory"
+    )
+
+
+def _set_aside_and_track(root: Path, loaded: int, skipped: list[tuple[int, str]]) -> tuple[tuple[int, str, str], ...]:
+    """Move the skipped checkpoints aside and make the tracker name ``loaded`` (rank 0; a collective)."""
+    if not skipped:
+        return ()
+
+    def move() -> list[str]:
+        moved = []
+        for it, _ in skipped:
+            path = checkpoint_dir(root, it)
+            moved.append(str(on_disk.set_aside(path)) if path.exists() else "(it did not exist)")
+        on_disk.write_tracker(root, loaded)
+        return moved
+
+    moved = _on_rank0(move, what=f"cannot move the damaged checkpoints under {root} aside") or []
+    shared: list[Any] = [moved]
+    dist.broadcast_object_list(shared, src=0)
+    result = tuple((it, why, where) for (it, why), where in zip(skipped, shared[0], strict=True))
+    if dist.get_rank() == 0:
+        for it, why, where in result:
+            log.warning(
+                "checkpoint of iteration %d skipped: %s; moved to %s (kept); resuming from iteration %d instead "
+                "(%s stops instead)",
+                it, why, where, loaded, FALLBACK_FLAG,
+            )  # fmt: skip
+    return result

@@ -238,6 +238,7 @@ class Trainer:
         self.consumed_samples = 0
         self.skipped_iterations = 0
         self.identity = _run_identity(cfg, tokenizer)
+        skipped: tuple[tuple[int, str, str], ...] = ()
         if cfg.run.load:
             state = checkpointing.load_checkpoint(
                 root=cfg.run.load,
@@ -247,7 +248,7 @@ class Trainer:
                 cfg=cfg,
                 identity=self.identity,
             )
-            self.iteration, self.consumed_samples = state.iteration, state.consumed_samples
+            self.iteration, self.consumed_samples, skipped = state.iteration, state.consumed_samples, state.skipped
             self.microbatches.update(self.consumed_samples, consistency_check=True)
             if state.path is not None:
                 log.info("loaded checkpoint %s (iteration %d)", state.path, state.iteration)
@@ -264,6 +265,11 @@ class Trainer:
         self.progress.start(self.consumed_samples, time.time())
         self.peak_flops = peak_flops_for(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
         self._log_start()
+        for it, why, where in skipped:
+            # A resume that passed over a damaged checkpoint (checkpointing._newest_that_passes).
+            self.metrics.write(
+                {"iteration": self.iteration, "checkpoint_skipped": it, "reason": why, "moved_to": where}
+            )
 
     # ------------------------------------------------------------------ utils
     @staticmethod

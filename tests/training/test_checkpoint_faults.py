@@ -222,7 +222,9 @@ def test_damaged_files_are_named_by_training_and_the_tools(
     else:
         (checkpoint_dir(ckpt, 3) / damage).unlink()
     before = _snapshot(ckpt)
-    proc = run_pretrain([*RUN, "--load", str(ckpt), "--save", str(ckpt)], nproc=2, expect=ExitCode.CHECKPOINT)
+    # The hard stop (--no-checkpoint-fallback); the fallback itself is test_resilience.py's.
+    hard = ["--no-checkpoint-fallback"]
+    proc = run_pretrain([*RUN, *hard, "--load", str(ckpt), "--save", str(ckpt)], nproc=2, expect=ExitCode.CHECKPOINT)
     _one_error_line(proc, named)
     for tool in (
         ["tools/generate.py", "--load", str(ckpt), "--prompt", "1 2 3", "--max-new-tokens", "1"],

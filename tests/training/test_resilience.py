@@ -21,6 +21,7 @@ import pytest
 
 from megatron_ext.checkpoint.on_disk import (
     CHECKSUMS_FILENAME,
+    DAMAGED_SUFFIX,
     SAVING_FILENAME,
     TRACKER_FILENAME,
     DirState,
@@ -235,23 +236,51 @@ def test_a_rank_killed_at_each_step_of_a_save_loses_no_published_checkpoint(
     assert _resume_and_compare(save, metrics, uninterrupted) == published
 
 
-def test_truncated_shard_is_a_clear_error(saved: Path, tmp_path: Path) -> None:
+def test_truncated_shard_is_a_clear_error_with_no_fallback(saved: Path, tmp_path: Path) -> None:
+    """--no-checkpoint-fallback: the hard stop a person at a terminal may want, changing nothing."""
     save = copy_of(saved, tmp_path)
     shard = sorted((save / "iter_0000003").glob("*.distcp"))[0]
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    proc = run_pretrain([*RUN, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
+    proc = run_pretrain([*RUN, "--load", str(save), "--no-checkpoint-fallback"], nproc=2, expect=ExitCode.CHECKPOINT)
     assert f"{shard} is truncated" in proc.stdout
+    assert sorted(p.name for p in save.glob("iter_*")) == ["iter_0000001", "iter_0000002", "iter_0000003"]
 
 
-def test_corrupted_shard_is_a_clear_error(saved: Path, tmp_path: Path) -> None:
-    save = copy_of(saved, tmp_path)
-    shard = sorted((save / "iter_0000003").glob("*.distcp"))[-1]
+def _corrupt(shard: Path) -> None:
     data = bytearray(shard.read_bytes())
     middle = len(data) // 2
     data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])  # same size, other bytes
     shard.write_bytes(bytes(data))
-    proc = run_pretrain([*RUN, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
-    assert f"{shard} is corrupted: CRC-32" in proc.stdout
+
+
+def test_a_damaged_latest_checkpoint_falls_back_and_resumes_exactly(
+    saved: Path, tmp_path: Path, uninterrupted: dict[int, float]
+) -> None:
+    """Before: exit 3 at every requeue, until a person came. Now the newest earlier checkpoint that passes its
+    checks is loaded, the damaged one is moved aside (kept), one warning says so, the metrics file records it,
+    and training continues exactly as the uninterrupted run did."""
+    save, metrics = copy_of(saved, tmp_path), tmp_path / "m.jsonl"
+    shard = sorted((save / "iter_0000003").glob("*.distcp"))[-1]
+    _corrupt(shard)
+    damaged = _snapshot_bytes(save / "iter_0000003")
+    args = ["--load", str(save), "--save", str(save), "--save-interval", "3", "--metrics-file", str(metrics)]
+    proc = run_pretrain([*RUN, *args], nproc=2)
+    warnings = [line for line in proc.stdout.splitlines() if "checkpoint of iteration 3 skipped" in line]
+    assert len(warnings) == 1 and f"{shard} is corrupted: CRC-32" in warnings[0], proc.stdout[-3000:]
+    assert "resuming from iteration 2 instead" in warnings[0]
+    aside = save / f"iter_0000003{DAMAGED_SUFFIX}"
+    assert _snapshot_bytes(aside) == damaged  # moved, byte for byte, never deleted
+    [event] = [r for r in read_metrics(metrics) if "checkpoint_skipped" in r]
+    assert event["checkpoint_skipped"] == 3 and event["moved_to"] == str(aside) and event["iteration"] == 2
+    resumed = train_losses(metrics)
+    assert sorted(resumed) == list(range(3, ITERS + 1))
+    for it, loss in resumed.items():
+        assert loss == uninterrupted[it], f"iteration {it}: resumed {loss!r} != uninterrupted {uninterrupted[it]!r}"
+    assert read_tracker(save) == ITERS and states(save)[3] is DirState.COMPLETE  # a new save of 3, no collision
+
+
+def _snapshot_bytes(directory: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted(directory.iterdir()) if f.is_file()}
 
 
 def test_shape_mismatch_is_a_clear_error(saved: Path) -> None:
