@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_ext.checkpoint.identity import RunIdentity
 from megatron_ext.config import iterations
@@ -48,6 +47,7 @@ from megatron_ext.training.model import (
 from megatron_ext.training.optimizer_scheduler import optimizer_config_of, param_group_overrides, scheduler_arguments
 from megatron_ext.training.profiling import Profiler
 from megatron_ext.training.progress_log import ProgressLog
+from megatron_ext.training.saving import Saves
 from megatron_ext.training.split_backward import WeightGradStore, split_linear_layers
 from megatron_ext.training.stage_timing import StageTimer
 from megatron_ext.training.stragglers import StragglerWatch
@@ -220,19 +220,6 @@ class Trainer:
                 split,
             )
 
-        self.async_queue = None
-        if cfg.run.async_save:
-            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
-
-            self.async_queue = AsyncCallsQueue()
-        self.saving: Path | None = None
-        """The checkpoint being written in the background, if any."""
-        self.saving_iteration = 0
-        self.saving_periodic = False
-        self.failed_saves = 0
-        """Saves that failed in a row (``_save_failed``)."""
-        self.last_saved: int | None = None
-        """The iteration of the newest checkpoint this run wrote or loaded (None: none yet, or its save failed)."""
         self._norm_at: tuple[int, float] = (-1, 0.0)
         self.iteration = 0
         self.consumed_samples = 0
@@ -263,6 +250,7 @@ class Trainer:
             flops_per_sample=self.flops_per_sample,
         )  # fmt: skip
         self.progress.start(self.consumed_samples, time.time())
+        self.saves = Saves(cfg, progress=self.progress, rank=ctx.rank)
         self.peak_flops = peak_flops_for(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
         self._log_start()
         for it, why, where in skipped:
@@ -393,36 +381,6 @@ class Trainer:
         self.housekeeping.after_evaluation()
         return sum(sums) / len(sums)
 
-    def finish_async_saves(self, *, blocking: bool = True) -> bool:
-        """Finalise background saves (a collective: every rank calls it at the same point); returns False when
-        the one in flight failed: it is removed and, unless it was a periodic save that may fail once
-        (``_save_failed``), reported as a CheckpointError."""
-        if self.async_queue is None or self.saving is None:
-            return True
-        try:
-            self.async_queue.maybe_finalize_async_calls(blocking=blocking)
-        except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
-            failed, self.saving = self.saving, None
-            self.last_saved = None
-            self._save_failed(checkpointing.save_failed(failed, exc), periodic=self.saving_periodic)
-            return False
-        if self.async_queue.get_num_unfinalized_calls() == 0:
-            self.saving = None
-            self.failed_saves = 0
-            self.progress.saved_in_background(self.saving_iteration)
-        return True
-
-    def _save_failed(self, error: checkpointing.CheckpointError, *, periodic: bool) -> None:
-        """A periodic save that fails (disk full, read-only, I/O error) lets training go on to the next one, once:
-        a second failure in a row, or a failed save at a planned stop or at the end, stops the run (exit 3)."""
-        self.failed_saves += 1
-        cause = error.__cause__
-        if isinstance(cause, RuntimeError) and distributed.lost_peers(cause) is not None:
-            raise cause  # a peer died: nothing goes on (train() names it)
-        if not periodic or self.failed_saves > 1:
-            raise error
-        log.error("periodic save failed, training goes on (a second failure in a row stops the run): %s", error)
-
     def _param_sync_for_use(self) -> None:
         # With overlapped param gather the newest weights arrive lazily in the next
         # forward; evaluation, checkpoints and the weights' norm need them now.
@@ -436,39 +394,17 @@ class Trainer:
                 chunk.enable_forward_pre_hook()
 
     def save(self, *, periodic: bool = False) -> bool:
-        """Save a checkpoint of this iteration; returns whether it was written (or, in the background, started).
-        ``periodic``: a --save-interval save, which may fail once without ending the run (``_save_failed``)."""
+        """Save a checkpoint of this iteration (``Saves.write``); returns whether it was written or started."""
         if not self.cfg.run.save:
             return False
-        # One save in flight at a time: the next one must see the last one tracked.
-        self.finish_async_saves()
         self._param_sync_for_use()
         try:
-            path = checkpointing.save_checkpoint(
-                async_queue=self.async_queue,
-                root=self.cfg.run.save,
-                iteration=self.iteration,
-                consumed_samples=self.consumed_samples,
-                chunks=self.chunks,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                cfg=self.cfg,
-                identity=self.identity,
-            )
-        except checkpointing.CheckpointError as exc:
+            return self.saves.write(
+                iteration=self.iteration, consumed_samples=self.consumed_samples, chunks=self.chunks,
+                optimizer=self.optimizer, scheduler=self.scheduler, identity=self.identity, periodic=periodic,
+            )  # fmt: skip
+        finally:
             self._restore_param_hooks()
-            self._save_failed(exc, periodic=periodic)
-            return False
-        if self.async_queue is not None:
-            self.saving, self.saving_iteration, self.saving_periodic = path, self.iteration, periodic
-        else:
-            self.failed_saves = 0
-        self._restore_param_hooks()
-        self.progress.saved(self.iteration, consumed_samples=self.consumed_samples, seq_length=self.cfg.model.seq_length,
-                            background=self.async_queue is not None, now=time.time())  # fmt: skip
-        if self.ctx.rank == 0:
-            log.info("%s checkpoint %s", "writing in the background" if self.async_queue else "saved", path)
-        return True
 
     # ------------------------------------------------------------------- loop
     def train(self, *, signal_flag: resilience.SignalFlag | None = None, started: float | None = None) -> int:
@@ -482,7 +418,7 @@ class Trainer:
         except resilience.NonFiniteLossError:
             # Every rank raises at the same iteration: a save still in flight is
             # from before the trouble and worth keeping.
-            self.finish_async_saves()
+            self.saves.finish()
             raise
 
     def _train(self, *, signal_flag: resilience.SignalFlag | None, started: float | None) -> int:
@@ -495,7 +431,7 @@ class Trainer:
             start_time=started,
         )
         data_iterator = self._iterators(self.datasets.train, self.consumed_samples)
-        self.last_saved = self.iteration if run.load else None
+        self.saves.last_saved = self.iteration if run.load else None
         if self.ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         self.housekeeping.start()
@@ -523,10 +459,10 @@ class Trainer:
             # As Megatron-LM: the test split once, at the end of training.
             self._log_eval(self.evaluate("test"), "test")
         # A periodic save still in flight first: if it fails (once, allowed), the save below makes it again.
-        self.finish_async_saves()
-        if run.save and self.last_saved != self.iteration:
+        self.saves.finish()
+        if run.save and self.saves.last_saved != self.iteration:
             self.save()
-        self.finish_async_saves()
+        self.saves.finish()
         self.metrics.close()
         self.tracker.close()
         if stop is not None:
@@ -559,10 +495,10 @@ class Trainer:
         window = LogWindow()
         while self.iteration < run.train_iters:
             profiler.before_step(self.iteration)
-            if self._batch_grows() and run.save and self.last_saved != self.iteration:
+            if self._batch_grows() and run.save and self.saves.last_saved != self.iteration:
                 # As Megatron-LM: a checkpoint of the last step with the smaller batch.
                 self.save()
-                self.last_saved = self.iteration
+                self.saves.last_saved = self.iteration
             start = time.perf_counter()
             result = self.train_step(data_iterator)
             samples = self.microbatches.get_current_running_global_batch_size()
@@ -596,8 +532,8 @@ class Trainer:
                 )
             periodic = run.save and run.save_interval > 0 and self.iteration % run.save_interval == 0
             if periodic and self.save(periodic=True):
-                self.last_saved = self.iteration
-            self.finish_async_saves(blocking=False)
+                self.saves.last_saved = self.iteration
+            self.saves.finish(blocking=False)
             if self.iteration < run.train_iters:
                 stop = stop_policy.check(self.iteration)
                 if stop is not None:

@@ -30,7 +30,7 @@ from megatron_ext.checkpoint.on_disk import (
     states,
 )
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.training.checkpointing import KILL_AT_VARIABLE, SAVE_STEPS
+from megatron_ext.training.save_faults import KILL_AT_VARIABLE, SAVE_STEPS
 from tests import waits
 from tests.conftest import REPO, TINY_MODEL, _env, launch_command, read_metrics, run_pretrain, train_losses
 from tests.training.conftest import ITERS, RUN, copy_of, saved_run
