@@ -58,7 +58,9 @@
 # SLURM
 #   MASTER_PORT       rendezvous port (10000 + job id mod 50000; 29500 outside SLURM)
 #   MASTER_ADDR       rendezvous host (the first node of the job; 127.0.0.1 outside SLURM)
-#   REQUEUE           1: on exit code 75 run `scontrol requeue` for this job (1)
+#   REQUEUE           1: on exit code 75, or a failure, run `scontrol requeue` for this job (1)
+#   MAX_FAILED_RESTARTS  requeue after a failure until this many attempts in a row failed without the
+#                     checkpoint advancing (3)
 #   FAILURE_WAIT      seconds srun lets the other tasks run once one has ended, then ends them (60)
 #   DRY_RUN           1: print the resolved commands and the validation, launch nothing (0)
 # Elastic jobs (submit with sbatch --nodes=MIN-MAX; docs/slurm.md)
@@ -103,7 +105,7 @@ declare -p MODEL TRAINING >/dev/null 2>&1 || die "${recipe_file} must define the
 : "${CHECKPOINT_DIR:=${RUN_DIR}/checkpoints}" "${LOG_DIR:=${RUN_DIR}/logs}"
 : "${METRICS_FILE:=${RUN_DIR}/metrics.jsonl}" "${TENSORBOARD_DIR:=}"
 : "${CONTAINER_IMAGE:=}" "${CONTAINER_MOUNTS:=${REPO_DIR}:${REPO_DIR}}"
-: "${REQUEUE:=1}" "${DRY_RUN:=0}" "${FAILURE_WAIT:=60}"
+: "${REQUEUE:=1}" "${DRY_RUN:=0}" "${FAILURE_WAIT:=60}" "${MAX_FAILED_RESTARTS:=3}"
 : "${ELASTIC:=0}" "${MIN_NODES:=1}" "${ELASTIC_LAYOUT:=any}"
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -n "${CONTAINER_IMAGE}" ]]; then
@@ -438,7 +440,9 @@ requeue() {
 
 saved_at="$(cat "${tracker}" 2>/dev/null || echo 0)"
 if ((rc == EXIT_SAVED_AND_STOPPED)); then
-  if ((saved_at <= resumed_from)); then
+  # (A resume that fell back from a damaged checkpoint points the tracker at an earlier one: progress
+  # is measured from the iteration this attempt loaded, which is then below resumed_from.)
+  if ((saved_at == resumed_from)); then
     # Requeueing would only wait in the queue to make no progress again.
     log "stopped early but the checkpoint did not advance (iteration ${saved_at}): not requeueing;" \
       "give the job more time than start-up + one iteration + a save (--time, --signal=USR1@N)"
@@ -451,25 +455,43 @@ if ((rc == EXIT_SAVED_AND_STOPPED)); then
   else
     log "stopped early with a checkpoint: run the same command again to continue"
   fi
-elif ((rc != 0 && in_job)) && [[ "${ELASTIC}" == 1 ]]; then
-  # srun names every task that ended badly, the first one first: "srun: error: NODE: task N: ...".
-  failed_node="$(sed -n 's/^srun: error: \([^:[:space:]]*\): tasks\{0,1\} [0-9,-]*: .*/\1/p' \
-    "${job_log_dir}/launcher.log" | head -n 1)"
-  failed_file="${LOG_DIR}/${SLURM_JOB_ID}.failed-at"
-  if [[ -z "${failed_node}" ]]; then
-    log "training failed (exit ${rc}) and srun named no failed task: not requeueing"
-  elif [[ "$(cat "${failed_file}" 2>/dev/null || true)" == "${saved_at}" ]]; then
-    log "training failed (exit ${rc}, first on ${failed_node}) again from the checkpoint of iteration" \
-      "${saved_at}: not requeueing (look at ${job_log_dir})"
-  elif [[ "${REQUEUE}" != 1 ]]; then
-    log "training failed (exit ${rc}), first on ${failed_node}: REQUEUE=0, not requeueing"
+elif ((rc != 0 && in_job)); then
+  # A failure (a killed task, a lost node, a failed save) is requeued too, from the newest complete
+  # checkpoint, until MAX_FAILED_RESTARTS attempts in a row have failed without the checkpoint advancing.
+  failed_node=""
+  if [[ "${ELASTIC}" == 1 ]]; then
+    # srun names every task that ended badly, the first one first: "srun: error: NODE: task N: ...".
+    failed_node="$(sed -n 's/^srun: error: \([^:[:space:]]*\): tasks\{0,1\} [0-9,-]*: .*/\1/p' \
+      "${job_log_dir}/launcher.log" | head -n 1)"
+  fi
+  where="${failed_node:+, first on ${failed_node}}"
+  failures_file="${LOG_DIR}/${SLURM_JOB_ID}.failures"
+  last_failed_at="" failures=0
+  read -r last_failed_at failures <"${failures_file}" 2>/dev/null || true
+  if [[ "${last_failed_at}" == "${saved_at}" ]]; then
+    failures=$((failures + 1))
   else
-    printf '%s\n' "${saved_at}" >"${failed_file}"
+    failures=1
+  fi
+  if [[ "${ELASTIC}" == 1 && -z "${failed_node}" ]]; then
+    log "training failed (exit ${rc}) and srun named no failed task: not requeueing"
+  elif ((failures > MAX_FAILED_RESTARTS)); then
+    log "training failed (exit ${rc}${where}) ${failures} times in a row from the checkpoint of iteration" \
+      "${saved_at}: not requeueing (MAX_FAILED_RESTARTS=${MAX_FAILED_RESTARTS}; look at ${job_log_dir})"
+  elif [[ "${REQUEUE}" != 1 ]]; then
+    log "training failed (exit ${rc}${where}): REQUEUE=0, not requeueing"
+  else
+    printf '%s %s\n' "${saved_at}" "${failures}" >"${failures_file}"
     if requeue "${failed_node}"; then
-      log "training failed (exit ${rc}), first on ${failed_node}: job ${SLURM_JOB_ID} requeued without" \
-        "${failed_node}; it resumes from iteration ${saved_at} on the nodes it gets (at least MIN_NODES=${MIN_NODES})"
+      if [[ -n "${failed_node}" ]]; then
+        log "training failed (exit ${rc})${where}: job ${SLURM_JOB_ID} requeued without" \
+          "${failed_node}; it resumes from iteration ${saved_at} on the nodes it gets (at least MIN_NODES=${MIN_NODES})"
+      else
+        log "training failed (exit ${rc}): job ${SLURM_JOB_ID} requeued (failure ${failures} of at most" \
+          "${MAX_FAILED_RESTARTS} in a row from iteration ${saved_at}); it resumes from the newest complete checkpoint"
+      fi
     else
-      log "training failed (exit ${rc}), first on ${failed_node}; requeue refused (submit with --requeue)"
+      log "training failed (exit ${rc}${where}); requeue refused (submit with --requeue)"
     fi
   fi
 fi

@@ -31,6 +31,7 @@ fi
 # The whole suite: the unit tests (no process group; a few start one-process
 # tools) on two pytest workers, then the multi-process, SLURM and timing tests
 # one at a time, as they already use both cores.
+# The soak (-m soak) is long and runs only when asked.
 unit="unit and not distributed and not slurm"
 "${py}" -m pytest -m "${unit}" -n 2
-exec "${py}" -m pytest -m "not (${unit})"
+exec "${py}" -m pytest -m "not (${unit}) and not soak"

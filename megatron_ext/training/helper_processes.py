@@ -26,7 +26,8 @@ How each kind is reached:
   :func:`become_helper` in every child the rank forks;
 * the results-queue server, which Megatron-Core spawns (a new interpreter,
   where no fork hook runs) on its first save: the rank starts it itself,
-  with :func:`become_helper` as its initializer, and hands its queue to
+  with the stop signals blocked until :func:`become_helper`, its
+  initializer, ignores them, and hands its queue to
   Megatron-Core (:func:`start_checkpoint_results_queue`; the one private
   name it sets, ``filesystem_async._results_queue``, is checked by
   ``tests/training/test_helper_processes.py``);
@@ -60,6 +61,8 @@ def become_helper(parent: int) -> None:
     """In a helper of process ``parent``: ignore the planned-stop signals and end with ``parent``."""
     for sig in HANDLED_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    # A spawned helper starts with them blocked (start_checkpoint_results_queue): ignored now, they may come.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED_SIGNALS)
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
@@ -73,9 +76,19 @@ def data_loader_worker_init(parent: int, _worker_id: int) -> None:
     become_helper(parent)
 
 
+_mask_before_fork: set[int | signal.Signals] = set()
+
+
 def _before_fork() -> None:
-    global _forking_pid
+    # Blocked across the fork: the child inherits the mask, so a stop signal cannot reach it before it ignores
+    # them (become_helper unblocks them then); the parent restores its own mask at once.
+    global _forking_pid, _mask_before_fork
     _forking_pid = os.getpid()
+    _mask_before_fork = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
+
+
+def _after_fork_in_parent() -> None:
+    signal.pthread_sigmask(signal.SIG_SETMASK, _mask_before_fork)
 
 
 def _after_fork_in_child() -> None:
@@ -89,7 +102,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
     from multiprocessing import resource_tracker
 
     # A spawned interpreter keeps the signal mask it was started with; the tracker itself unblocks only the
@@ -110,7 +123,13 @@ def start_checkpoint_results_queue() -> Any:
 
     if filesystem_async._results_queue is None:
         manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
-        manager.start(initializer=become_helper, initargs=(os.getpid(),))
+        # A new interpreter takes a second or more to reach its initializer: it starts with the stop signals
+        # blocked (a spawned process keeps the signal mask), so one that comes meanwhile cannot kill it.
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
+        try:
+            manager.start(initializer=become_helper, initargs=(os.getpid(),))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         _results_manager = manager  # kept: the server lives as long as its manager object
         filesystem_async._results_queue = manager.Queue()
     return filesystem_async._results_queue

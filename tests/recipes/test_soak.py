@@ -1,0 +1,209 @@
+"""Unattended recovery on the real SLURM cluster of the tests: one training job, hit at random moments by the
+faults a cluster deals out, reaches its last iteration with no human action, and its final checkpoint equals
+that of an uninterrupted run bit for bit.
+
+The faults, in a shuffled cycle so that each kind comes up:
+
+* ``kill-9``: SIGKILL of one training rank, as a crashed process or a lost GPU;
+* ``sigterm``: ``scancel --signal=TERM`` of the job's step, as a preemption (the ranks save and exit 75);
+* ``disk-full``: another job's file fills the checkpoint filesystem (a tmpfs) during the run, and is removed
+  once a save has failed (or the attempt ended);
+* ``damaged``: one file of the newest checkpoint is corrupted, then a rank is killed, so that the next attempt
+  must fall back to the checkpoint before it.
+
+The recipe requeues after a stop with a checkpoint (75) and after a failure (``MAX_FAILED_RESTARTS``). The
+short version runs in the default suite; ``-m soak`` runs twelve faults and prints what it recorded
+(``docs/checkpoints.md``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_ext.checkpoint.on_disk import checkpoint_dir, complete_iterations, read_tracker
+from tests import waits
+from tests.conftest import read_metrics
+from tests.filesystems import small_filesystem
+from tests.recipes.slurm_cluster import SlurmCluster
+from tests.recipes.test_slurm import Job, submit
+from tests.waits import READY_S, RUN_S, STOP_S
+
+pytestmark = pytest.mark.slurm
+
+FAULTS = ("kill-9", "sigterm", "disk-full", "damaged")
+SETTINGS = {
+    "SAVE_INTERVAL": "2",
+    "EVAL_INTERVAL": "0",
+    "EVAL_ITERS": "0",
+    "EXTRA_ARGS": "--keep-last-checkpoints 3",
+    "MAX_FAILED_RESTARTS": "5",
+}
+"""The recipe's settings for the soak and its reference (saving and pruning do not change the numbers)."""
+
+
+def _job_processes(job: int) -> list:
+    """The job's training ranks (pretrain_gpt.py processes whose environment names the job)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            command = " ".join(process.info["cmdline"] or [])
+            # Not the launcher (whose command line names the script too), not a helper.
+            ours = "pretrain_gpt.py" in command and not any(s in command for s in ("spawn_main", ".cli.launch"))
+            if ours and process.environ().get("SLURM_JOB_ID") == str(job):
+                found.append(process)
+    return found
+
+
+def _losses(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return sum(1 for r in read_metrics(path) if "lm_loss" in r) if path.exists() else 0
+
+
+def _final_state(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of one checkpoint (model, optimizer), read without a process group."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = scratch / f"{checkpoint.parent.parent.name}-{checkpoint.name}.pt"
+    dcp_to_torch_save(str(checkpoint), str(out))
+    state = torch.load(out, weights_only=False)  # written just now by torch itself from the checkpoint
+    return {key: value for key, value in state.items() if isinstance(value, torch.Tensor)}
+
+
+@dataclass
+class Soak:
+    job: int
+    run_dir: Path
+    checkpoints: Path
+    faults: list[tuple[str, int]]
+    """(fault, the number of loss records when it was dealt)."""
+    seconds: float
+
+
+def _soak(cluster: SlurmCluster, run_dir: Path, fs: Path, *, faults: int, iters: int, seed: int) -> Soak:
+    rng = random.Random(seed)
+    run_dir.mkdir()
+    checkpoints = fs / "checkpoints"
+    started = time.monotonic()
+    job = submit(cluster, run_dir, TRAIN_ITERS=str(iters), CHECKPOINT_DIR=str(checkpoints), **SETTINGS)
+    order: list[str] = []
+    dealt: list[tuple[str, int]] = []
+    while len(dealt) < faults:
+        if not order:
+            order = rng.sample(FAULTS, len(FAULTS))
+        fault = order.pop()
+        seen = _losses(run_dir)
+
+        def training(seen: int = seen, fault: str = fault) -> bool:
+            record = cluster.job(job)
+            if record.get("JobState") == "COMPLETED":
+                pytest.fail(f"the job finished after {len(dealt)} of {faults} faults: give it more iterations")
+            running = record.get("JobState") == "RUNNING" and _losses(run_dir) > seen and bool(_job_processes(job))
+            # A damaged latest checkpoint needs an earlier one to fall back to (with none, the job stops: exit 3).
+            return running and (fault != "damaged" or len(complete_iterations(checkpoints)) >= 2)
+
+        waits.wait_for(f"the job to train again before fault {len(dealt) + 1} ({fault})", training,
+                       timeout=READY_S, every=0.2, check=cluster.assert_daemons_alive, state=cluster.diagnostics)  # fmt: skip
+        time.sleep(rng.uniform(0.0, 0.8))
+        restarts = int(cluster.job(job)["Restarts"])
+        dealt.append((fault, _losses(run_dir)))
+        if fault == "sigterm":
+            cluster.run("scancel", "--signal=TERM", str(job))
+        elif fault == "disk-full":
+            _fill_until_a_save_fails(cluster, job, run_dir, fs, restarts)
+            continue
+        else:
+            if fault == "damaged":
+                latest = read_tracker(checkpoints)
+                if latest is not None:
+                    for shard in sorted(checkpoint_dir(checkpoints, latest).glob("*.distcp"))[:1]:
+                        data = bytearray(shard.read_bytes())
+                        data[len(data) // 2] ^= 0xFF
+                        shard.write_bytes(bytes(data))
+            victims = _job_processes(job)
+            if victims:
+                rng.choice(victims).kill()
+        cluster.wait_for_job(job, timeout=READY_S, until=lambda r, n=restarts: int(r["Restarts"]) > n,
+                             what=f"its requeue after {fault}")  # fmt: skip
+    record = cluster.wait_for_job(job, timeout=RUN_S)
+    output = Job(job, run_dir, record).output
+    assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), output[-4000:]
+    return Soak(job, run_dir, checkpoints, dealt, time.monotonic() - started)
+
+
+def _fill_until_a_save_fails(cluster: SlurmCluster, job: int, run_dir: Path, fs: Path, restarts: int) -> None:
+    """Another job's file takes all but 256 KiB of the checkpoint filesystem until a save has failed on it (or
+    the attempt ended, or 30 s passed), then is removed."""
+    failed_saves = _failed_saves(run_dir)
+    ballast = fs / "another-jobs-file"
+    ballast.write_bytes(b"\0" * max(0, shutil.disk_usage(fs).free - 256 * 1024))
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if _failed_saves(run_dir) > failed_saves or int(cluster.job(job)["Restarts"]) > restarts:
+                return
+            time.sleep(0.2)
+    finally:
+        ballast.unlink()
+
+
+def _failed_saves(run_dir: Path) -> int:
+    return sum(
+        log.read_text(errors="replace").count("periodic save failed") for log in run_dir.glob("logs/*/node*.log")
+    )
+
+
+def _check(soak: Soak, reference: Path, iters: int, scratch: Path) -> None:
+    """Every iteration trained, the final checkpoint the reference's bit for bit."""
+    assert read_tracker(soak.checkpoints) == iters
+    iterations = {r["iteration"] for r in read_metrics(soak.run_dir / "metrics.jsonl") if "lm_loss" in r}
+    assert iterations == set(range(1, iters + 1))
+    mine = _final_state(checkpoint_dir(soak.checkpoints, iters), scratch)
+    theirs = _final_state(checkpoint_dir(reference, iters), scratch)
+    assert sorted(mine) == sorted(theirs)
+    different = [key for key in mine if not torch.equal(mine[key], theirs[key])]
+    assert not different, f"{len(different)} tensors differ from the uninterrupted run's: {different[:5]}"
+    kinds = {fault for fault, _ in soak.faults}
+    print(
+        f"\nsoak: job {soak.job}, {len(soak.faults)} faults ({', '.join(f for f, _ in soak.faults)}), "
+        f"{soak.seconds:.0f} s, no intervention, final checkpoint equal to the uninterrupted run's "
+        f"({len(mine)} tensors); kinds: {sorted(kinds)}"
+    )
+
+
+def _reference(cluster: SlurmCluster, run_dir: Path, iters: int) -> Path:
+    """The same job, uninterrupted."""
+    run_dir.mkdir()
+    job = submit(cluster, run_dir, TRAIN_ITERS=str(iters), **SETTINGS)
+    record = cluster.wait_for_job(job, timeout=RUN_S)
+    assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), Job(job, run_dir, record).output
+    return run_dir / "checkpoints"
+
+
+def _run(cluster: SlurmCluster, tmp_path: Path, *, faults: int, iters: int, seed: int) -> None:
+    reference = _reference(cluster, tmp_path / "reference", iters)
+    with small_filesystem(tmp_path / "fs", size_kib=32 * 1024) as fs:
+        soak = _soak(cluster, tmp_path / "soak", fs, faults=faults, iters=iters, seed=seed)
+        _check(soak, reference, iters, tmp_path)
+    waits.wait_for("the soak's processes to end", lambda: not _job_processes(soak.job), timeout=STOP_S)
+
+
+def test_a_job_hit_by_four_kinds_of_fault_finishes_with_the_uninterrupted_weights(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The short version: one fault of each kind."""
+    _run(cluster, tmp_path, faults=len(FAULTS), iters=200, seed=43)
+
+
+@pytest.mark.soak
+def test_soak_twelve_faults(cluster: SlurmCluster, tmp_path: Path) -> None:
+    _run(cluster, tmp_path, faults=12, iters=600, seed=2026)

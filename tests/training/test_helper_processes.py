@@ -1,0 +1,74 @@
+"""A rank's helper processes leave the planned-stop signals to the rank and end when it ends, kill -9 included
+(``megatron_ext/training/helper_processes.py``), and the one private name of Megatron-Core it sets still works."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests import waits
+from tests.conftest import REPO, _env
+from tests.waits import QUICK_S, STOP_S
+
+pytestmark = pytest.mark.unit
+
+# A stand-in for a rank: it installs the guard, starts a helper the way named by argv[1], prints the helper's
+# pid and waits to be killed.
+RANK = """
+import multiprocessing, sys, time
+from megatron_ext.training import helper_processes
+helper_processes.install()
+if sys.argv[1] == "forked":
+    helper = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
+    helper.start()
+    pid = helper.pid
+else:
+    helper_processes.start_checkpoint_results_queue()
+    pid = helper_processes._results_manager._process.pid
+print(pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("kind", ["forked", "results-queue-server"])
+def test_a_helper_ignores_stop_signals_and_dies_with_its_rank(kind: str) -> None:
+    rank = subprocess.Popen([sys.executable, "-c", RANK, kind], stdout=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+    try:
+        assert rank.stdout is not None
+        helper = psutil.Process(int(rank.stdout.readline()))
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+            helper.send_signal(sig)
+        time.sleep(0.5)
+        assert helper.is_running() and helper.status() != psutil.STATUS_ZOMBIE, "a stop signal ended the helper"
+        rank.kill()
+        rank.wait(timeout=STOP_S)
+        waits.wait_for("the helper to end with its rank", lambda: not _alive(helper), timeout=STOP_S)
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait(timeout=STOP_S)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_megatron_core_takes_the_results_queue_it_is_given() -> None:
+    """The contract behind ``start_checkpoint_results_queue``: Megatron-Core's writer asks
+    ``filesystem_async._get_write_results_queue()``, which keeps a queue already set in ``_results_queue``."""
+    probe = (
+        "from megatron.core.dist_checkpointing.strategies import filesystem_async as f\n"
+        "given = object(); f._results_queue = given\n"
+        "assert f._get_write_results_queue() is given\n"
+        "import inspect; assert '_get_write_results_queue()' in inspect.getsource(f.FileSystemWriterAsync)\n"
+    )
+    proc = waits.run([sys.executable, "-c", probe], timeout=QUICK_S, env=_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
