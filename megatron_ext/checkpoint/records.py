@@ -191,3 +191,39 @@ def check_identity(path: Path, common: Mapping[str, Any], identity: RunIdentity,
                 "a new run from its weights"
             )
         log.warning("%s: training data changed (%s): %s", path, DATA_FLAG, "; ".join(changes))
+
+
+def loads_optimizer(common: Mapping[str, Any], run: RunArgs) -> bool:
+    """Whether a resume loads the optimizer state of a checkpoint (its ``common.pt``): it has one, and neither
+    ``--no-load-optim`` nor ``--finetune`` was given."""
+    return not (run.no_load_optim or run.finetune) and bool(common.get("has_optimizer_state", True))
+
+
+def check_resumable(path: Path, common: Mapping[str, Any], cfg: TrainingConfig) -> None:
+    """Refuse a checkpoint this run cannot resume from, by its ``common.pt`` alone (no tensor is read): another
+    vocabulary, the optimizer state of the other optimizer, or a per-rank distributed-optimizer state this layout
+    cannot take. CheckpointError says what and the fix. Checked before anything is built, and again at load."""
+    saved_vocab = common.get("vocab_size")
+    if saved_vocab is not None and saved_vocab != cfg.vocab_size:
+        raise CheckpointError(
+            f"{path} was trained with a vocabulary of {saved_vocab:,} tokens and this run's tokenizer has "
+            f"{cfg.vocab_size:,}; use the tokenizer (or --vocab-size) of the saved run"
+        )
+    if not loads_optimizer(common, cfg.run):
+        return
+    saved_layout = common.get("layout", {})
+    saved_distributed = saved_layout.get("distributed_optimizer")
+    if saved_distributed is not None and saved_distributed != cfg.layout.use_distributed_optimizer:
+        # The two optimizers keep different state structures (the distributed one
+        # holds fp32 master shards and per-group metadata).
+        raise CheckpointError(
+            f"{path}: the optimizer state was saved "
+            f"{'with' if saved_distributed else 'without'} --use-distributed-optimizer and this run is "
+            f"{'with' if cfg.layout.use_distributed_optimizer else 'without'} it; use the same setting, "
+            "or pass --no-load-optim to load only the model"
+        )
+    saved_format = common.get("optimizer_format", "fully_reshardable")
+    if cfg.layout.use_distributed_optimizer and saved_format == "dp_reshardable":
+        refusal = per_rank_format_refusal(saved_layout, cfg.layout)
+        if refusal:
+            raise CheckpointError(f"{path}: {refusal}")

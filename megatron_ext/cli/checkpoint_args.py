@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import warnings
 
+from megatron_ext.checkpoint import on_disk
 from megatron_ext.config.tokenizer_types import TOKENIZER_FIELDS, tokenizer_type_argument
 
 
@@ -34,3 +35,25 @@ def quiet_dependencies() -> None:
     deprecations) in a one-process tool's output; its own errors and messages are printed, not warned."""
     for category in (UserWarning, FutureWarning, DeprecationWarning):
         warnings.filterwarnings("ignore", category=category)
+
+
+def checkpoint_error_text(exc: on_disk.CheckpointError, args: argparse.Namespace) -> str:
+    """The tool's one line for a checkpoint it cannot use. A damaged latest checkpoint is refused (a tool never
+    picks another by itself), and the line names the newest earlier one and how to take it: ``--iteration N``,
+    what a resumed training run does by itself (``--no-checkpoint-fallback`` otherwise)."""
+    text, load = str(exc), getattr(args, "load", None)
+    if load is None or getattr(args, "iteration", None) is not None:
+        return text
+    try:
+        latest = on_disk.read_tracker(load)
+    except on_disk.CheckpointError:
+        return text
+    if latest is None or str(on_disk.checkpoint_dir(load, latest)) not in text:
+        return text
+    earlier = on_disk.fallback_candidates(load, latest)
+    if not earlier:
+        return text
+    return (
+        f"{text}; the newest earlier checkpoint is iteration {earlier[0]}: pass --iteration {earlier[0]} to use it "
+        "(a resumed training run falls back to it by itself, unless --no-checkpoint-fallback)"
+    )

@@ -26,7 +26,12 @@ import argparse
 import shlex
 import sys
 
-from megatron_ext.cli.checkpoint_args import add_checkpoint_arguments, quiet_dependencies, tokenizer_overrides
+from megatron_ext.cli.checkpoint_args import (
+    add_checkpoint_arguments,
+    checkpoint_error_text,
+    quiet_dependencies,
+    tokenizer_overrides,
+)
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser
 
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.INVALID
     except CheckpointError as exc:
-        print(f"checkpoint error: {exc}", file=sys.stderr)
+        print(f"checkpoint error: {checkpoint_error_text(exc, args)}", file=sys.stderr)
         return ExitCode.CHECKPOINT
     except OutputError as exc:
         # As a failed save of pretrain_gpt.py: a checkpoint (here in transformers' format) cannot be written.

@@ -16,7 +16,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from megatron_ext.cli.checkpoint_args import add_checkpoint_arguments, quiet_dependencies, tokenizer_overrides
+from megatron_ext.cli.checkpoint_args import (
+    add_checkpoint_arguments,
+    checkpoint_error_text,
+    quiet_dependencies,
+    tokenizer_overrides,
+)
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser, at_least
 
@@ -65,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 device=ctx.device,
             )
     except CheckpointError as exc:  # before RuntimeError, which it is
-        print(f"checkpoint error: {exc}", file=sys.stderr)
+        print(f"checkpoint error: {checkpoint_error_text(exc, args)}", file=sys.stderr)
         return ExitCode.CHECKPOINT
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

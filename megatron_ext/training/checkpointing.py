@@ -9,7 +9,7 @@ CRC-32 of every file (the ranks share the hashing; ``--no-checkpoint-checksums``
 skips it); loading verifies them, so a shard damaged after the save (same size,
 other bytes) is an error naming the file rather than silently wrong weights.
 A filesystem step done by rank 0 alone reports its failure to every rank
-(``_on_rank0``), and a save that fails removes its own directory
+(``on_rank0``), and a save that fails removes its own directory
 (``save_failed``): one error line, never a partial save left behind. Once
 the tracker names a save, no failure path removes it.
 
@@ -83,7 +83,7 @@ def _my_share(names: list[str]) -> list[str]:
     return names[dist.get_rank() :: dist.get_world_size()]
 
 
-def _on_rank0(action: Callable[[], T], *, what: str) -> T | None:
+def on_rank0(action: Callable[[], T], *, what: str) -> T | None:
     """Run a filesystem step on rank 0 and tell every rank whether it failed (a collective): a failure is one
     CheckpointError on every rank instead of rank 0's traceback and the others waiting in the next collective."""
     error: list[str | None] = [None]
@@ -115,7 +115,7 @@ def _write_checksums(path: Path, *, enabled: bool) -> None:
         dist.all_gather_object(gathered, mine)
         merged = {name: crc for part in gathered for name, crc in part.items()}
     manifest = json.dumps({"crc32": merged}, indent=1, sort_keys=True)
-    _on_rank0(
+    on_rank0(
         lambda: on_disk.write_atomically(path / CHECKSUMS_FILENAME, manifest), what=f"cannot write {path}'s checksums"
     )
 
@@ -252,10 +252,18 @@ def _unshare_adam_steps(optimizer: Any) -> None:
                 state["step"] = step.clone()
 
 
-def _check_files(path: Path) -> dict[str, Any]:
+def check_files(path: Path) -> dict[str, Any]:
     """Check every shard file holds the bytes the index promises (catches
     truncated and missing files, naming them); returns the saved tensors' metadata."""
     from megatron.core import dist_checkpointing
+
+    check_sizes(path)
+    return dict(dist_checkpointing.load_tensors_metadata(str(path)))
+
+
+def check_sizes(path: Path) -> None:
+    """Megatron-Core's files are there, and every shard file holds the bytes torch's index promises (no process
+    group needed)."""
     from torch.distributed.checkpoint import FileSystemReader
 
     on_disk.check_structure(path)
@@ -275,7 +283,6 @@ def _check_files(path: Path) -> dict[str, Any]:
             raise CheckpointError(
                 f"{file} is truncated: {actual:,} bytes, the index needs {size:,}; resume from an earlier checkpoint"
             )
-    return dict(dist_checkpointing.load_tensors_metadata(str(path)))
 
 
 _VOCAB_TENSORS = ("embedding.word_embeddings.weight", "output_layer.weight")
@@ -408,7 +415,7 @@ def save_checkpoint(
             log.warning("removed %s: a save that never finished (%s)", path, on_disk.SAVING_FILENAME)
         on_disk.start_save(root, iteration, overwrite=cfg.run.overwrite_checkpoints)
 
-    _on_rank0(start, what=f"cannot start checkpoint {target}")
+    on_rank0(start, what=f"cannot start checkpoint {target}")
 
     model_sd = _model_sharded_state_dict(chunks)
     state: dict[str, Any] = dict(model_sd)
@@ -481,7 +488,7 @@ def _publish(root: Path, target: Path, iteration: int, cfg: TrainingConfig) -> N
             for path in on_disk.prune(root, keep=cfg.run.keep_last_checkpoints):
                 log.info("removed old checkpoint %s (--keep-last-checkpoints %d)", path, cfg.run.keep_last_checkpoints)
 
-    _on_rank0(track, what=f"cannot publish checkpoint {target}")
+    on_rank0(track, what=f"cannot publish checkpoint {target}")
     save_faults.fault_point("published", iteration)
 
 
@@ -493,7 +500,7 @@ def save_weights(root: str | Path, model: torch.nn.Module, cfg: TrainingConfig, 
 
     root = Path(root)
     target = checkpoint_dir(root, 0)
-    _on_rank0(lambda: on_disk.start_save(root, 0, overwrite=False), what=f"cannot start checkpoint {target}")
+    on_rank0(lambda: on_disk.start_save(root, 0, overwrite=False), what=f"cannot start checkpoint {target}")
     state: dict[str, Any] = _model_sharded_state_dict([model])
     state.update(has_optimizer_state=False, rng_state=_rng_sharded_object(cfg))
     state.update(records.common_state(cfg, iteration=0, consumed_samples=0, identity=identity))
@@ -510,7 +517,7 @@ def save_weights(root: str | Path, model: torch.nn.Module, cfg: TrainingConfig, 
 def verify_checkpoint(path: Path) -> dict[str, Any]:
     """Every file of one checkpoint directory present, whole and (unless saved without) matching its CRC-32;
     returns the saved tensors' metadata by key (a collective). CheckpointError names what is wrong."""
-    saved = _check_files(path)
+    saved = check_files(path)
     _verify_checksums(path)
     return saved
 
@@ -544,40 +551,23 @@ def load_checkpoint(
             )
         log.warning("no checkpoint found under --load %s: starting from scratch", root)
         return LoadedState(iteration=0, consumed_samples=0, path=None)
+    from megatron_ext.training import resume  # it builds on this module's checks
+
     explicit = given is not None
-    path, saved_tensors, common, skipped = _newest_that_passes(
+    path, saved_tensors, common, skipped = resume.newest_that_passes(
         Path(root),
         iteration,
         verify=not run.no_checkpoint_checksums,
         fallback=not (run.no_checkpoint_fallback or explicit),
     )
-    saved_layout = common.get("layout", {})
-    saved_vocab = common.get("vocab_size")
-    if saved_vocab is not None and saved_vocab != cfg.vocab_size:
-        raise CheckpointError(
-            f"{path} was trained with a vocabulary of {saved_vocab:,} tokens and this run's tokenizer has "
-            f"{cfg.vocab_size:,}; use the tokenizer (or --vocab-size) of the saved run"
-        )
+    records.check_resumable(path, common, cfg)
     if identity is not None:
         records.check_identity(path, common, identity, run)
+    saved_layout = common.get("layout", {})
     model_sd = _model_sharded_state_dict(chunks)
     request: dict[str, Any] = dict(model_sd)
-    load_optim = not (run.no_load_optim or run.finetune) and bool(common.get("has_optimizer_state", True))
-    saved_distributed = saved_layout.get("distributed_optimizer")
-    if load_optim and saved_distributed is not None and saved_distributed != cfg.layout.use_distributed_optimizer:
-        # The two optimizers keep different state structures (the distributed one
-        # holds fp32 master shards and per-group metadata).
-        raise CheckpointError(
-            f"{path}: the optimizer state was saved "
-            f"{'with' if saved_distributed else 'without'} --use-distributed-optimizer and this run is "
-            f"{'with' if cfg.layout.use_distributed_optimizer else 'without'} it; use the same setting, "
-            "or pass --no-load-optim to load only the model"
-        )
+    load_optim = records.loads_optimizer(common, run)
     saved_format = common.get("optimizer_format", "fully_reshardable")
-    if load_optim and cfg.layout.use_distributed_optimizer and saved_format == "dp_reshardable":
-        refusal = records.per_rank_format_refusal(saved_layout, cfg.layout)
-        if refusal:
-            raise CheckpointError(f"{path}: {refusal}")
     if load_optim:
         _prepare_distributed_optimizer_for_load(optimizer)
         request["optimizer"] = optimizer.sharded_state_dict(
@@ -625,70 +615,3 @@ def load_checkpoint(
     return LoadedState(
         iteration=int(common["iteration"]), consumed_samples=int(common["consumed_samples"]), path=path, skipped=skipped
     )
-
-
-FALLBACK_FLAG = "--no-checkpoint-fallback"
-
-
-def _passes(path: Path, *, verify: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A checkpoint directory's tensor index and common state, once its files pass their checks (a collective
-    with ``verify``: the ranks share the CRC-32s); CheckpointError names what fails."""
-    if not path.is_dir():
-        raise CheckpointError(f"{path} does not exist")
-    saved_tensors = verify_checkpoint(path) if verify else _check_files(path)
-    return saved_tensors, saved_common(path)
-
-
-def _newest_that_passes(
-    root: Path, iteration: int, *, verify: bool, fallback: bool
-) -> tuple[Path, dict[str, Any], dict[str, Any], tuple[tuple[int, str, str], ...]]:
-    """The checkpoint of ``iteration`` if it passes its checks; else, with ``fallback``, the newest earlier one
-    that does, after moving each damaged one aside (``on_disk.set_aside``, rank 0) and pointing the tracker at
-    the one loaded, so that the next saves cannot collide with them and a later resume starts there too.
-
-    Every rank reaches the same decision: the files are on a filesystem they share and the checksum check is a
-    collective."""
-    skipped: list[tuple[int, str]] = []
-    for candidate in [iteration, *(on_disk.fallback_candidates(root, iteration) if fallback else [])]:
-        path = checkpoint_dir(root, candidate)
-        try:
-            saved_tensors, common = _passes(path, verify=verify)
-        except CheckpointError as exc:
-            if not fallback:
-                raise
-            skipped.append((candidate, str(exc)))
-            continue
-        moved = _set_aside_and_track(root, candidate, skipped)
-        return path, saved_tensors, common, moved
-    listing = "; ".join(f"iteration {it}: {why}" for it, why in skipped)
-    raise CheckpointError(
-        f"no checkpoint under {root} passes its checks ({listing}); nothing was moved or changed. Restore one "
-        "from a copy, or start from scratch in another --save directory"
-    )
-
-
-def _set_aside_and_track(root: Path, loaded: int, skipped: list[tuple[int, str]]) -> tuple[tuple[int, str, str], ...]:
-    """Move the skipped checkpoints aside and make the tracker name ``loaded`` (rank 0; a collective)."""
-    if not skipped:
-        return ()
-
-    def move() -> list[str]:
-        moved = []
-        for it, _ in skipped:
-            path = checkpoint_dir(root, it)
-            moved.append(str(on_disk.set_aside(path)) if path.exists() else "(it did not exist)")
-        on_disk.write_tracker(root, loaded)
-        return moved
-
-    moved = _on_rank0(move, what=f"cannot move the damaged checkpoints under {root} aside") or []
-    shared: list[Any] = [moved]
-    dist.broadcast_object_list(shared, src=0)
-    result = tuple((it, why, where) for (it, why), where in zip(skipped, shared[0], strict=True))
-    if dist.get_rank() == 0:
-        for it, why, where in result:
-            log.warning(
-                "checkpoint of iteration %d skipped: %s; moved to %s (kept); resuming from iteration %d instead "
-                "(%s stops instead)",
-                it, why, where, loaded, FALLBACK_FLAG,
-            )  # fmt: skip
-    return result

@@ -158,12 +158,17 @@ def pretrain(
     cfg = checked.cfg
     try:
         where, tracked = _check_checkpoint_paths(cfg, probe=rank == 0)
+        resuming: list[str] = []
         if tracked is not None:
             # Reading the checkpoint's index takes torch; without a tracker there is nothing to read.
-            from megatron_ext.training import checkpointing
+            from megatron_ext.training import checkpointing, resume
 
             # Before the model is built: a resumed run keeps the checkpoint's padded vocabulary.
             cfg = checkpointing.keep_checkpoint_vocabulary(cfg)
+            # Everything that can refuse the --load without the model, before any process group: every rank
+            # reaches the same answer, and --dry-run says it.
+            chosen = resume.preflight_resume(cfg)
+            resuming = resume.describe(chosen, str(cfg.run.load)) if chosen is not None else []
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.INVALID
@@ -174,7 +179,7 @@ def pretrain(
     if cfg.run.dry_run:
         print("configuration is valid")
         notes = [*(f"{m} (not installed here)" for m in missing), *_transformer_engine_note(cfg)]
-        for line in [*plan.describe(cfg), *([where] if where else []), *notes]:
+        for line in [*plan.describe(cfg), *([where] if where else []), *resuming, *notes]:
             print(f"  {line}")
         return ExitCode.OK
     if missing:

@@ -254,7 +254,7 @@ class Trainer:
         self.peak_flops = peak_flops_for(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
         self._log_start()
         for it, why, where in skipped:
-            # A resume that passed over a damaged checkpoint (checkpointing._newest_that_passes).
+            # A resume that passed over a damaged checkpoint (resume.newest_that_passes).
             self.metrics.write(
                 {"iteration": self.iteration, "checkpoint_skipped": it, "reason": why, "moved_to": where}
             )

@@ -233,5 +233,7 @@ def test_damaged_files_are_named_by_training_and_the_tools(
         out = _tool(*tool)
         assert out.returncode == ExitCode.CHECKPOINT, out.stderr
         _one_error_line(out, named)
+        if damage != TRACKER_FILENAME:  # the tool names the checkpoint to take instead
+            assert "the newest earlier checkpoint is iteration 2: pass --iteration 2 to use it" in out.stderr
     assert _snapshot(ckpt) == before
     assert not (tmp_path / "hf").exists()

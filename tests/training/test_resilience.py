@@ -32,7 +32,16 @@ from megatron_ext.checkpoint.on_disk import (
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.training.save_faults import KILL_AT_VARIABLE, SAVE_STEPS
 from tests import waits
-from tests.conftest import REPO, TINY_MODEL, _env, launch_command, read_metrics, run_pretrain, train_losses
+from tests.conftest import (
+    REPO,
+    TINY_MODEL,
+    _env,
+    launch_command,
+    read_metrics,
+    run_pretrain,
+    run_script,
+    train_losses,
+)
 from tests.training.conftest import ITERS, RUN, copy_of, saved_run
 from tests.waits import READY_S, STOP_S
 
@@ -318,12 +327,27 @@ def test_repeated_non_finite_losses_stop_the_run(tmp_path: Path) -> None:
     assert "3 consecutive iterations (up to 3) had a non-finite loss" in proc.stdout
 
 
-def test_vocabulary_mismatch_is_a_clear_error(saved: Path) -> None:
-    save = saved
+def test_vocabulary_mismatch_is_refused_before_anything_is_built(saved: Path) -> None:
+    """By --dry-run, and so by every rank before it starts torch.distributed (resume.preflight_resume)."""
     # The embedding's padded rows may differ with TP, so the shapes alone cannot tell.
     args = [a if a != "255" else "300" for a in RUN]  # --vocab-size 255 -> 300 (both pad to 384)
-    proc = run_pretrain([*args, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
-    assert "was trained with a vocabulary of 256 tokens and this run's tokenizer has 301" in proc.stdout
+    proc = run_script([*args, "--load", str(saved), "--dry-run", "--world-size", "2"])
+    assert proc.returncode == ExitCode.CHECKPOINT, proc.stderr[-3000:]
+    assert "was trained with a vocabulary of 256 tokens and this run's tokenizer has 301" in proc.stderr
+
+
+def test_dry_run_names_the_checkpoint_a_resume_falls_back_to_and_moves_nothing(saved: Path, tmp_path: Path) -> None:
+    save = copy_of(saved, tmp_path)
+    (save / "iter_0000003" / "common.pt").unlink()
+    before = sorted(str(p.relative_to(save)) for p in save.rglob("*"))
+    dry = [*RUN, "--load", str(save), "--save", str(save), "--dry-run", "--world-size", "2"]
+    proc = run_script(dry)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"iteration 3 under --load {save} fails its checks ({save}/iter_0000003/common.pt is missing" in proc.stdout
+    assert f"resumes from iteration 2 under --load {save}" in proc.stdout
+    hard = run_script([*dry, "--no-checkpoint-fallback"])
+    assert hard.returncode == ExitCode.CHECKPOINT and "iter_0000003/common.pt is missing" in hard.stderr
+    assert sorted(str(p.relative_to(save)) for p in save.rglob("*")) == before
 
 
 def test_learning_rate_schedule_change_needs_a_choice(saved: Path, tmp_path: Path) -> None:
