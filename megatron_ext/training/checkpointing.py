@@ -451,7 +451,8 @@ def save_checkpoint(
         async_queue.schedule_async_request(request)
         return target
     try:
-        dist_checkpointing.save(state, str(target), strategy, content_metadata=metadata)
+        with helper_processes.helpers_watched(f"the save of {target}"):
+            dist_checkpointing.save(state, str(target), strategy, content_metadata=metadata)
         dist.barrier()
         _publish(root, target, iteration, cfg)
     except (Exception, CheckpointException) as exc:

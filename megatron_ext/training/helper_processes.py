@@ -38,15 +38,22 @@ How each kind is reached:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import logging
 import multiprocessing
 import os
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 from multiprocessing.managers import SyncManager
 from typing import Any
 
+from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.training.resilience import HANDLED_SIGNALS
+
+log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 """prctl(2): the signal this process gets when its parent ends."""
@@ -133,3 +140,51 @@ def start_checkpoint_results_queue() -> Any:
         _results_manager = manager  # kept: the server lives as long as its manager object
         filesystem_async._results_queue = manager.Queue()
     return filesystem_async._results_queue
+
+
+WATCH_EVERY_S = 0.5
+"""How often ``helpers_watched`` looks at the rank's helpers."""
+
+
+def _killed_child() -> tuple[int, str] | None:
+    """A child of this process that a signal ended, as (pid, signal name), without reaping it (WNOWAIT)."""
+    import psutil
+
+    for child in psutil.Process().children():
+        try:
+            info = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            continue
+        if info is not None and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+            return child.pid, signal.Signals(info.si_status).name
+    return None
+
+
+@contextlib.contextmanager
+def helpers_watched(what: str) -> Iterator[None]:
+    """While the block runs, end this rank when one of its helpers is killed by a signal (the OOM killer, a
+    kill -9). Megatron-Core's checkpoint writers report through a queue that waits for every writer: one that
+    was killed leaves the save, and the run, waiting for ever. Ending the rank instead ends the job, which the
+    recipes requeue from the last published checkpoint (the unfinished save is a partial one: removed then)."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(WATCH_EVERY_S):
+            killed = _killed_child()
+            if killed is not None:
+                pid, name = killed
+                log.error(
+                    "helper process %d was killed by %s during %s, which would wait for it for ever: this rank "
+                    "exits (code %d) so that the job ends and resumes from the last published checkpoint",
+                    pid, name, what, ExitCode.ERROR,
+                )  # fmt: skip
+                logging.shutdown()
+                os._exit(ExitCode.ERROR)  # the recipes requeue after it
+
+    watcher = threading.Thread(target=watch, name="helpers-watched", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()

@@ -50,16 +50,17 @@ SETTINGS = {
 
 
 def _job_processes(job: int) -> list:
-    """The job's training ranks (pretrain_gpt.py processes whose environment names the job)."""
+    """The job's training ranks: the pretrain_gpt.py processes our launcher started for the job (their forked
+    helpers share their command line)."""
     import psutil
 
     found = []
     for process in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
+            parent = process.parent()
             command = " ".join(process.info["cmdline"] or [])
-            # Not the launcher (whose command line names the script too), not a helper.
-            ours = "pretrain_gpt.py" in command and not any(s in command for s in ("spawn_main", ".cli.launch"))
-            if ours and process.environ().get("SLURM_JOB_ID") == str(job):
+            launched = parent is not None and ".cli.launch" in " ".join(parent.cmdline())
+            if launched and "pretrain_gpt.py" in command and process.environ().get("SLURM_JOB_ID") == str(job):
                 found.append(process)
     return found
 

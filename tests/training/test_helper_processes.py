@@ -72,3 +72,23 @@ def test_megatron_core_takes_the_results_queue_it_is_given() -> None:
     )
     proc = waits.run([sys.executable, "-c", probe], timeout=QUICK_S, env=_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+WATCHED = """
+import multiprocessing, os, signal, time
+from megatron_ext.training import helper_processes
+helper_processes.install()
+with helper_processes.helpers_watched("a save"):
+    writer = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
+    writer.start()
+    os.kill(writer.pid, signal.SIGKILL)
+    time.sleep(600)  # Megatron-Core waiting for the writer's result
+"""
+
+
+def test_a_rank_whose_save_lost_a_helper_exits_instead_of_waiting_for_ever() -> None:
+    """Before: a checkpoint writer killed by a signal (found by the SLURM soak) left the rank waiting in
+    Megatron-Core's queue for ever, and the job hung until its time limit."""
+    proc = waits.run([sys.executable, "-c", WATCHED], timeout=QUICK_S, env=_env(), cwd=REPO)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "was killed by SIGKILL during a save, which would wait for it for ever: this rank exits" in proc.stderr
