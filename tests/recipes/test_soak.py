@@ -66,11 +66,15 @@ def _job_processes(job: int) -> list:
     return found
 
 
+def _losses(run_dir: Path) -> list[int]:
+    """The iterations of every loss the job logged, in order (each attempt appends)."""
+    path = run_dir / "metrics.jsonl"
+    return [r["iteration"] for r in read_metrics(path) if "lm_loss" in r] if path.exists() else []
+
+
 def _iteration(run_dir: Path) -> int:
     """The iteration the job last logged a loss for (0: none yet)."""
-    path = run_dir / "metrics.jsonl"
-    records = [r for r in read_metrics(path) if "lm_loss" in r] if path.exists() else []
-    return records[-1]["iteration"] if records else 0
+    return (_losses(run_dir) or [0])[-1]
 
 
 def _final_state(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
@@ -107,12 +111,15 @@ def _soak(cluster: SlurmCluster, run_dir: Path, fs: Path, *, faults: int, iters:
         fault = order.pop()
         # Fault k when the job reaches its share of the iterations: spread over the run, whatever the speed.
         target = iters * (len(dealt) + 1) // (faults + 2)
+        logged = len(_losses(run_dir))
 
-        def training(target: int = target, fault: str = fault) -> bool:
+        def training(target: int = target, fault: str = fault, logged: int = logged) -> bool:
             record = cluster.job(job)
             if record.get("JobState") == "COMPLETED":
                 pytest.fail(f"the job finished after {len(dealt)} of {faults} faults")
-            running = record.get("JobState") == "RUNNING" and _iteration(run_dir) >= target
+            # Training in this attempt (a loss logged since the last fault), past the target.
+            losses = _losses(run_dir)
+            running = record.get("JobState") == "RUNNING" and len(losses) > logged and losses[-1] >= target
             # A damaged latest checkpoint needs an earlier one to fall back to (with none, the job stops: exit 3).
             enough = fault != "damaged" or len(complete_iterations(checkpoints)) >= 2
             return running and enough and bool(_job_processes(job))
