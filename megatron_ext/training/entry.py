@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from megatron_ext.checkpoint import on_disk
+from megatron_ext.checkpoint.identity import RunIdentity
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import add_options
@@ -159,6 +160,7 @@ def pretrain(
     try:
         where, tracked = _check_checkpoint_paths(cfg, probe=rank == 0)
         resuming: list[str] = []
+        identity: RunIdentity | None = None
         if tracked is not None:
             # Reading the checkpoint's index takes torch; without a tracker there is nothing to read.
             from megatron_ext.training import checkpointing, resume
@@ -167,7 +169,12 @@ def pretrain(
             cfg = checkpointing.keep_checkpoint_vocabulary(cfg)
             # Everything that can refuse the --load without the model, before any process group: every rank
             # reaches the same answer, and --dry-run says it.
-            chosen = resume.preflight_resume(cfg)
+            if cfg.run.dry_run or rank == 0:  # the data is hashed where it is checked in full
+                try:
+                    identity = RunIdentity.of(checked.tokenizer, cfg.data)
+                except OSError:
+                    identity = None  # files not on this machine (a rehearsal): compared at load
+            chosen = resume.preflight_resume(cfg, identity)
             resuming = resume.describe(chosen, str(cfg.run.load)) if chosen is not None else []
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -193,6 +200,7 @@ def pretrain(
     return loop.train(
         cfg,
         tokenizer=checked.tokenizer,
+        identity=identity,
         started=started,
         model_provider=model_provider,
         forward_step=forward_step,

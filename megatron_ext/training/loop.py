@@ -69,8 +69,11 @@ def train(
     model_provider: ModelProvider,
     forward_step: ForwardStep,
     datasets_provider: DatasetsProvider,
+    identity: RunIdentity | None = None,
 ) -> int:
     """Train a checked configuration (``entry.pretrain`` parsed and preflighted it); returns the exit code.
+
+    ``identity``: this run's tokenizer and data digests where the preflight hashed them already (global rank 0).
 
     ``started`` (``time.monotonic()``) is when the run started, for ``--exit-duration-in-mins``.
     """
@@ -102,6 +105,7 @@ def train(
             forward_step=forward_step,
             datasets_provider=datasets_provider,
             tokenizer=tokenizer,
+            identity=identity,
         )
         return trainer.train(signal_flag=signal_flag, started=started)
     except ConfigError as exc:
@@ -125,12 +129,12 @@ def train(
         distributed.destroy()
 
 
-def _run_identity(cfg: TrainingConfig, tokenizer: Tokenizer) -> RunIdentity | None:
-    """This run's tokenizer and data by content, for its checkpoints (hashed once, on rank 0, and shared);
-    None when it neither loads nor saves one."""
+def _run_identity(cfg: TrainingConfig, tokenizer: Tokenizer, known: RunIdentity | None) -> RunIdentity | None:
+    """This run's tokenizer and data by content, for its checkpoints (hashed once, on rank 0, and shared; ``known``
+    where rank 0 hashed them already); None when it neither loads nor saves one."""
     if not (cfg.run.load or cfg.run.save):
         return None
-    box = [RunIdentity.of(tokenizer, cfg.data) if dist.get_rank() == 0 else None]
+    box = [(known or RunIdentity.of(tokenizer, cfg.data)) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
@@ -147,6 +151,7 @@ class Trainer:
         forward_step: ForwardStep,
         datasets_provider: DatasetsProvider,
         tokenizer: Tokenizer,
+        identity: RunIdentity | None = None,
     ) -> None:
         from megatron.core import parallel_state
         from megatron.core.distributed import finalize_model_grads
@@ -224,7 +229,7 @@ class Trainer:
         self.iteration = 0
         self.consumed_samples = 0
         self.skipped_iterations = 0
-        self.identity = _run_identity(cfg, tokenizer)
+        self.identity = _run_identity(cfg, tokenizer, identity)
         skipped: tuple[tuple[int, str, str], ...] = ()
         if cfg.run.load:
             state = checkpointing.load_checkpoint(

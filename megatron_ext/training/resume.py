@@ -20,6 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 from megatron_ext.checkpoint import on_disk, records
+from megatron_ext.checkpoint.identity import RunIdentity
 from megatron_ext.checkpoint.on_disk import CHECKSUMS_FILENAME, CheckpointError, checkpoint_dir, read_tracker
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.training.checkpointing import check_files, check_sizes, on_rank0, saved_common, verify_checkpoint
@@ -38,10 +39,10 @@ class ResumePlan:
     """The damaged checkpoints it passes over, newest first: (iteration, why)."""
 
 
-def preflight_resume(cfg: TrainingConfig) -> ResumePlan | None:
+def preflight_resume(cfg: TrainingConfig, identity: RunIdentity | None = None) -> ResumePlan | None:
     """The checkpoint under ``--load`` a resume will load, and the refusals that need no model: every file there
     and whole, ``checksums.json`` and ``common.pt`` readable, the vocabulary and optimizer state this run can take
-    (``records.check_resumable``). The damaged checkpoints a resume falls back from are listed (nothing is moved
+    (``records.check_resumable``), and with ``identity`` this run's tokenizer and data against the saved run's. The damaged checkpoints a resume falls back from are listed (nothing is moved
     here). One process, no process group: ``--dry-run`` and every rank before it initialises torch.distributed
     reach the same answer (the CRC-32 of every file is checked at load, by all ranks together). None: nothing to
     resume from. CheckpointError: nothing it may load."""
@@ -69,6 +70,8 @@ def preflight_resume(cfg: TrainingConfig) -> ResumePlan | None:
             skipped.append((candidate, str(exc)))
             continue
         records.check_resumable(path, common, cfg)
+        if identity is not None:  # hashed where the data is checked in full (--dry-run, global rank 0)
+            records.check_identity(path, common, identity, run)
         return ResumePlan(iteration=candidate, skipped=tuple(skipped))
     listing = "; ".join(f"iteration {it}: {why}" for it, why in skipped)
     raise CheckpointError(

@@ -14,7 +14,7 @@ import pytest
 
 from megatron_ext.config.exit_codes import ExitCode
 from tests import waits
-from tests.conftest import REPO, SavedRun, _env, pipeline_flags, run_pretrain
+from tests.conftest import REPO, SavedRun, _env, pipeline_flags, run_pretrain, run_script
 from tests.waits import RUN_S
 
 pytestmark = pytest.mark.distributed
@@ -34,19 +34,25 @@ def other_model(indexed_datasets: dict[str, Path]) -> Path:
     return prefix.with_suffix(".model")
 
 
-def _resume(datasets: dict[str, Path], run: SavedRun, *changes: str, expect: int) -> str:
-    """One more iteration from the run's checkpoint (nothing saved), with ``changes`` to its flags."""
+def _resume(datasets: dict[str, Path], run: SavedRun, *changes: str, expect: int, dry: bool = False) -> str:
+    """One more iteration from the run's checkpoint (nothing saved), with ``changes`` to its flags; ``dry``: its
+    ``--dry-run``, which refuses what needs no model before anything is built (resume.preflight_resume)."""
     flags = [*pipeline_flags(datasets), "--train-iters", "17", "--eval-iters", "0", "--load", str(run.checkpoint)]
     flags.append("--use-checkpoint-opt_param-scheduler")  # one iteration more than the schedule was made for
-    proc = run_pretrain([*flags, *changes], nproc=2, expect=expect)
+    if dry:
+        proc = run_script([*flags, *changes, "--dry-run", "--world-size", "2"])
+        assert proc.returncode == expect, proc.stderr[-3000:]
+    else:
+        proc = run_pretrain([*flags, *changes], nproc=2, expect=expect)
     return proc.stdout + proc.stderr
 
 
 def test_resuming_with_another_tokenizer_of_the_same_size_is_refused(
     indexed_datasets: dict[str, Path], pipeline_run: SavedRun, other_model: Path
 ) -> None:
-    """Before: resumed (only the vocabulary size was compared), exit 0."""
-    out = _resume(indexed_datasets, pipeline_run, "--tokenizer-model", str(other_model), expect=ExitCode.CHECKPOINT)
+    """Before: resumed (only the vocabulary size was compared), exit 0. Now refused before anything is built."""
+    other = ("--tokenizer-model", str(other_model))
+    out = _resume(indexed_datasets, pipeline_run, *other, expect=ExitCode.CHECKPOINT, dry=True)
     assert "the checkpoint was trained with the tokenizer GPTSentencePieceTokenizer at" in out
     assert f"this one is GPTSentencePieceTokenizer at {other_model} (vocabulary 1,000" in out
     assert "--accept-tokenizer-change to go on with this one deliberately" in out
@@ -57,7 +63,7 @@ def test_resuming_on_other_data_is_refused_unless_accepted(
 ) -> None:
     a, b = str(indexed_datasets["a"]), str(indexed_datasets["b"])
     other_blend = ["--data-path", "0.5", a, "0.5", b]
-    out = _resume(indexed_datasets, pipeline_run, *other_blend, expect=ExitCode.CHECKPOINT)
+    out = _resume(indexed_datasets, pipeline_run, *other_blend, expect=ExitCode.CHECKPOINT, dry=True)
     assert f"--data-path dataset 1 ({a}): weight 0.7 → 0.5; --data-path dataset 2 ({b}): weight 0.3 → 0.5" in out
     assert "pass --accept-data-change to continue on this data deliberately" in out
     out = _resume(indexed_datasets, pipeline_run, *other_blend, "--accept-data-change", expect=0)
