@@ -439,10 +439,13 @@ requeue() {
 }
 
 saved_at="$(cat "${tracker}" 2>/dev/null || echo 0)"
+# Progress counts from the checkpoint this attempt loaded: below resumed_from when the run fell back
+# from a damaged latest checkpoint (each rank logs "loaded checkpoint DIR (iteration N)").
+loaded_from="$(sed -n 's/.* loaded checkpoint .* (iteration \([0-9]*\))$/\1/p' "${job_log_dir}"/*.log 2>/dev/null |
+  head -n 1)"
+loaded_from="${loaded_from:-${resumed_from}}"
 if ((rc == EXIT_SAVED_AND_STOPPED)); then
-  # (A resume that fell back from a damaged checkpoint points the tracker at an earlier one: progress
-  # is measured from the iteration this attempt loaded, which is then below resumed_from.)
-  if ((saved_at == resumed_from)); then
+  if ((saved_at <= loaded_from)); then
     # Requeueing would only wait in the queue to make no progress again.
     log "stopped early but the checkpoint did not advance (iteration ${saved_at}): not requeueing;" \
       "give the job more time than start-up + one iteration + a save (--time, --signal=USR1@N)"
