@@ -19,8 +19,9 @@ short version runs in the default suite; ``-m soak`` runs twelve faults and prin
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,11 +155,19 @@ def _soak(cluster: SlurmCluster, run_dir: Path, fs: Path, *, faults: int, iters:
 
 
 def _fill_until_a_save_fails(cluster: SlurmCluster, job: int, run_dir: Path, fs: Path, restarts: int) -> None:
-    """Another job's file takes all but 256 KiB of the checkpoint filesystem until a save has failed on it (or
+    """Another job's file takes all the room left on the checkpoint filesystem until a save has failed on it (or
     the attempt ended, or 30 s passed), then is removed."""
     failed_saves = _failed_saves(run_dir)
     ballast = fs / "another-jobs-file"
-    ballast.write_bytes(b"\0" * max(0, shutil.disk_usage(fs).free - 256 * 1024))
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while os.write(fd, b"\0" * (1 << 20)):  # until the filesystem is full (a save may be writing too)
+            pass
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+    finally:
+        os.close(fd)
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
