@@ -6,8 +6,9 @@ around it. With ``--async-save`` the files are written in the background
 before it, so the tracker always names the newest finished save. A periodic
 save (``--save-interval``) that fails (disk full, read-only, an I/O error)
 removes its own partial directory, prints one line on every rank, and
-training goes on to the next interval; a second failure in a row, or a failed
-save at a planned stop or at the end of training, stops the run (exit 3). A
+training goes on to the next interval, once every rank has seen it fail; a
+second failure in a row, a failure that not every rank saw, or a failed save
+at a planned stop or at the end of training, stops the run (exit 3). A
 failure because a peer died is that, never a failed save to go on from.
 """
 
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_ext.checkpoint.identity import RunIdentity
@@ -28,6 +31,9 @@ from megatron_ext.training.progress_log import ProgressLog
 from megatron_ext.training.save_faults import save_failed
 
 log = logging.getLogger(__name__)
+
+AGREE_S = 120
+"""How long ranks whose periodic save failed wait for the others to say theirs failed too."""
 
 
 class Saves:
@@ -50,6 +56,10 @@ class Saves:
         """Saves that failed in a row."""
         self.last_saved: int | None = None
         """The iteration of the newest checkpoint this run wrote or loaded (None: none yet, or its save failed)."""
+        self._agreement: Any = None
+        """The gloo group in which ranks whose periodic save failed check that every rank's did."""
+        if cfg.run.save and cfg.run.save_interval > 0 and dist.get_world_size() > 1:
+            self._agreement = dist.new_group(backend="gloo")  # a collective: every rank builds its Saves here
 
     def finish(self, *, blocking: bool = True) -> bool:
         """Finalise the background save in flight, if any; returns False when it failed (it was removed, and
@@ -116,4 +126,25 @@ class Saves:
             raise cause  # a peer died: nothing goes on (the training loop names it)
         if not periodic or self.failed > 1:
             raise error
+        if not self._every_rank_failed():
+            raise checkpointing.CheckpointError(
+                f"{error}. Not every rank's save failed (one may still wait inside it), so training cannot go on"
+            ) from error
         log.error("periodic save failed, training goes on (a second failure in a row stops the run): %s", error)
+
+    def _every_rank_failed(self) -> bool:
+        """Whether every rank saw this save fail: only then can they all go back to training together.
+
+        Megatron-Core's save has steps that rank 0 takes alone (``common.pt``, ``metadata.json``) and writes whose
+        failure reaches the other ranks only in a later collective, so one rank may fail while another still waits
+        inside the save. The ranks that failed meet in a barrier of their own group (gloo's monitored barrier,
+        bounded by ``AGREE_S``); a rank that does not come means the run stops (exit 3) and is requeued."""
+        if dist.get_world_size() == 1:
+            return True
+        if self._agreement is None:
+            return False
+        try:
+            dist.monitored_barrier(group=self._agreement, timeout=timedelta(seconds=AGREE_S), wait_all_ranks=True)
+        except RuntimeError:
+            return False
+        return True
