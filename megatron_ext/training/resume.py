@@ -73,11 +73,7 @@ def preflight_resume(cfg: TrainingConfig, identity: RunIdentity | None = None) -
         if identity is not None:  # hashed where the data is checked in full (--dry-run, global rank 0)
             records.check_identity(path, common, identity, run)
         return ResumePlan(iteration=candidate, skipped=tuple(skipped))
-    listing = "; ".join(f"iteration {it}: {why}" for it, why in skipped)
-    raise CheckpointError(
-        f"no checkpoint under {root} passes its checks ({listing}); nothing was moved or changed. Restore one "
-        "from a copy, or start from scratch in another --save directory"
-    )
+    raise _none_passes(root, skipped)
 
 
 def _passes(path: Path, *, verify: bool) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -119,11 +115,7 @@ def newest_that_passes(
             continue
         moved = _set_aside_and_track(root, candidate, skipped)
         return path, saved_tensors, common, moved
-    listing = "; ".join(f"iteration {it}: {why}" for it, why in skipped)
-    raise CheckpointError(
-        f"no checkpoint under {root} passes its checks ({listing}); nothing was moved or changed. Restore one "
-        "from a copy, or start from scratch in another --save directory"
-    )
+    raise _none_passes(root, skipped)
 
 
 def _set_aside_and_track(root: Path, loaded: int, skipped: list[tuple[int, str]]) -> tuple[tuple[int, str, str], ...]:
@@ -151,3 +143,12 @@ def _set_aside_and_track(root: Path, loaded: int, skipped: list[tuple[int, str]]
                 it, why, where, loaded, FALLBACK_FLAG,
             )  # fmt: skip
     return result
+
+
+def _none_passes(root: Path, skipped: list[tuple[int, str]]) -> CheckpointError:
+    """The error when no checkpoint under ``root`` passes its checks, with why each failed."""
+    listing = "; ".join(f"iteration {it}: {why}" for it, why in skipped)
+    return CheckpointError(
+        f"no checkpoint under {root} passes its checks ({listing}); nothing was moved or changed. Restore one "
+        "from a copy, or start from scratch in another --save directory"
+    )
