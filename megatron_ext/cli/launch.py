@@ -31,6 +31,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import FrameType
 
+import psutil
+
 from megatron_ext.config.exit_codes import SIGNAL_BASE, ExitCode
 from megatron_ext.training.ports import free_port
 
@@ -39,9 +41,8 @@ PLANNED_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def _forward_to_workers(signum: int, _frame: FrameType | None) -> None:
-    import psutil
-
-    # torchrun's workers are this process's own children; their helpers are theirs.
+    # psutil is imported with the module, not here: a second signal during the first one's import would find
+    # a partially initialised module. torchrun's workers are this process's own children; their helpers are theirs.
     for child in psutil.Process().children(recursive=False):
         with contextlib.suppress(psutil.NoSuchProcess):
             child.send_signal(signum)
