@@ -66,7 +66,7 @@ def flags(checkout: Path) -> list[tuple[str, str]]:
     training.__path__ = [str(checkout / "megatron" / "training")]
     training.__getattr__ = lambda name: _dummy(name) if name.startswith("__") else (lambda *a, **k: None)  # type: ignore[method-assign]
     sys.modules["megatron.training"] = training
-    from megatron.training.arguments import add_megatron_arguments  # type: ignore[import-not-found]
+    from megatron.training.arguments import add_megatron_arguments
 
     parser = argparse.ArgumentParser(allow_abbrev=False)
     add_megatron_arguments(parser)
