@@ -73,6 +73,13 @@ class Result:
     bubble_predicted: float | None = None
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment with the repository first on ``PYTHONPATH`` (keeping what was there: the GPU check's
+    wheels), and ``extra``."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
 def model_flags(name: str) -> list[str]:
     """``pretrain_gpt.py`` shape flags of a preset (or of the CPU-sized ``tiny``)."""
     if name == "tiny":
@@ -107,7 +114,7 @@ def run_variant(
         ],
         nproc=nproc,
     )
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+    env = child_env(PYTHONWARNINGS="ignore")
     with open(log, "w") as out:
         code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
     if code != 0:

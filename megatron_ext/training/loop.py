@@ -600,6 +600,7 @@ class Trainer:
             record["params_norm"] = self._params_norm()
         if self.ctx.device.type == "cuda":
             record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            record["peak_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30  # what the caching allocator held
             if self.peak_flops:
                 record["mfu"] = tflops * 1e12 / self.peak_flops
         stages = self.stage_timer.collect()
