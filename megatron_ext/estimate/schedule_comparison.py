@@ -289,7 +289,9 @@ class ScheduleOption:
 
 
 def _relayout(layout: ParallelLayout, **changes: Any) -> tuple[ParallelLayout | None, list[str]]:
-    return ParallelLayout.check(**layout.as_values() | changes)
+    """``layout`` with ``changes``: (the new layout, []) when Megatron-Core would run it, else (None, why not)."""
+    candidate, problems = ParallelLayout.check(**layout.as_values() | changes)
+    return (None if problems else candidate), problems
 
 
 def _model_chunk_times(workload: Workload, estimate: LayoutEstimate) -> Callable[[ParallelLayout], ChunkTimes]:
@@ -396,9 +398,10 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
 
     interleaved, reason = _interleaved_layout(workload, estimate)
     if interleaved is None:
-        for schedule in SCHEDULES[2:]:
-            options.append(ScheduleOption(schedule=schedule, label="interleaved 1F1B", trainable=True, layout=None,
-                                          reason=reason))  # fmt: skip
+        for schedule, label in (("interleaved", "interleaved 1F1B (N = PP, the default)"),
+                                ("interleaved-group", "interleaved 1F1B (best N)"),
+                                ("zb-interleaved", "ZB interleaved (--enable-zero-bubble)")):  # fmt: skip
+            options.append(ScheduleOption(schedule=schedule, label=label, trainable=True, layout=None, reason=reason))
         return options
     v = interleaved.vp
     times = chunk_times(interleaved)

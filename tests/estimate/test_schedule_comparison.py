@@ -249,3 +249,21 @@ def test_search_takes_the_smallest_group_megatron_core_accepts_when_pp_does_not_
     assert "--microbatch-group-size-per-virtual-pipeline-stage 5" in best["pretrain_flags"]
     cfg = parse_args([*best["pretrain_flags"].split(), "--mock-data", "--world-size", "48"])
     assert cfg.layout.microbatch_group_size_per_vp_stage == 5 and cfg.layout.vp == 10
+
+
+def test_fewer_microbatches_than_stages_compares_what_megatron_core_runs_and_says_why_not_the_rest() -> None:
+    """Before: a LayoutError traceback (a candidate layout with problems was taken for a valid one)."""
+    args = (
+        "--gpus 8 --gpus-per-node 8 --gpu h100-sxm --num-layers 16 --hidden-size 1024 --num-attention-heads 16 "
+        "--seq-length 2048 --vocab-size 50257 --tp 1 --pp 8 --micro-batch-size 1 --global-batch-size 4 "
+        "--compare-schedules --json"
+    )
+    out = io.StringIO()
+    assert layout_tool(args.split(), stdout=out, stderr=io.StringIO()) == ExitCode.OK
+    schedules = {s["schedule"]: s for s in json.loads(out.getvalue())["schedules"]}
+    assert set(schedules) == {"gpipe", "1f1b", "zb-h1", "interleaved", "interleaved-group", "zb-interleaved"}
+    assert all(schedules[s]["possible"] for s in ("gpipe", "1f1b", "zb-h1"))
+    for name in ("interleaved", "interleaved-group", "zb-interleaved"):
+        assert not schedules[name]["possible"]
+        assert "microbatches per step (4 = global_batch 4" in schedules[name]["reason"]
+        assert "must be at least pipeline(8); try global_batch_size 8" in schedules[name]["reason"]
