@@ -32,7 +32,12 @@ from megatron_ext.cli import calibrate
 from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser, add_options, options, value_type
-from megatron_ext.config.layout_flags import build_layout, megatron_lm_adjustments, pipeline_p2p_problems
+from megatron_ext.config.layout_flags import (
+    build_layout,
+    megatron_lm_adjustments,
+    pipeline_p2p_problems,
+    zero_bubble_problems,
+)
 from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.estimate.coverage import APPROXIMATED
 from megatron_ext.estimate.hardware import PROFILES, get_profile
@@ -236,6 +241,7 @@ def workload_of(args: argparse.Namespace) -> tuple[Workload, int | None]:
                 ddp_num_buckets=args.ddp_num_buckets,
                 tp_comm_overlap=args.tp_comm_overlap,
                 sequence_parallel=args.sequence_parallel,
+                enable_zero_bubble=args.enable_zero_bubble,
             ),
             BatchArgs(**_given(args, approximated_fields(BatchArgs))),
         )
@@ -261,6 +267,8 @@ def evaluate_layout_from_flags(
     )
     try:
         pipeline_p2p_problems(parallel, layout)
+        # What pretrain_gpt.py refuses is not priced: zero bubble defers the local spec's weight gradients only.
+        zero_bubble_problems(parallel, layout, transformer_engine=workload.model.transformer_impl != "local")
     except ConfigError as exc:
         raise LayoutError([str(exc)]) from None
     return layout, notes

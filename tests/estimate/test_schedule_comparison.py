@@ -267,3 +267,25 @@ def test_fewer_microbatches_than_stages_compares_what_megatron_core_runs_and_say
         assert not schedules[name]["possible"]
         assert "microbatches per step (4 = global_batch 4" in schedules[name]["reason"]
         assert "must be at least pipeline(8); try global_batch_size 8" in schedules[name]["reason"]
+
+
+def test_a_zero_bubble_layout_evaluated_alone_is_priced_as_zero_bubble() -> None:
+    """Before: --enable-zero-bubble never reached the workload of one evaluated layout, which was priced as 1F1B
+    (the same step time with and without the flag) although --compare-schedules and the search priced it."""
+    args = "--gpus 64 --gpu h100-sxm --model gpt3-13b --bf16 --tp 8 --pp 8 --global-batch-size 64 --json"
+
+    def layout(flags: str) -> dict:
+        out = io.StringIO()
+        assert layout_tool([*args.split(), *flags.split()], stdout=out, stderr=io.StringIO()) == ExitCode.OK
+        return json.loads(out.getvalue())["layouts"][0]
+
+    one_f_one_b, zb = layout("--transformer-impl local"), layout("--transformer-impl local --enable-zero-bubble")
+    assert (one_f_one_b["schedule"], zb["schedule"]) == ("1f1b", "zb-h1")
+    assert zb["time"]["bubble_s"] < one_f_one_b["time"]["bubble_s"] / 1.5
+    assert zb["step_time_s"] == pytest.approx(
+        one_f_one_b["step_time_s"] - one_f_one_b["time"]["bubble_s"] + zb["time"]["bubble_s"], rel=1e-6
+    )
+    # As pretrain_gpt.py: Transformer Engine's layers do not defer their weight gradients here.
+    err = io.StringIO()
+    assert layout_tool([*args.split(), "--enable-zero-bubble"], stdout=io.StringIO(), stderr=err) == ExitCode.INVALID
+    assert "--enable-zero-bubble needs the local spec's Megatron-Core linears" in err.getvalue()
