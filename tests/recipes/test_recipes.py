@@ -319,3 +319,14 @@ def test_every_setting_of_common_sh_is_documented() -> None:
     doc = (REPO / "docs" / "slurm.md").read_text()
     undocumented = [name for name in SETTINGS if f"`{name}`" not in doc]
     assert not undocumented, f"docs/slurm.md does not describe {undocumented}"
+
+
+@pytest.mark.unit
+def test_a_zero_bubble_schedule_on_a_gpu_recipe_takes_the_local_spec_and_is_estimated_as_such(tmp_path: Path) -> None:
+    """Before: SCHEDULE=zb-interleaved on a GPU recipe failed unless EXTRA_ARGS added --transformer-impl local, and
+    the recipe's estimate priced the run as interleaved 1F1B."""
+    env = recipe_env(tmp_path, DRY_RUN="1", SCHEDULE="zb-interleaved")
+    proc = run_recipe(RECIPES_DIR / "gpt3_13b_tp1_pp2_vp10.sh", env)
+    assert proc.returncode == ExitCode.OK, proc.stdout + proc.stderr
+    assert "--enable-zero-bubble --transformer-impl local" in proc.stdout
+    assert re.search(r"\n\s+1\s+2\s+10\s.*even, zero-bubble\n", proc.stdout), proc.stdout
