@@ -26,6 +26,7 @@ else a W; else it waits), and for ZB interleaved Megatron-Core's order split (``
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -262,9 +263,11 @@ def _place(
     placed: list[TimedPass] = []
     last = placement.stages - 1
     total = 3 * m * placement.stages
-    min_pass = min(t for row in times for pair in row for t in pair)
-    max_pass = max(t for row in times for pair in row for t in pair)
-    latest = 0.0  # the end of the last pass placed
+    # A rank with nothing to run waits for its own next event (an input whose producer has run, a W's release),
+    # or for a rank that may still place a pass. Ranks that wait are told apart from those that act, so that two
+    # waiting ranks never step each other forward by tiny amounts (a chunk of no layers runs in no time).
+    waiting = [False] * pp
+    own_next = [math.inf] * pp  # a waiting rank's own next event; inf: none until another rank places a pass
 
     def arrival(kind: str, mb: int, stage: int) -> float | None:
         """When the input of ``kind`` for (mb, stage) is on its rank, or None if its producer has not run."""
@@ -339,20 +342,22 @@ def _place(
             elif forward:
                 chosen = ("F", forward[0][0], forward[0][2])
         if chosen is None:
-            if later is None and min(free) > latest + max_pass + p2p_time:
+            waiting[rank] = True
+            own_next[rank] = min(
+                (t for t in (later, *(w for w, _ in releases[rank])) if t is not None), default=math.inf
+            )
+            others = (own_next[q] if waiting[q] else free[q] for q in range(pp) if q != rank)
+            target = min(own_next[rank], *others)
+            if target == math.inf:
                 return None  # every rank waits for a pass that no rank can run: the order deadlocks
-            # Nothing to run: wait for the next arrival or for another rank's next pass to end.
-            others = [free[q] for q in range(pp) if q != rank]
-            bound = min(others) + min_pass if others else now + min_pass
-            soonest = min(t for t in (later, bound, *(w for w, _ in releases[rank])) if t is not None)
-            free[rank] = max(soonest, now + 1e-12)
+            free[rank] = max(target, now + 1e-12)
             continue
         kind, mb, chunk = chosen
         stage = placement.stage(rank, chunk)
         duration = times[rank][chunk]["FBW".index(kind)]
         end = now + duration
         done[(kind, mb, stage)] = end
-        latest = max(latest, end)
+        waiting = [False] * pp  # a new pass may be what a waiting rank waits for: each looks again at its time
         placed.append(TimedPass(rank, PipelinePass(kind, mb, chunk), now, end))
         if kind == "F":
             held[rank] += 1 / vp
