@@ -53,7 +53,6 @@ from megatron_ext.estimate.search import LayoutEstimate, evaluate, zero_bubble_p
 from megatron_ext.estimate.step_time import p2p_bandwidth, p2p_message_bytes, unit_times
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.estimate.zero_bubble import Placement, simulate_zero_bubble
-from megatron_ext.parallel.factors import divisors
 from megatron_ext.parallel.layout import ParallelLayout
 from megatron_ext.parallel.pipeline import valid_group_sizes
 
@@ -336,7 +335,9 @@ def _interleaved_layout(workload: Workload, estimate: LayoutEstimate) -> tuple[P
         return _relayout(layout, microbatch_group_size_per_vp_stage=None)[0] or layout, ""
     best: LayoutEstimate | None = None
     reasons = []
-    for v in divisors(min(layout.layers_per_rank))[1:]:
+    # Every VP that Megatron-Core could split into (the checks say which): with the embedding and the loss
+    # counted in the split, a rank's share of slots is not its layer count.
+    for v in range(2, max(layout.layers_per_rank) + 3):
         candidate, problems = _relayout(layout, virtual_pipeline_model_parallel_size=v)
         if candidate is None:
             reasons.append(problems[0])

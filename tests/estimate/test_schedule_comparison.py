@@ -308,3 +308,17 @@ def test_a_stage_of_embedding_only_is_simulated_pass_by_pass_like_any_other() ->
     zb, interleaved = schedules["zb-interleaved"], schedules["interleaved"]
     assert zb["bubble_share_of_step"] < interleaved["bubble_share_of_step"] / 2
     assert zb["step_time_s"] < interleaved["step_time_s"]
+
+
+def test_the_virtual_stages_compared_count_the_embedding_and_loss_slots() -> None:
+    """Before: only the divisors of a rank's layer count were tried (VP 2 for ranks of 2 layers and an embedding),
+    so with 3 slots a rank the interleaved rows said 'not possible' although VP 3 splits them evenly."""
+    args = (
+        "--gpus 8 --gpus-per-node 8 --gpu h100-sxm --num-layers 22 --hidden-size 2048 --num-attention-heads 16 "
+        "--seq-length 2048 --vocab-size 50257 --tp 1 --pp 8 --micro-batch-size 1 --global-batch-size 24 "
+        "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --compare-schedules --json"
+    )
+    out = io.StringIO()
+    assert layout_tool(args.split(), stdout=out, stderr=io.StringIO()) == ExitCode.OK
+    schedules = {s["schedule"]: s for s in json.loads(out.getvalue())["schedules"]}
+    assert schedules["interleaved"]["possible"] and schedules["interleaved"]["vp"] == 3
