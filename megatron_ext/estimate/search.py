@@ -562,13 +562,19 @@ def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
         (batch, ("micro_batch_size", "global_batch_size")),
         (training, ()),
     ]
-    emitted = [
-        shlex.join(pair)  # a layout string holds | ( ) *: quoted for the shell
-        for values, always in groups
-        for pair in _pairs(to_argv(values, only=[f.name for f in options(type(values), estimate=True)], always=always))
+
+    def fields_of(values: Any) -> list[str] | None:
+        # The whole model (rotary base, norm epsilon, rope scaling: another model without them); of the rest,
+        # what the estimate depends on.
+        return None if values is m else [f.name for f in options(type(values), estimate=True)]
+
+    pairs = [
+        pair for values, always in groups for pair in _pairs(to_argv(values, only=fields_of(values), always=always))
     ]
     # The flags the estimate approximates: the run must still be given them (--squared-relu is another model).
-    return emitted + [shlex.join(pair) for pair in _pairs(list(workload.approximated))]
+    given = {pair[0] for pair in pairs}
+    pairs += [pair for pair in _pairs(list(workload.approximated)) if pair[0] not in given]
+    return [shlex.join(pair) for pair in pairs]  # a layout string holds | ( ) *: quoted for the shell
 
 
 def _pairs(argv: list[str]) -> list[list[str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import shlex
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 from megatron_ext.cli.calculator import main as run
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.presets import PRESETS
 from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.search import Cluster, pretrain_flags, search
@@ -454,3 +456,17 @@ def test_evaluate_compares_with_the_searchs_best_for_the_same_gpus() -> None:
     assert "calculator's best for these GPUs and flags: TP 4 PP 8 VP 12 DP 4 micro-batch 1" in out
     code, out, _ = calc(f"{common} --tp 4 --pp 8 --num-layers-per-virtual-pipeline-stage 1")
     assert code == ExitCode.OK and "calculator's best: this layout" in out
+
+
+@pytest.mark.parametrize("preset", [name for name in PRESETS if PRESETS[name].global_batch_size is None])
+def test_the_emitted_flags_of_a_hub_preset_train_that_model(preset: str) -> None:
+    """Before: only the flags the estimate depends on were emitted, so Llama 3.1's command lacked --rotary-base
+    500000 and the rope scaling (and Qwen2.5's its norm epsilon): --dry-run accepted it and the run would have
+    trained another model."""
+    code, out, _ = calc(f"--gpus 64 --gpu h100-sxm --model {preset} --bf16 --global-batch-size 64 --json --top 1")
+    assert code == ExitCode.OK
+    doc = json.loads(out)
+    (record,) = doc["layouts"]
+    cfg = parse_args([*shlex.split(record["pretrain_flags"]), "--mock-data", "--world-size", "64"])
+    expected = ModelArgs(**PRESETS[preset].model_flags())
+    assert cfg.model == expected
