@@ -134,6 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     model = parser.add_argument_group("model (pretrain_gpt.py flags)")
     model.add_argument("--model", help=f"Preset shape: {', '.join(PRESETS)}; the flags below override its values.")
     _add_modelled_flags(model, ModelArgs)
+    model.add_argument(
+        "--tokenizer-vocab-size",
+        type=int,
+        metavar="N",
+        help="The tokenizer's vocabulary, which the run pads (default: --vocab-size + 1, the null tokenizer's "
+        "end of document, as pretrain_gpt.py with mock data).",
+    )
 
     layout = parser.add_argument_group(
         "layout (pretrain_gpt.py flags; giving TP, PP or VP evaluates that layout instead of searching)"
@@ -244,6 +251,7 @@ def workload_of(args: argparse.Namespace) -> tuple[Workload, int | None]:
                 enable_zero_bubble=args.enable_zero_bubble,
             ),
             BatchArgs(**_given(args, approximated_fields(BatchArgs))),
+            tokenizer_vocab_size=args.tokenizer_vocab_size,
         )
     except (ConfigError, ValueError) as exc:
         raise CalculatorError(str(exc)) from None

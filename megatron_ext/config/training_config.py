@@ -67,10 +67,16 @@ class TrainingConfig:
 
     @property
     def vocab_size(self) -> int:
-        """Unpadded vocabulary: the tokenizer's (the null tokenizer adds one id, end of document)."""
-        if self.tokenizer_vocab_size is not None:
-            return self.tokenizer_vocab_size
-        return (self.model.vocab_size or 0) + 1
+        """Unpadded vocabulary: the tokenizer's (``unpadded_vocab_size``)."""
+        return unpadded_vocab_size(self.model.vocab_size, self.tokenizer_vocab_size)
+
+
+def unpadded_vocab_size(model_vocab_size: int | None, tokenizer_vocab_size: int | None) -> int:
+    """The vocabulary a run trains before padding: its tokenizer's, or without one (mock data, ``--vocab-size``)
+    the null tokenizer's, which adds one id, end of document (Megatron-LM's ``_NullTokenizer``)."""
+    if tokenizer_vocab_size is not None:
+        return tokenizer_vocab_size
+    return (model_vocab_size or 0) + 1
 
 
 def pad_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:

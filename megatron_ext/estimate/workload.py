@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from megatron_ext.config.arguments import BatchArgs, ModelArgs, OptimizerArgs, ParallelArgs
 from megatron_ext.config.flags import to_argv
-from megatron_ext.config.training_config import TrainingConfig, pad_vocab_size
+from megatron_ext.config.training_config import TrainingConfig, pad_vocab_size, unpadded_vocab_size
 from megatron_ext.estimate.coverage import APPROXIMATED, approximations
 from megatron_ext.estimate.shapes import ParameterCounts, parameter_counts
 
@@ -59,6 +59,9 @@ class Workload:
     (``coverage.APPROXIMATED``): carried into the printed command."""
     approximations: tuple[str, ...] = ()
     """One line for each of them: how the estimate approximates it."""
+    tokenizer_vocab_size: int | None = None
+    """The tokenizer's vocabulary (``--tokenizer-vocab-size``; a run's preflight reads it from the tokenizer);
+    None: the null tokenizer's, ``--vocab-size`` + 1."""
     p2p_scatter_gather: bool = False
     """Send 1/TP of each pipeline activation per TP rank and all-gather it after (Narayanan et al. 2021,
     §4.1; Megatron-LM 2021). Megatron-Core splits p2p messages only with sequence parallelism."""
@@ -66,14 +69,22 @@ class Workload:
     @classmethod
     def of_config(cls, cfg: TrainingConfig) -> Workload:
         """The workload of a run's configuration (what ``pretrain_gpt.py`` trains with these flags)."""
-        return cls.of_flags(cfg.model, cfg.optim, cfg.parallel, cfg.batch)
+        return cls.of_flags(
+            cfg.model, cfg.optim, cfg.parallel, cfg.batch, tokenizer_vocab_size=cfg.tokenizer_vocab_size
+        )
 
     @classmethod
     def of_flags(
-        cls, model: ModelArgs, optim: OptimizerArgs, parallel: ParallelArgs, batch: BatchArgs | None = None
+        cls,
+        model: ModelArgs,
+        optim: OptimizerArgs,
+        parallel: ParallelArgs,
+        batch: BatchArgs | None = None,
+        *,
+        tokenizer_vocab_size: int | None = None,
     ) -> Workload:
         """The workload of ``pretrain_gpt.py``'s argument groups, each already checked on its own (``batch``: for
-        the flags the estimate approximates)."""
+        the flags the estimate approximates; ``tokenizer_vocab_size``: the tokenizer's, None for the null one)."""
         approximate = {"model": model, "optim": optim, "parallel": parallel, **({"batch": batch} if batch else {})}
         return cls(
             model=model,
@@ -90,6 +101,7 @@ class Workload:
             overlap_p2p_comm=not parallel.no_overlap_p2p_communication,
             tp_comm_overlap=parallel.tp_comm_overlap,
             zero_bubble=parallel.enable_zero_bubble,
+            tokenizer_vocab_size=tokenizer_vocab_size,
             approximated=tuple(approximated_flags(*approximate.values())),
             approximations=tuple(approximations(approximate)),
         )
@@ -132,8 +144,11 @@ class Workload:
         return 2 if self.mixed_precision else 4
 
     def padded_vocab_size(self, tensor_parallel: int) -> int:
-        """Megatron's padding: a multiple of ``make_vocab_size_divisible_by × TP``."""
-        return pad_vocab_size(int(self.model.vocab_size or 0), self.model.make_vocab_size_divisible_by, tensor_parallel)
+        """Megatron's padding of the run's vocabulary (``unpadded_vocab_size``: the tokenizer's, else
+        ``--vocab-size`` and the null tokenizer's end of document): a multiple of ``make_vocab_size_divisible_by ×
+        TP``, as ``pretrain_gpt.py --dry-run`` counts it."""
+        vocab = unpadded_vocab_size(self.model.vocab_size, self.tokenizer_vocab_size)
+        return pad_vocab_size(vocab, self.model.make_vocab_size_divisible_by, tensor_parallel)
 
     def parameter_counts(self, *, tp: int, pp: int, stage_layers: tuple[int, ...] | None = None) -> ParameterCounts:
         """Exact parameter counts of the model split TP × PP (``shapes.parameter_counts``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
@@ -16,6 +17,7 @@ from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.presets import PRESETS
 from megatron_ext.config.training_config import parse_args
+from megatron_ext.estimate import plan
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.search import Cluster, pretrain_flags, search
 from megatron_ext.estimate.workload import Workload
@@ -470,3 +472,24 @@ def test_the_emitted_flags_of_a_hub_preset_train_that_model(preset: str) -> None
     cfg = parse_args([*shlex.split(record["pretrain_flags"]), "--mock-data", "--world-size", "64"])
     expected = ModelArgs(**PRESETS[preset].model_flags())
     assert cfg.model == expected
+
+
+@pytest.mark.parametrize("tokenizer", [[], ["--tokenizer-vocab-size", "128000"]])
+def test_the_calculator_counts_the_parameters_the_dry_run_counts(tokenizer: list[str]) -> None:
+    """Before: the calculator padded --vocab-size, the run the null tokenizer's vocabulary (one more id, end of
+    document): 128,256 tokens are a multiple of 128 and stay, 128,257 pad to 128,384, so Llama 3.1 70B's most
+    loaded rank differed by 1,048,576 parameters between the two. A real tokenizer's vocabulary is given as
+    --tokenizer-vocab-size (what the run's preflight reads from it)."""
+    shape = (
+        "--num-layers 4 --hidden-size 8192 --num-attention-heads 64 --seq-length 4096 --vocab-size 128256 "
+        "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 8"
+    )
+    code, out, _ = calc(f"--gpus 8 --gpu h100-sxm {shape} --bf16 --json {' '.join(tokenizer)}")
+    assert code == ExitCode.OK
+    (record,) = json.loads(out)["layouts"]
+    cfg = parse_args([*shape.split(), "--bf16", "--mock-data", "--world-size", "8"])
+    if tokenizer:  # what the run's preflight fills in from its tokenizer
+        cfg = dataclasses.replace(cfg, tokenizer_vocab_size=int(tokenizer[1]))
+    dry_run = plan.parameter_counts(cfg).max_per_rank
+    assert record["memory"]["parameters"] == dry_run
+    assert f"{dry_run:,} on the most loaded rank" in "\n".join(plan.describe(cfg))

@@ -137,7 +137,7 @@ def test_the_run_record_rebuilds_the_runs_layout_and_workload(flags: list[str], 
                            gpus_per_node=2, device="cpu", device_memory_bytes=GIB, iterations=2, times={})  # fmt: skip
     case = calibrate._case(measured)
     assert case.layout == dataclasses.replace(cfg.layout, gpus_per_node=2)  # the record's cluster
-    assert case.workload.model.vocab_size == cfg.vocab_size  # the null tokenizer's end-of-document id included
+    assert case.workload.padded_vocab_size(cfg.layout.tp) == cfg.padded_vocab_size  # the null tokenizer's id too
     assert case.workload.recompute_granularity == (cfg.optim.recompute_granularity or "none")
     assert case.workload.overlap_grad_reduce == cfg.parallel.overlap_grad_reduce
 

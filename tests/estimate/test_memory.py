@@ -157,9 +157,10 @@ def test_in_flight_microbatches_1f1b_and_interleaved() -> None:
 
 
 def test_first_stage_memory_on_a_hand_computed_case() -> None:
-    """GPT-3 175B, TP 8, PP 8, 1F1B, micro-batch 1, SP + selective, distributed optimizer over DP 4."""
+    """GPT-3 175B, TP 8, PP 8, 1F1B, micro-batch 1, SP + selective, distributed optimizer over DP 4; GPT-2's
+    tokenizer (50,257 tokens), which Megatron pads to 51,200 at TP 8."""
     model = gpt()
-    w = Workload(model=model, precision="bf16", recompute_granularity="selective")
+    w = Workload(model=model, precision="bf16", recompute_granularity="selective", tokenizer_vocab_size=50257)
     lay = layout(256, tp=8, pp=8, gbs=64, sequence_parallel=True, use_distributed_optimizer=True)
     mem = estimate_memory(w, lay)
     first = mem.first
