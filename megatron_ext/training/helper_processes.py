@@ -29,7 +29,7 @@ How each kind is reached:
   with the stop signals blocked until :func:`become_helper`, its
   initializer, ignores them, and hands its queue to
   Megatron-Core (:func:`start_checkpoint_results_queue`; the one private
-  name it sets, ``filesystem_async._results_queue``, is checked by
+  name it sets, ``filesystem_async._results_queue``, is listed in ``mcore_private`` and checked by
   ``tests/training/test_helper_processes.py``);
 * Python's resource tracker (spawned, it ignores SIGINT and SIGTERM by
   itself): started early with SIGUSR1 and SIGUSR2 blocked, which a new

@@ -28,6 +28,7 @@ declared the last microbatch). Where the interleaved schedule starts a chunk's r
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -41,6 +42,8 @@ _SENDS_GRADIENT = (
     "send_backward_recv_backward",
     "send_forward_backward_recv_forward_backward",
 )
+# Those of them that 1F1B calls blocking, and the timer Megatron-Core times them with.
+_BLOCKING = {"send_backward": "backward-send", "send_backward_recv_forward": "backward-send-forward-recv"}
 
 
 def _bucket_groups(chunk: Any) -> list[Any]:
@@ -172,7 +175,7 @@ def zero_bubble(
     this pipeline rank; ``chunks``: its DDP-wrapped model chunks; ``timed(microbatch, chunk)``: around each W pass
     (``StageTimer.weight_pass``)."""
     from megatron.core.pipeline_parallel import schedules
-    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+    from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.utils import get_model_config
 
     interleaved = vp > 1
@@ -197,31 +200,12 @@ def zero_bubble(
             timed=timed,
         )
         original_step = schedules.backward_step
-        original_sends = {method: getattr(P2PCommunicator, method) for method in _SENDS_GRADIENT}
         original_sync = config.grad_sync_func
 
         def backward_step(*args: Any, **step_kwargs: Any) -> Any:
             grad = original_step(*args, **step_kwargs)
             step.closed_b()
             return grad
-
-        def sends(method: str) -> Callable[..., Any]:
-            original = original_sends[method]
-            blocking = {"send_backward": "backward-send", "send_backward_recv_forward": "backward-send-forward-recv"}
-
-            def send(self: Any, *args: Any, **send_kwargs: Any) -> Any:
-                # 1F1B calls these positionally: (grads, [shapes,] is_first_stage).
-                if not interleaved and method in blocking and not send_kwargs and not args[-1]:  # not the first stage
-                    grads, receive = args[0], method == "send_backward_recv_forward"
-                    if not isinstance(grads, list) or len(grads) == 1:
-                        return _post_and_wait(self, grads, args[1] if receive else None, receive=receive,
-                                              timer_name=blocking[method], during=step.after_gradient_sent)  # fmt: skip
-                # Overlapped transfers (interleaved) are posted by the call: W passes once it returns.
-                result = original(self, *args, **send_kwargs)
-                step.after_gradient_sent()
-                return result
-
-            return send
 
         def starts_sync(chunk: int, original: Callable[..., Any]) -> Callable[..., Any]:
             def start(*args: Any) -> Any:
@@ -230,9 +214,16 @@ def zero_bubble(
 
             return start
 
+        if kwargs.get("p2p_communicator") is not None or kwargs.get("pg_collection") is not None:
+            raise ValueError("the zero-bubble schedule brings its own p2p_communicator and pg_collection")
+        # Megatron-Core's seam: the schedule sends through the communicator it is given (with the process groups
+        # it would have taken itself), which runs W passes once a B's gradient is on its way.
+        groups = ProcessGroupCollection.use_mpu_process_groups()
+        kwargs |= {
+            "pg_collection": groups,
+            "p2p_communicator": _communicator_class()(pp_group=groups.pp, config=config, step=step),
+        }
         schedules.backward_step = backward_step
-        for method in _SENDS_GRADIENT:
-            setattr(P2PCommunicator, method, sends(method))
         if step.schedule_starts_sync:
             funcs = original_sync if isinstance(original_sync, list) else [original_sync] * len(chunks)
             config.grad_sync_func = [starts_sync(c, f) for c, f in enumerate(funcs)]
@@ -246,11 +237,44 @@ def zero_bubble(
             return result
         finally:
             schedules.backward_step = original_step
-            for method, original in original_sends.items():
-                setattr(P2PCommunicator, method, original)
             config.grad_sync_func = original_sync
             store.splitting = False
             if store.pending:  # only after an error: the step is abandoned
                 store.discard()
 
     return forward_backward
+
+
+@functools.cache
+def _communicator_class() -> type:
+    """Megatron-Core's ``P2PCommunicator`` whose gradient sends run the step's W passes once the gradient is on its
+    way (``_Step.after_gradient_sent``); under 1F1B, whose sends block, the send is posted, the W passes run while
+    it travels, then it is waited for (``_post_and_wait``)."""
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+
+    def sends(method: str) -> Callable[..., Any]:
+        original = getattr(P2PCommunicator, method)
+
+        def send(self: Any, *args: Any, **kwargs: Any) -> Any:
+            step: _Step = self.zero_bubble_step
+            # 1F1B calls these positionally: (grads, [shapes,] is_first_stage).
+            if not step.interleaved and method in _BLOCKING and not kwargs and not args[-1]:  # not the first stage
+                grads, receive = args[0], method == "send_backward_recv_forward"
+                if not isinstance(grads, list) or len(grads) == 1:
+                    return _post_and_wait(self, grads, args[1] if receive else None, receive=receive,
+                                          timer_name=_BLOCKING[method], during=step.after_gradient_sent)  # fmt: skip
+            # Overlapped transfers (interleaved) are posted by the call: W passes once it returns.
+            result = original(self, *args, **kwargs)
+            step.after_gradient_sent()
+            return result
+
+        send.__name__ = method
+        return send
+
+    def __init__(self: Any, *, pp_group: Any, config: Any, step: _Step) -> None:
+        P2PCommunicator.__init__(self, pp_group=pp_group, config=config)
+        self.zero_bubble_step = step
+
+    return type(
+        "ZeroBubbleCommunicator", (P2PCommunicator,), {"__init__": __init__} | {m: sends(m) for m in _SENDS_GRADIENT}
+    )
