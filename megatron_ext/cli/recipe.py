@@ -232,7 +232,24 @@ def calculator_args(pretrain: Sequence[str]) -> list[str]:
             keep = arg in modelled
         if keep:
             out.append(arg)
-    return out
+    return out + _tokenizer_vocabulary(pretrain)
+
+
+def _tokenizer_vocabulary(pretrain: Sequence[str]) -> list[str]:
+    """``--tokenizer-vocab-size N`` when the run trains with a tokenizer file of its own, read from it as the run's
+    preflight reads it: the estimate then pads the vocabulary the run pads (not ``--vocab-size``'s). Nothing for
+    the tokenizers that ``--vocab-size`` sizes, or a tokenizer that cannot be read here (the dry run says why)."""
+    from megatron_ext.config.tokenizer_types import VOCAB_SIZE_TOKENIZERS
+    from megatron_ext.config.training_config import build_parser, data_args, group_values
+    from megatron_ext.data.sources import DataError, tokenizer_for
+
+    data = data_args(group_values(build_parser().parse_known_args(list(pretrain))[0])["data"])
+    if data.mock_data or data.tokenizer_type in VOCAB_SIZE_TOKENIZERS:
+        return []
+    try:
+        return ["--tokenizer-vocab-size", str(tokenizer_for(data, vocab_size=None).vocab_size)]
+    except DataError:
+        return []
 
 
 def _last_value(argv: Sequence[str], flag: str) -> str | None:

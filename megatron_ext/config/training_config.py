@@ -155,12 +155,7 @@ def parse_args(
     refused, unknown = split_unknown(extras)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{unknown_flags_note(unknown)}")
-    given: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
-    for dest, value in vars(namespace).items():
-        if dest == _PRESET:
-            continue
-        group, name = dest.split(".", 1)
-        given[group][name] = tuple(value) if isinstance(value, list) else value
+    given = group_values(namespace)
     refused = taken.refused + refused
     refused += [(flag, why) for flag, check in taken.conditions if (why := check(given)) is not None]
     if refused:
@@ -182,6 +177,25 @@ def parse_args(
     return dataclasses.replace(cfg, adjustments=(*notes, *cfg.adjustments))
 
 
+def group_values(namespace: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The parser's values by argument group (``GROUPS``): what ``make_config`` takes."""
+    given: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
+    for dest, value in vars(namespace).items():
+        if dest == _PRESET:
+            continue
+        group, name = dest.split(".", 1)
+        given[group][name] = tuple(value) if isinstance(value, list) else value
+    return given
+
+
+def data_args(given: dict[str, Any]) -> DataArgs:
+    """The data group of the values given, with Megatron-LM's tokenizer for a vocabulary and merge file alone."""
+    if "tokenizer_type" not in given and given.get("vocab_file") and given.get("merge_file"):
+        # What Megatron-LM's GPT examples mean by giving only the two files.
+        given = {**given, "tokenizer_type": "GPT2BPETokenizer"}
+    return DataArgs(**given)
+
+
 def make_config(
     *, world_size: int | None = None, default_world_size: int = 1, **groups: dict[str, Any]
 ) -> TrainingConfig:
@@ -191,11 +205,8 @@ def make_config(
     ``WORLD_SIZE``, which the caller reads). The tokenizer's vocabulary is filled in by
     ``megatron_ext.data.preflight``, which opens the files.
     """
-    data_given = groups.get("data", {})
-    if "tokenizer_type" not in data_given and data_given.get("vocab_file") and data_given.get("merge_file"):
-        # What Megatron-LM's GPT examples mean by giving only the two files.
-        groups = {**groups, "data": {**data_given, "tokenizer_type": "GPT2BPETokenizer"}}
-    built = {name: cls(**groups.get(name, {})) for name, cls in GROUPS.items()}
+    built: dict[str, Any] = {name: cls(**groups.get(name, {})) for name, cls in GROUPS.items() if cls is not DataArgs}
+    built["data"] = data_args(groups.get("data", {}))
     model: ModelArgs = built["model"]
     parallel: ParallelArgs = built["parallel"]
     batch: BatchArgs = built["batch"]

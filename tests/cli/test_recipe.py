@@ -11,6 +11,7 @@ from megatron_ext.cli.recipe import RecipeError, calculator_args, resolve, table
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.training_config import parse_args
 from tests.conftest import REPO
+from tests.data.helpers import shared_data
 from tests.waits import QUICK_S
 
 pytestmark = pytest.mark.unit
@@ -95,3 +96,14 @@ def test_shell_output_is_quoted_and_carries_the_exit_codes() -> None:
     ).stdout.splitlines()
     assert "/path with space/ckpt" in shown
     assert shown[-1] == f"{int(ExitCode.SAVED_AND_STOPPED)} latest_checkpointed_iteration.txt"
+
+
+def test_the_estimate_pads_the_vocabulary_of_the_run_s_own_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Before: a recipe with its own tokenizer was estimated with --vocab-size's vocabulary (50,257 for the GPT-3
+    presets) while the run pads the tokenizer's."""
+    model = shared_data(tmp_path_factory)["model"]
+    tokenizer = ["--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", str(model)]
+    argv = ["--num-layers", "4", "--vocab-size", "50257", "--data-path", "/data/web", *tokenizer]
+    assert calculator_args(argv) == ["--num-layers", "4", "--vocab-size", "50257", "--tokenizer-vocab-size", "1000"]
+    # Mock data and the tokenizers --vocab-size sizes: nothing to read.
+    assert calculator_args(["--vocab-size", "50257", "--mock-data", *tokenizer]) == ["--vocab-size", "50257"]
