@@ -14,8 +14,9 @@ W passes fill the wait (``estimate.zero_bubble`` simulates both schedules):
 The schedule is Megatron-Core's ``forward_backward_pipelining_without_interleaving`` (or ``_with_interleaving``)
 itself: its p2p communication, forward and backward steps, gradient-sync switching and gradient finalisation are
 unchanged. While it runs, its ``backward_step`` runs B (``training.split_backward``: the linear layers defer their
-weight gradients to a ``WeightGradStore``); once a B's gradient has been posted to the previous stage, the W
-passes beyond those kept run; after the last B, the rest. Under 1F1B, whose transfers block, the gradient and the
+weight gradients to a ``WeightGradStore``); once a B's gradient has been posted to the previous stage (through
+the ``P2PCommunicator`` subclass the schedule is given as ``p2p_communicator=``), the W passes beyond those kept
+run; after the last B, the rest. Under 1F1B, whose transfers block, the gradient and the
 receive of the next input are posted without waiting and the W passes run while they travel (what the schedule
 means W for: filling the wait for the next input); the interleaved schedule's transfers are already overlapped.
 
