@@ -43,6 +43,8 @@ _SENDS_GRADIENT = (
     "send_backward_recv_backward",
     "send_forward_backward_recv_forward_backward",
 )
+# The process groups Megatron-Core's pipeline schedules take from parallel_state when given none.
+_SCHEDULE_GROUPS = ("tp", "cp", "embd", "pos_embd", "pp", "dp_cp")
 # Those of them that 1F1B calls blocking, and the timer Megatron-Core times them with.
 _BLOCKING = {"send_backward": "backward-send", "send_backward_recv_forward": "backward-send-forward-recv"}
 
@@ -219,7 +221,7 @@ def zero_bubble(
             raise ValueError("the zero-bubble schedule brings its own p2p_communicator and pg_collection")
         # Megatron-Core's seam: the schedule sends through the communicator it is given (with the process groups
         # it would have taken itself), which runs W passes once a B's gradient is on its way.
-        groups = ProcessGroupCollection.use_mpu_process_groups()
+        groups = ProcessGroupCollection.use_mpu_process_groups(required_pgs=list(_SCHEDULE_GROUPS))
         kwargs |= {
             "pg_collection": groups,
             "p2p_communicator": _communicator_class()(pp_group=groups.pp, config=config, step=step),
