@@ -39,8 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ (when imported, not run as a script)
-from train_throughput import REPO, child_env, model_flags, run_variant, summarise
+from train_throughput import REPO, child_env, model_flags, run_variant, summarise  # bench/ is sys.path[0]
 
 STEPS = ("throughput", "calculator", "kernels", "correctness")
 

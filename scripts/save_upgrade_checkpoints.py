@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from megatron_ext.cli.launch import local_command
+from megatron_ext.config.exit_codes import ExitCode
 
-from megatron_ext.cli.launch import local_command  # noqa: E402
-from megatron_ext.config.exit_codes import ExitCode  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 CHECKPOINTS = REPO / "tests" / "upgrade" / "checkpoints"
 SAVED_AT = 3
