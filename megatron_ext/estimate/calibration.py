@@ -80,7 +80,11 @@ class CalibrationError(ValueError):
 def run_record(cfg: TrainingConfig, *, gpus_per_node: int, device: str, device_memory_bytes: int) -> dict[str, Any]:
     """The metrics file's first record of a run: its model, layout and options in ``tools/layout.py``'s flags
     (``search.pretrain_flags``, the flags the estimate reads), and the cluster it ran on."""
-    workload = Workload.of_config(cfg)
+    # A run with a tokenizer of its own has no --vocab-size: the record gives the tokenizer's for both.
+    model = cfg.model if cfg.model.vocab_size else dataclasses.replace(cfg.model, vocab_size=cfg.vocab_size)
+    workload = Workload.of_flags(
+        model, cfg.optim, cfg.parallel, cfg.batch, tokenizer_vocab_size=cfg.tokenizer_vocab_size
+    )
     flags = [word for flag in pretrain_flags(workload, cfg.layout) for word in shlex.split(flag)]
     if cfg.tokenizer_vocab_size is not None:
         flags += ["--tokenizer-vocab-size", str(cfg.tokenizer_vocab_size)]

@@ -123,7 +123,7 @@ class Workload:
             problems.append("--grad-reduce-in-bf16 needs --bf16")
         if self.recompute_num_layers < 1:
             problems.append(f"--recompute-num-layers must be at least 1, got {self.recompute_num_layers}")
-        if self.model.vocab_size is None or self.model.vocab_size < 1:
+        if self.tokenizer_vocab_size is None and (self.model.vocab_size is None or self.model.vocab_size < 1):
             problems.append("--vocab-size must be given (the tokenizer's vocabulary, e.g. 50257 for GPT-2 BPE)")
         if problems:
             raise ValueError("; ".join(problems))

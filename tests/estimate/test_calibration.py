@@ -286,3 +286,13 @@ def test_the_elastic_re_plan_ranks_layouts_with_a_profile_file(
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "pretrain_args=" in out and "memory not checked" not in err
+
+
+def test_the_run_record_of_a_run_with_its_own_tokenizer_pads_that_tokenizer_s_vocabulary() -> None:
+    """A run with a tokenizer of its own has no --vocab-size: its record carries the tokenizer's vocabulary (the
+    suite's runs on indexed data failed at their first record while it did not)."""
+    cfg = dataclasses.replace(parse_args([*MODEL, "--tokenizer-type", "GPT2BPETokenizer"],
+                                         world_size=1), tokenizer_vocab_size=50257)  # fmt: skip
+    flags = run_record(cfg, gpus_per_node=1, device="cpu", device_memory_bytes=GIB)[RUN_RECORD]["calculator_flags"]
+    assert flags[flags.index("--tokenizer-vocab-size") + 1] == "50257"
+    assert Workload.of_config(cfg).padded_vocab_size(1) == cfg.padded_vocab_size == 50304
