@@ -31,7 +31,8 @@ PRIVATE_NAMES = (
         name="backward_step",
         parameters=("input_tensor", "output_tensor", "output_tensor_grad"),
         use="training/zero_bubble_schedule.py rebinds it for one step to count each B pass (the W passes are run "
-        "by the communicator passed as p2p_communicator=). Megatron-Core 0.19's backward_dw() seam replaces it.",
+        "by the communicator passed as p2p_communicator=). 0.19 drops its model_type argument (the wrapper passes "
+        "*args on); 0.19's schedules never call backward_dw(), so no public seam replaces it yet.",
     ),
     PrivateName(
         module="megatron.core.pipeline_parallel.p2p_communication",
@@ -45,13 +46,17 @@ PRIVATE_NAMES = (
         name="DistributedDataParallel._make_backward_post_hook",
         parameters=("param",),
         use="training/split_backward.py delivers a deferred weight gradient through DDP's own hook (main_grad, "
-        "bucket readiness). Megatron-Core 0.19's register_wgrad_accumulation_and_reduce_hooks protocol replaces it.",
+        "bucket readiness). In 0.19 DDP hands this hook to a module that implements "
+        "register_wgrad_accumulation_and_reduce_hooks (with delay_wgrad_compute): a linear of our own could take "
+        "it there instead of asking for it by name.",
     ),
     PrivateName(
         module="megatron.core.tensor_parallel.layers",
         name="ColumnParallelLinear._forward_impl",
         use="training/split_backward.py wraps it per layer so that the layer's weight gradient is deferred (W). "
-        "Megatron-Core 0.19's delay_wgrad_compute on the local spec replaces it.",
+        "0.19's backward_dw() does nothing on the local spec and its delay_wgrad_compute needs MoE expert-parallel "
+        "overlap, so nothing replaces it for a dense model yet; 0.19's callers also pass gtp_remat_size, which the "
+        "split must refuse above 1.",
     ),
     PrivateName(
         module="megatron.core.tensor_parallel.layers",
@@ -67,7 +72,15 @@ PRIVATE_NAMES = (
     PrivateName(
         module="megatron.core.dist_checkpointing.strategies.filesystem_async",
         name="_get_write_results_queue",
-        use="Read by Megatron-Core's own writer; the contract behind _results_queue.",
+        use="Read by Megatron-Core's own writer; the contract behind _results_queue. 0.19 renames it to the "
+        "public get_write_results_queue.",
+    ),
+    PrivateName(
+        module="megatron.core.optimizer.distrib_optimizer",
+        name="DistributedOptimizer._set_main_param_and_optimizer_states",
+        parameters=("model_param", "tensors"),
+        use="training/checkpointing.py wraps it on each optimizer instance so that loading a dp-reshardable "
+        "checkpoint keeps the restored step (the per-parameter placeholder's step is dropped).",
     ),
 )
 """The private names, each with its use."""
