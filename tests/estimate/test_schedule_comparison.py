@@ -251,6 +251,13 @@ def test_search_takes_the_smallest_group_megatron_core_accepts_when_pp_does_not_
     assert cfg.layout.microbatch_group_size_per_vp_stage == 5 and cfg.layout.vp == 10
 
 
+def _compared(args: str) -> dict[str, dict]:
+    """``tools/layout.py ARGS`` (with --compare-schedules --json): its schedules by name."""
+    out = io.StringIO()
+    assert layout_tool(args.split(), stdout=out, stderr=io.StringIO()) == ExitCode.OK
+    return {s["schedule"]: s for s in json.loads(out.getvalue())["schedules"]}
+
+
 def test_fewer_microbatches_than_stages_compares_what_megatron_core_runs_and_says_why_not_the_rest() -> None:
     """Before: a LayoutError traceback (a candidate layout with problems was taken for a valid one)."""
     args = (
@@ -258,9 +265,7 @@ def test_fewer_microbatches_than_stages_compares_what_megatron_core_runs_and_say
         "--seq-length 2048 --vocab-size 50257 --tp 1 --pp 8 --micro-batch-size 1 --global-batch-size 4 "
         "--compare-schedules --json"
     )
-    out = io.StringIO()
-    assert layout_tool(args.split(), stdout=out, stderr=io.StringIO()) == ExitCode.OK
-    schedules = {s["schedule"]: s for s in json.loads(out.getvalue())["schedules"]}
+    schedules = _compared(args)
     assert set(schedules) == {"gpipe", "1f1b", "zb-h1", "interleaved", "interleaved-group", "zb-interleaved"}
     assert all(schedules[s]["possible"] for s in ("gpipe", "1f1b", "zb-h1"))
     for name in ("interleaved", "interleaved-group", "zb-interleaved"):
@@ -301,9 +306,7 @@ def test_a_stage_of_embedding_only_is_simulated_pass_by_pass_like_any_other() ->
         "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
         "--num-layers-per-virtual-pipeline-stage 1 --compare-schedules --json"
     )
-    out = io.StringIO()
-    assert layout_tool(args.split(), stdout=out, stderr=io.StringIO()) == ExitCode.OK
-    schedules = {s["schedule"]: s for s in json.loads(out.getvalue())["schedules"]}
+    schedules = _compared(args)
     assert all(s["possible"] for s in schedules.values())
     zb, interleaved = schedules["zb-interleaved"], schedules["interleaved"]
     assert zb["bubble_share_of_step"] < interleaved["bubble_share_of_step"] / 2
@@ -318,7 +321,5 @@ def test_the_virtual_stages_compared_count_the_embedding_and_loss_slots() -> Non
         "--seq-length 2048 --vocab-size 50257 --tp 1 --pp 8 --micro-batch-size 1 --global-batch-size 24 "
         "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --compare-schedules --json"
     )
-    out = io.StringIO()
-    assert layout_tool(args.split(), stdout=out, stderr=io.StringIO()) == ExitCode.OK
-    schedules = {s["schedule"]: s for s in json.loads(out.getvalue())["schedules"]}
+    schedules = _compared(args)
     assert schedules["interleaved"]["possible"] and schedules["interleaved"]["vp"] == 3
