@@ -58,6 +58,7 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[Any
 
 def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Any]:
     """Run one micro-batch through one model chunk."""
+    from megatron.core import parallel_state
     from megatron.core.utils import get_batch_on_this_cp_rank
 
     from megatron_ext.training.model import unwrap
@@ -66,7 +67,10 @@ def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tens
     batch: Any = None
     if chunk.pre_process or chunk.post_process:
         # Context parallelism: this rank's two of the sequence's 2·CP chunks (a no-op without).
-        batch = get_batch_on_this_cp_rank(next(data_iterator))
+        # Megatron-Core 0.19: is_hybrid_cp is required, and cp_group=None means the WORLD group (0.16: parallel_state's).
+        batch = get_batch_on_this_cp_rank(
+            next(data_iterator), is_hybrid_cp=False, cp_group=parallel_state.get_context_parallel_group()
+        )
     device = next(model.parameters()).device
     tokens = batch["tokens"].to(device, non_blocking=True) if chunk.pre_process else None
     position_ids = batch["position_ids"].to(device, non_blocking=True) if chunk.pre_process else None

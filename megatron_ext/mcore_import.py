@@ -24,6 +24,9 @@ from collections.abc import Sequence
 from types import ModuleType
 
 JIT_MODULE = "megatron.core.jit"
+ROUTER_MODULE = "megatron.core.transformer.moe.router"
+"""Megatron-Core >= 0.19 decorates InferenceTopKRouter._compiled_topk_routing with a bare ``@torch.compile``
+at class definition (router.py:918), which imports TorchDynamo whatever jit_fuser is."""
 
 
 def _disable_without_cuda(module: ModuleType) -> None:
@@ -33,15 +36,24 @@ def _disable_without_cuda(module: ModuleType) -> None:
         module.disable_jit_fuser()
 
 
+def _eager_compile(model=None, **kwargs):
+    return model if model is not None else (lambda fn: fn)
+
+
 class _PlainFusionsWithoutCuda(importlib.abc.MetaPathFinder):
     """Finds ``megatron.core.jit`` as usual, and disables its fuser right after it runs when there is no CUDA."""
+
+    def __init__(self) -> None:
+        self.pending = {JIT_MODULE, ROUTER_MODULE}
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != JIT_MODULE:
+        if fullname not in self.pending:
             return None
-        sys.meta_path.remove(self)  # once
+        self.pending.discard(fullname)
+        if not self.pending:
+            sys.meta_path.remove(self)  # once each
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         loader = spec.loader if spec is not None else None
         if loader is None or not hasattr(loader, "exec_module"):
@@ -49,8 +61,21 @@ class _PlainFusionsWithoutCuda(importlib.abc.MetaPathFinder):
         run = loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
-            run(module)
-            _disable_without_cuda(module)
+            if fullname == JIT_MODULE:
+                run(module)
+                _disable_without_cuda(module)
+                return
+            import torch
+
+            if torch.cuda.is_available():
+                run(module)
+                return
+            compile_ = torch.compile
+            torch.compile = _eager_compile
+            try:
+                run(module)
+            finally:
+                torch.compile = compile_
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec

@@ -67,13 +67,13 @@ PRIVATE_NAMES = (
         module="megatron.core.dist_checkpointing.strategies.filesystem_async",
         name="_results_queue",
         use="training/helper_processes.py sets it to a results queue whose server ignores the planned-stop "
-        "signals; _get_write_results_queue() then returns it.",
+        "signals; get_write_results_queue() then returns it.",
     ),
     PrivateName(
         module="megatron.core.dist_checkpointing.strategies.filesystem_async",
-        name="_get_write_results_queue",
-        use="Read by Megatron-Core's own writer; the contract behind _results_queue. 0.19 renames it to the "
-        "public get_write_results_queue.",
+        name="get_write_results_queue",
+        use="Public (0.16 named it _get_write_results_queue); listed as the contract behind _results_queue: "
+        "Megatron-Core's writer takes its queue from here, and this returns the one set in _results_queue.",
     ),
     PrivateName(
         module="megatron.core.optimizer.distrib_optimizer",

@@ -4,7 +4,12 @@
 # since the last run. Ends with `pip install --no-deps --editable .` (this package).
 #
 #   TORCH_SPEC   torch requirement to install when none is available (default torch==2.13.0)
-#   PYTHON       interpreter to build the venv from (default python3)
+#   PYTHON       interpreter to build the venv from (default: the first of python3,
+#                python3.12, python3.13 and pyenv's 3.12+ versions that is Python >= 3.12,
+#                which megatron-core 0.17 and later require)
+#
+# A .venv that this script made from an older Python is rebuilt; one it did not
+# make (no stamp) is left alone and named.
 #
 # When the interpreter already has torch (a GPU container), the venv sees the
 # system site-packages and that torch is kept, not replaced, together with the
@@ -17,13 +22,55 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${repo}/.venv"
-python="${PYTHON:-python3}"
+min_python=(3 12)
+
+# True when "$1" runs and is Python >= 3.12.
+new_enough() {
+  "$1" -c "import sys; sys.exit(sys.version_info[:2] < (${min_python[0]}, ${min_python[1]}))" 2>/dev/null
+}
+
+find_python() {
+  if [[ -n "${PYTHON:-}" ]]; then
+    if new_enough "${PYTHON}"; then
+      echo "${PYTHON}"
+      return 0
+    fi
+    echo "setup: PYTHON=${PYTHON} is not Python >= ${min_python[0]}.${min_python[1]}; point it at one (megatron-core 0.19 needs it)" >&2
+    return 1
+  fi
+  local candidate
+  local -a candidates=(python3 python3.12 python3.13)
+  if command -v pyenv >/dev/null; then
+    # pyenv's shims answer only for enabled versions: take the interpreters themselves.
+    candidates+=("$(pyenv root)"/versions/3.1[2-9]*/bin/python3)
+  fi
+  for candidate in "${candidates[@]}"; do
+    if new_enough "${candidate}"; then
+      command -v "${candidate}"
+      return 0
+    fi
+  done
+  echo "setup: no Python >= ${min_python[0]}.${min_python[1]} found (megatron-core 0.19 needs it): install python3.12 (e.g. 'pyenv install 3.12', or your distribution's python3.12 with its venv module) or set PYTHON=/path/to/python3.12" >&2
+  return 1
+}
+
 torch_spec="${TORCH_SPEC:-torch==2.13.0}"
 stamp="${venv}/.requirements.sha256"
 
 want="$(cat "${repo}/requirements.txt" "${repo}/requirements-dev.txt" "${repo}/pyproject.toml" | sha256sum | cut -d' ' -f1)"
-if [[ -f "${stamp}" && "$(cat "${stamp}")" == "${want}" && -x "${venv}/bin/python" ]]; then
+if [[ -f "${stamp}" && "$(cat "${stamp}")" == "${want}" && -x "${venv}/bin/python" ]] && new_enough "${venv}/bin/python"; then
   exit 0
+fi
+
+python="$(find_python)"
+
+if [[ -x "${venv}/bin/python" ]] && ! new_enough "${venv}/bin/python"; then
+  if [[ ! -f "${stamp}" ]]; then
+    echo "setup: ${venv} is older than Python ${min_python[0]}.${min_python[1]} and was not made by this script; move it away and run again" >&2
+    exit 1
+  fi
+  echo "setup: ${venv} is $("${venv}/bin/python" -V 2>&1); rebuilding it from ${python} ($("${python}" -V 2>&1))"
+  rm -rf "${venv}"
 fi
 
 if [[ ! -x "${venv}/bin/python" ]]; then

@@ -101,7 +101,7 @@ def run(
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
-def wait_for(
+def wait_for[T](
     what: str,
     done: Callable[[], T],
     *,

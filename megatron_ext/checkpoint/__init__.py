@@ -1,4 +1,4 @@
-"""Checkpoints on disk, without torch: the directory format (``on_disk``), what ``common.pt`` records and the
+"""Checkpoints on disk, without torch: the directory format (``on_disk``), what a checkpoint's common state records and the
 refusals that follow from it (``records``), and the run's identity (``identity``).
 
 Megatron-Core keeps the same split: ``dist_checkpointing/core.py`` holds the

@@ -53,7 +53,7 @@ def _tokenizer_location(tokenizer: Tokenizer) -> str:
 
 
 def tokenizer_identity(tokenizer: Tokenizer) -> dict[str, Any]:
-    """``{"type", "vocab_size", "sha256", "location"}`` of a tokenizer (plain values, for ``common.pt``)."""
+    """``{"type", "vocab_size", "sha256", "location"}`` of a tokenizer (plain values, for the checkpoint's common state)."""
     return {
         "type": tokenizer.type_name,
         "vocab_size": tokenizer.vocab_size,
@@ -84,7 +84,7 @@ def data_identity(data: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """A run's tokenizer and training data, by content (plain values: ``common.pt`` records ``as_record()``)."""
+    """A run's tokenizer and training data, by content (plain values: the common state records ``as_record()``)."""
 
     tokenizer: dict[str, Any]
     data: dict[str, Any]

@@ -4,7 +4,7 @@ Layout on disk (Megatron-LM's, plus two files of ours)::
 
     SAVE/latest_checkpointed_iteration.txt   # the tracker: the last published save
     SAVE/iter_0000100/                       # one save
-        metadata.json  common.pt  .metadata  __0_0.distcp …   # Megatron-Core's torch_dist files
+        metadata.json  .metadata  __0_0.distcp …   # Megatron-Core's torch_dist files (≤ 0.18: also common.pt)
         checksums.json                       # CRC-32 of every file, written once they all are
         save_in_progress.json                # from a save's first byte until it is published
 
@@ -61,7 +61,8 @@ SAVING_FILENAME = "save_in_progress.json"
 partial save."""
 MEGATRON_FILES = {
     "metadata.json": "Megatron-Core's description of the checkpoint: its backend and version",
-    "common.pt": "the iteration, the run's arguments and the other non-tensor state",
+    # Megatron-Core 0.19 writes no common.pt: the non-tensor state is the ShardedObject "common_state" inside the
+    # torch_dist files (dist_checkpointing/serialization.py save(); load_common_state_dict reads either form).
     ".metadata": "torch's index of every saved tensor",
 }
 """The files every torch_dist checkpoint directory holds, each with what it holds."""

@@ -1,13 +1,13 @@
 """What a checkpoint records besides its tensors, and the refusals that follow from it, without torch.
 
-``common.pt`` (one copy per checkpoint, written by ``training.checkpointing``)
+the checkpoint's common state (one copy per checkpoint, written by ``training.checkpointing``)
 holds the iteration and consumed samples, the run's arguments by group, the
 layout with its stage split, the vocabulary, the tokenizer and data digests,
 and the optimizer state's format. This module builds that record and reads
 it back: the configuration that wrote a checkpoint (``saved_run``), whether a
 per-rank optimizer state can load under another layout, the padded
 vocabulary a resumed run keeps, and whether a run may go on with another
-tokenizer or other data. The reading of ``common.pt`` itself is torch's, in
+tokenizer or other data. The reading of the common state itself is torch's, in
 ``training.checkpointing``.
 """
 
@@ -36,7 +36,7 @@ from megatron_ext.parallel.layout import ParallelLayout
 log = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION = 3.0
-"""``common.pt``'s ``checkpoint_version`` (Megatron-LM's key)."""
+"""The common state's ``checkpoint_version`` (Megatron-LM's key)."""
 
 
 def arguments_record(cfg: TrainingConfig) -> dict[str, Any]:
@@ -66,11 +66,11 @@ class SavedRun:
     config: TrainingConfig
     """The run's configuration at the world size it ran on (``config.layout``: its layout)."""
     layout_record: dict[str, Any]
-    """The layout as recorded (``common.pt`` ``"layout"``), for ``per_rank_format_refusal``."""
+    """The layout as recorded (the common state's ``"layout"``), for ``per_rank_format_refusal``."""
 
 
 def saved_run(path: Path, common: Mapping[str, Any]) -> SavedRun | None:
-    """The configuration a checkpoint was written with, from its ``common.pt`` (None: saved before the records
+    """The configuration a checkpoint was written with, from its common state (None: saved before the records
     were kept). ``path`` names the checkpoint in errors."""
     args, layout = common.get("args"), common.get("layout")
     if not isinstance(args, dict) or not isinstance(layout, dict):
@@ -83,14 +83,14 @@ def saved_run(path: Path, common: Mapping[str, Any]) -> SavedRun | None:
         groups: dict[str, Any] = {name: {k: v for k, v in args[name].items() if k in known[name]} for name in GROUPS}
         config = make_config(world_size=world, **groups)
     except (ValueError, KeyError) as exc:  # a record this version cannot rebuild
-        raise CheckpointError(f"{path}/common.pt: the saved arguments do not rebuild the run's layout: {exc}") from exc
+        raise CheckpointError(f"{path}: the saved arguments do not rebuild the run's layout: {exc}") from exc
     return SavedRun(config=config, layout_record=layout)
 
 
 def common_state(
     cfg: TrainingConfig, *, iteration: int, consumed_samples: int, identity: RunIdentity | None
 ) -> dict[str, Any]:
-    """What every save records besides tensors and optimizer (one rank's copy; ``common.pt``)."""
+    """What every save records besides tensors and optimizer (one rank's copy; the common state)."""
     return {
         "iteration": iteration,
         "consumed_samples": consumed_samples,
@@ -103,7 +103,7 @@ def common_state(
 
 
 def layout_record(layout: ParallelLayout) -> dict[str, Any]:
-    """The layout as ``common.pt`` records it: what decides whether a per-rank optimizer state can load."""
+    """The layout as the common state records it: what decides whether a per-rank optimizer state can load."""
     return {
         "tp": layout.tp,
         "pp": layout.pp,
@@ -194,13 +194,13 @@ def check_identity(path: Path, common: Mapping[str, Any], identity: RunIdentity,
 
 
 def loads_optimizer(common: Mapping[str, Any], run: RunArgs) -> bool:
-    """Whether a resume loads the optimizer state of a checkpoint (its ``common.pt``): it has one, and neither
+    """Whether a resume loads the optimizer state of a checkpoint (its common state): it has one, and neither
     ``--no-load-optim`` nor ``--finetune`` was given."""
     return not (run.no_load_optim or run.finetune) and bool(common.get("has_optimizer_state", True))
 
 
 def check_resumable(path: Path, common: Mapping[str, Any], cfg: TrainingConfig) -> None:
-    """Refuse a checkpoint this run cannot resume from, by its ``common.pt`` alone (no tensor is read): another
+    """Refuse a checkpoint this run cannot resume from, by its common state alone (no tensor is read): another
     vocabulary, the optimizer state of the other optimizer, or a per-rank distributed-optimizer state this layout
     cannot take. CheckpointError says what and the fix. Checked before anything is built, and again at load."""
     saved_vocab = common.get("vocab_size")

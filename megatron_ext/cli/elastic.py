@@ -96,7 +96,7 @@ def _saved(checkpoint_dir: str) -> tuple[int, SavedRun] | None:
     iteration = on_disk.read_tracker(checkpoint_dir)
     if not iteration:
         return None
-    # Reading common.pt takes torch: only once there is a checkpoint.
+    # Reading the common state takes torch: only once there is a checkpoint.
     from megatron_ext.training.checkpointing import saved_run
 
     run = saved_run(on_disk.checkpoint_dir(checkpoint_dir, iteration))

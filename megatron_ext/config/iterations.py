@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -69,7 +70,7 @@ def microbatch_calculator(batch: BatchArgs, layout: ParallelLayout, *, rank: int
         warnings.simplefilter("ignore")
         from megatron.core.num_microbatches_calculator import (
             ConstantNumMicroBatchesCalculator,
-            RampupBatchsizeNumMicroBatchesCalculator,
+            StepBatchsizeNumMicroBatchesCalculator,
         )
 
     common = {
@@ -81,10 +82,23 @@ def microbatch_calculator(batch: BatchArgs, layout: ParallelLayout, *, rank: int
     }
     if batch.rampup_batch_size is None:
         return ConstantNumMicroBatchesCalculator(**common)
+    # Megatron-Core 0.19 removed RampupBatchsizeNumMicroBatchesCalculator: the same ramp as a step schedule
+    # (0.16's rule: batch start + increment·int(consumed / (samples / increments))), sizes rounded down to
+    # micro-batch × DP here with --decrease-batch-size-if-needed (the step calculator refuses that flag).
     start, increment, samples = batch.rampup_batch_size
-    return RampupBatchsizeNumMicroBatchesCalculator(
-        **common, start_global_batch_size=start, batch_size_increment=increment, ramup_samples=samples
-    )
+    gbs, block = layout.global_batch_size, layout.micro_batch_size * layout.dp
+    increments = (gbs - start) // increment
+    steps: dict[int, int] = {}
+    for i in range(increments + 1):
+        size = start + i * increment
+        if batch.decrease_batch_size_if_needed:
+            size -= size % block
+        steps[math.ceil(i * samples / increments) if increments else 0] = size
+    schedule = " ".join(f"{t}:{b}" for t, b in sorted(steps.items()))
+    return StepBatchsizeNumMicroBatchesCalculator(
+        micro_batch_size=layout.micro_batch_size, data_parallel_size=layout.dp,
+        decrease_batch_size_if_needed=False, rank=rank, schedule=schedule,
+    )  # fmt: skip
 
 
 def ramp_problems(batch: BatchArgs, layout: ParallelLayout) -> list[str]:

@@ -135,6 +135,9 @@ def write_tokenizer(tokenizer: Tokenizer, data: DataArgs, directory: Path, *, ma
                 "eos_token": special[tokenizer.eod],
                 "unk_token": "<unk>",
                 "clean_up_tokenization_spaces": False,
+                # Megatron-LM's TikTokenizer encodes "<s>" in a text as ordinary text (tiktoken's
+                # encode_ordinary); transformers would otherwise match a special token's text.
+                "split_special_tokens": True,
                 "model_max_length": max_length,
             },
         )

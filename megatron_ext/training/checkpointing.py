@@ -83,7 +83,7 @@ def _my_share(names: list[str]) -> list[str]:
     return names[dist.get_rank() :: dist.get_world_size()]
 
 
-def on_rank0(action: Callable[[], T], *, what: str) -> T | None:
+def on_rank0[T](action: Callable[[], T], *, what: str) -> T | None:
     """Run a filesystem step on rank 0 and tell every rank whether it failed (a collective): a failure is one
     CheckpointError on every rank instead of rank 0's traceback and the others waiting in the next collective."""
     error: list[str | None] = [None]
@@ -369,19 +369,20 @@ def _optimizer_has_state(optimizer: Any, *, device: torch.device) -> bool:
 
 
 def saved_common(path: Path) -> dict[str, Any]:
-    """``common.pt`` of one checkpoint directory: the iteration, the run's arguments, layout and identity."""
+    """The common state of one checkpoint directory: the iteration, the run's arguments, layout and identity (Megatron-Core
+    0.19 keeps it as the ``common_state`` object in the torch_dist files; older checkpoints have it in ``common.pt``)."""
     from megatron.core import dist_checkpointing
 
     on_disk.check_structure(path)
     try:
         common = dist_checkpointing.load_common_state_dict(str(path))
     except Exception as exc:
-        raise CheckpointError(f"{path}/common.pt cannot be read ({type(exc).__name__}: {exc})") from exc
+        raise CheckpointError(f"the common state of {path} cannot be read ({type(exc).__name__}: {exc})") from exc
     return common if isinstance(common, dict) else {}
 
 
 def saved_run(path: Path) -> records.SavedRun | None:
-    """The configuration a checkpoint was written with (``records.saved_run`` of its ``common.pt``)."""
+    """The configuration a checkpoint was written with (``records.saved_run`` of its common state)."""
     return records.saved_run(path, saved_common(path))
 
 
@@ -442,7 +443,13 @@ def save_checkpoint(
     if async_queue is not None:
         try:
             request = dist_checkpointing.save(
-                state, str(target), strategy, content_metadata=metadata, async_sharded_save=True
+                state,
+                str(target),
+                strategy,
+                content_metadata=metadata,
+                async_sharded_save=True,
+                # Megatron-Core 0.19 defaults to "nvrx" (nvidia-resiliency-ext); "mcore" is its own (deprecated).
+                async_strategy="mcore",
             )
         except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
             raise save_failed(target, exc) from exc

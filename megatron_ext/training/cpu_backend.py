@@ -135,6 +135,20 @@ def _cpu_manual_seed(seed: int) -> None:
     torch.default_generator.manual_seed(int(seed))
 
 
+class _NullStream:
+    """``torch.cuda.current_stream()``'s stand-in: CPU work is ordered already, so waits are no-ops (Megatron-Core
+    0.19's ``_ParamAndGradBucketGroup.start_grad_sync`` asks for the current stream on every gradient sync)."""
+
+    def wait_event(self, *_args: Any, **_kwargs: Any) -> None:
+        pass
+
+    def wait_stream(self, *_args: Any, **_kwargs: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 _ACTIVATION_TAG = 1  # send_next / recv_prev
 _GRADIENT_TAG = 2  # send_prev / recv_next
 
@@ -183,6 +197,7 @@ def _patches() -> list[tuple[Any, str, Callable[..., Any]]]:
     return [
         (torch.cuda, "current_device", _returning(0)),
         (torch.cuda, "synchronize", _returning(None)),
+        (torch.cuda, "current_stream", _returning(_NullStream())),
         (torch.cuda, "get_rng_state", _cpu_get_rng_state()),
         (torch.cuda, "set_rng_state", _cpu_set_rng_state()),
         (torch.cuda, "manual_seed", _cpu_manual_seed),

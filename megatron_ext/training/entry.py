@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from megatron_ext import mcore_release
 from megatron_ext.checkpoint import on_disk
 from megatron_ext.checkpoint.identity import RunIdentity
 from megatron_ext.config.arguments import ConfigError
@@ -119,7 +120,7 @@ def _checkpoint_arguments(argv: Sequence[str]) -> dict[str, Any] | None:
             "--use-checkpoint-args: no checkpoint under %s to take them from", load
         )
         return None
-    from megatron_ext.training.checkpointing import saved_common  # reading common.pt takes torch
+    from megatron_ext.training.checkpointing import saved_common  # reading the common state takes torch
 
     args = saved_common(on_disk.checkpoint_dir(load, iteration)).get("args")
     if not isinstance(args, dict):
@@ -185,12 +186,20 @@ def pretrain(
     missing = _missing_tracking(cfg)
     if cfg.run.dry_run:
         print("configuration is valid")
-        notes = [*(f"{m} (not installed here)" for m in missing), *_transformer_engine_note(cfg)]
+        notes = [
+            *(f"{m} (not installed here)" for m in missing),
+            *_transformer_engine_note(cfg),
+            mcore_release.note(mcore_release.installed()),
+        ]
         for line in [*plan.describe(cfg), *([where] if where else []), *resuming, *notes]:
             print(f"  {line}")
         return ExitCode.OK
     if missing:
         print("error: " + "; ".join(missing), file=sys.stderr)
+        return ExitCode.INVALID
+    release_problem = mcore_release.problem(mcore_release.installed())
+    if release_problem is not None:
+        print(f"error: {release_problem}", file=sys.stderr)
         return ExitCode.INVALID
     if where and rank == 0:
         logging.getLogger("megatron_ext").info(where)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -262,12 +263,39 @@ def layer_spec(cfg: TrainingConfig, device: torch.device, *, config: Any, vp_sta
     return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=TorchNorm)
 
 
+GPT_MODEL_LOGGER = "megatron.core.models.gpt.gpt_model"
+"""The logger of Megatron-Core's ``GPTModel``, whose constructor warns (0.19) that GPTModel is deprecated."""
+
+
+class _Once(logging.Filter):
+    """Lets each distinct message through once: Megatron-Core 0.19 warns at every GPTModel built (one per
+    virtual pipeline chunk); the warning and what it means here are in docs/architecture.md."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+@functools.cache
+def _warn_once_per_process() -> None:
+    logging.getLogger(GPT_MODEL_LOGGER).addFilter(_Once())
+
+
 def gpt_model(
     cfg: TrainingConfig, *, pre_process: bool, post_process: bool, vp_stage: int | None, device: torch.device
 ) -> Any:
     """Megatron-Core's GPTModel for one chunk (the layers of one virtual pipeline stage; the whole model in one
     process): ``pretrain_gpt.py``'s provider, and the one-process model of ``megatron_ext.inference``."""
     from megatron.core.models.gpt import GPTModel
+
+    _warn_once_per_process()
 
     m = cfg.model
     config = transformer_config(cfg, device)

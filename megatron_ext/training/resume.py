@@ -2,7 +2,7 @@
 passes them (the fallback a requeued job needs to go on by itself).
 
 ``preflight_resume`` decides it before any process group exists, from what one process can check without the
-model (files present and whole, ``checksums.json`` and ``common.pt`` readable, the vocabulary and optimizer state
+model (files present and whole, ``checksums.json`` and the common state readable, the vocabulary and optimizer state
 this run can take), so that ``--dry-run`` and every rank say it before torch.distributed starts.
 ``newest_that_passes`` decides it again at load, with the CRC-32 of every file checked by all ranks together,
 and is the one that acts: each damaged checkpoint passed over is renamed ``iter_NNNNNNN.damaged`` (kept, never
@@ -41,7 +41,7 @@ class ResumePlan:
 
 def preflight_resume(cfg: TrainingConfig, identity: RunIdentity | None = None) -> ResumePlan | None:
     """The checkpoint under ``--load`` a resume will load, and the refusals that need no model: every file there
-    and whole, ``checksums.json`` and ``common.pt`` readable, the vocabulary and optimizer state this run can take
+    and whole, ``checksums.json`` and the common state readable, the vocabulary and optimizer state this run can take
     (``records.check_resumable``), and with ``identity`` this run's tokenizer and data against the saved run's. The damaged checkpoints a resume falls back from are listed (nothing is moved
     here). One process, no process group: ``--dry-run`` and every rank before it initialises torch.distributed
     reach the same answer (the CRC-32 of every file is checked at load, by all ranks together). None: nothing to

@@ -75,7 +75,7 @@ iteration's save; the steps are :data:`SAVE_STEPS` (``tests/training/test_save_f
 
 SAVE_STEPS = ("before-shards", "after-shards", "after-checksums", "after-tracker", "published")
 """The steps of a save at which a test can kill a rank, in order: the directory and its marker exist; every
-rank's files (and Megatron-Core's common.pt and metadata) are written; checksums.json is; the tracker names it
+rank's files (and Megatron-Core's metadata) are written; checksums.json is; the tracker names it
 (rank 0, before the marker is removed); every rank knows it is published."""
 
 

@@ -135,7 +135,7 @@ class Saves:
     def _every_rank_failed(self) -> bool:
         """Whether every rank saw this save fail: only then can they all go back to training together.
 
-        Megatron-Core's save has steps that rank 0 takes alone (``common.pt``, ``metadata.json``) and writes whose
+        Megatron-Core's save has steps that rank 0 takes alone (``metadata.json``, the integrity checks) and writes whose
         failure reaches the other ranks only in a later collective, so one rank may fail while another still waits
         inside the save. The ranks that failed meet in a barrier of their own group (gloo's monitored barrier,
         bounded by ``AGREE_S``); a rank that does not come means the run stops (exit 3) and is requeued."""

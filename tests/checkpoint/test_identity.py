@@ -112,7 +112,7 @@ def test_data_differences(tmp_path: Path) -> None:
 
 
 def test_identity_is_plain_values(two_models: tuple[Path, Path]) -> None:
-    """common.pt is read with torch.load(weights_only=True): only plain values may be recorded."""
+    """Only plain values may be recorded: older checkpoints' common.pt is read with torch.load(weights_only=True)."""
     identity = RunIdentity.of(GPTSentencePieceTokenizer(two_models[0]), parse_args(["--mock-data"]).data)
     assert json.loads(json.dumps(identity.as_record())) == identity.as_record()
 

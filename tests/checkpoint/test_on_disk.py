@@ -102,7 +102,7 @@ def test_a_new_save_never_replaces_a_finished_one_unless_asked(run_dir: Path) ->
 def test_publishing_order(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     target = on_disk.start_save(root, 5, overwrite=False)
-    (target / "common.pt").write_bytes(b"x")
+    (target / "__0_0.distcp").write_bytes(b"x")
     assert on_disk.state_of(target) is DirState.PARTIAL
     (target / CHECKSUMS_FILENAME).write_text(json.dumps({"crc32": {}}))
     assert on_disk.state_of(target) is DirState.PARTIAL  # not yet tracked
@@ -110,7 +110,7 @@ def test_publishing_order(tmp_path: Path) -> None:
     assert on_disk.states(root) == {5: DirState.COMPLETE}
     on_disk.finish_save(target)
     assert on_disk.state_of(target) is DirState.COMPLETE
-    assert on_disk.files_to_hash(target) == ["common.pt"]
+    assert on_disk.files_to_hash(target) == ["__0_0.distcp"]
 
 
 def test_prune_keeps_unverified_and_newer_than_tracked(run_dir: Path) -> None:

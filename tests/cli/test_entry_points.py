@@ -6,10 +6,10 @@ import importlib
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from tests.conftest import REPO
 from tests.waits import QUICK_S

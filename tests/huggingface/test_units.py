@@ -338,7 +338,17 @@ def test_tiktoken_tokenizer_json_gives_our_ids_and_the_flags_come_back(
     assert written.ids == TokenIds(0, 1) and "tokenizer.json" in written.files
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
     lines = [json.loads(line)["text"] for line in shared_data(tmp_path_factory)["corpus"].read_text().splitlines()]
-    edge = [" a", "  two  spaces ", "\n\n    indented\r\n", "tabs\tand\nnewlines", "日本語 😀 é", "x<s", "", "  "]
+    edge = [
+        " a",
+        "  two  spaces ",
+        "\n\n    indented\r\n",
+        "tabs\tand\nnewlines",
+        "日本語 😀 é",
+        "x<s",
+        "",
+        "  ",
+        "a <s> b</s>",
+    ]
     texts = [*edge, *lines[-300:]]
     for text in texts:
         ids = ours.tokenize(text)

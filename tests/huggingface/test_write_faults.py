@@ -78,7 +78,7 @@ def test_forbidden_writes_name_the_file_and_reads_stay_as_they_are(tmp_path: Pat
     )
     assert list(tmp_path.iterdir()) == []  # the staging directory and the parent it made are gone
     # The same error on a file the conversion reads is not the output's fault: left as it is.
-    unreadable = OSError(code, os.strerror(code), str(tmp_path / "checkpoint" / "common.pt"))
+    unreadable = OSError(code, os.strerror(code), str(tmp_path / "checkpoint" / "metadata.json"))
     with pytest.raises(OSError) as raised, _staging(target):
         raise unreadable
     assert raised.value is unreadable and not target.exists()

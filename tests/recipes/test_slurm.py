@@ -237,7 +237,7 @@ def _kill_tasks_on(node: str, job: int) -> int:
     return len(killed)
 
 
-def _wait_for(what: str, check: Callable[[], T], cluster: SlurmCluster, timeout: float) -> T:
+def _wait_for[T](what: str, check: Callable[[], T], cluster: SlurmCluster, timeout: float) -> T:
     return waits.wait_for(
         what, check, timeout=timeout, every=0.3, check=cluster.assert_daemons_alive, state=cluster.diagnostics
     )

@@ -15,12 +15,12 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from tests.conftest import REPO
 from tests.waits import RUN_S, STOP_S

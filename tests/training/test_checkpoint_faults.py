@@ -207,7 +207,7 @@ def test_a_disk_that_fills_and_is_freed_costs_one_save(tmp_path: Path) -> None:
     ("damage", "named"),
     [
         ("metadata.json", "iter_0000003/metadata.json is missing"),
-        ("common.pt", "iter_0000003/common.pt is missing"),
+        (".metadata", "iter_0000003/.metadata is missing"),
         (TRACKER_FILENAME, f"{TRACKER_FILENAME}: expected an iteration number, found binary bytes"),
     ],
 )
@@ -215,7 +215,7 @@ def test_damaged_files_are_named_by_training_and_the_tools(
     damage: str, named: str, saved: Path, tmp_path: Path
 ) -> None:
     """Before: an uncaught CheckpointingException on every rank (metadata.json), a UnicodeDecodeError
-    traceback (binary tracker); the tools blamed common.pt or printed an AttributeError."""
+    traceback (binary tracker); the tools blamed the wrong file or printed an AttributeError."""
     ckpt = copy_of(saved, tmp_path)
     if damage == TRACKER_FILENAME:
         (ckpt / TRACKER_FILENAME).write_bytes(b"\xff\xfe\x00\x01")

@@ -63,12 +63,12 @@ def _alive(process: psutil.Process) -> bool:
 
 def test_megatron_core_takes_the_results_queue_it_is_given() -> None:
     """The contract behind ``start_checkpoint_results_queue``: Megatron-Core's writer asks
-    ``filesystem_async._get_write_results_queue()``, which keeps a queue already set in ``_results_queue``."""
+    ``filesystem_async.get_write_results_queue()``, which keeps a queue already set in ``_results_queue``."""
     probe = (
         "from megatron.core.dist_checkpointing.strategies import filesystem_async as f\n"
         "given = object(); f._results_queue = given\n"
-        "assert f._get_write_results_queue() is given\n"
-        "import inspect; assert '_get_write_results_queue()' in inspect.getsource(f.FileSystemWriterAsync)\n"
+        "assert f.get_write_results_queue() is given\n"
+        "import inspect; assert 'get_write_results_queue(' in inspect.getsource(f.FileSystemWriterAsync)\n"
     )
     proc = waits.run([sys.executable, "-c", probe], timeout=QUICK_S, env=_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]

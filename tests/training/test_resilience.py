@@ -225,7 +225,7 @@ def test_a_rank_killed_at_each_step_of_a_save_loses_no_published_checkpoint(
 ) -> None:
     """kill -9 of one rank at each step of the save of iteration 4 (saves every 2 iterations). Before: a rank
     that died after rank 0 wrote the tracker made rank 0's failure path delete the checkpoint the tracker
-    named, leaving no common.pt (a requeued job could never restart). Now the newest published checkpoint is
+    named, leaving no checkpoint (a requeued job could never restart). Now the newest published checkpoint is
     complete and resumes bit for bit, and none of the run's helper processes outlives its rank."""
     assert step in SAVE_STEPS
     save, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
@@ -338,15 +338,15 @@ def test_vocabulary_mismatch_is_refused_before_anything_is_built(saved: Path) ->
 
 def test_dry_run_names_the_checkpoint_a_resume_falls_back_to_and_moves_nothing(saved: Path, tmp_path: Path) -> None:
     save = copy_of(saved, tmp_path)
-    (save / "iter_0000003" / "common.pt").unlink()
+    (save / "iter_0000003" / ".metadata").unlink()
     before = sorted(str(p.relative_to(save)) for p in save.rglob("*"))
     dry = [*RUN, "--load", str(save), "--save", str(save), "--dry-run", "--world-size", "2"]
     proc = run_script(dry)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"iteration 3 under --load {save} fails its checks ({save}/iter_0000003/common.pt is missing" in proc.stdout
+    assert f"iteration 3 under --load {save} fails its checks ({save}/iter_0000003/.metadata is missing" in proc.stdout
     assert f"resumes from iteration 2 under --load {save}" in proc.stdout
     hard = run_script([*dry, "--no-checkpoint-fallback"])
-    assert hard.returncode == ExitCode.CHECKPOINT and "iter_0000003/common.pt is missing" in hard.stderr
+    assert hard.returncode == ExitCode.CHECKPOINT and "iter_0000003/.metadata is missing" in hard.stderr
     assert sorted(str(p.relative_to(save)) for p in save.rglob("*")) == before
 
 
