@@ -8,8 +8,8 @@ The faults, in a shuffled cycle so that each kind comes up:
 * ``sigterm``: ``scancel --signal=TERM`` of the job's step, as a preemption (the ranks save and exit 75);
 * ``disk-full``: another job's file fills the checkpoint filesystem (a tmpfs) during the run, and is removed
   once a save has failed (or the attempt ended);
-* ``damaged``: one file of the newest checkpoint is corrupted, then a rank is killed, so that the next attempt
-  must fall back to the checkpoint before it.
+* ``damaged``: the ranks are stopped, one file of the newest checkpoint is corrupted, then they are killed, so
+  that the next attempt must fall back to the checkpoint before it.
 
 The recipe requeues after a stop with a checkpoint (75) and after a failure (``MAX_FAILED_RESTARTS``). The
 short version runs in the default suite; ``-m soak`` runs twelve faults and prints what it recorded
@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -53,8 +54,6 @@ SETTINGS = {
 def _job_processes(job: int) -> list:
     """The job's training ranks: the pretrain_gpt.py processes our launcher started for the job (their forked
     helpers share their command line)."""
-    import psutil
-
     found = []
     for process in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
@@ -136,15 +135,23 @@ def _soak(cluster: SlurmCluster, run_dir: Path, fs: Path, *, faults: int, iters:
             _fill_until_a_save_fails(cluster, job, run_dir, fs, restarts)
             continue
         else:
+            victims = _job_processes(job)
             if fault == "damaged":
+                # The ranks (and their savers) stopped first: a save published while the file is corrupted would
+                # leave the damaged checkpoint behind a newer one, and nothing would need to fall back.
+                for process in victims:
+                    with contextlib.suppress(psutil.Error):
+                        process.suspend()
                 latest = read_tracker(checkpoints)
                 if latest is not None:
                     for shard in sorted(checkpoint_dir(checkpoints, latest).glob("*.distcp"))[:1]:
                         data = bytearray(shard.read_bytes())
                         data[len(data) // 2] ^= 0xFF
                         shard.write_bytes(bytes(data))
-            victims = _job_processes(job)
-            if victims:
+                for process in victims:  # all of them: a stopped rank would not notice its peer's death
+                    with contextlib.suppress(psutil.Error):
+                        process.kill()
+            elif victims:
                 rng.choice(victims).kill()
         cluster.wait_for_job(job, timeout=READY_S, until=lambda r, n=restarts: int(r["Restarts"]) > n,
                              what=f"its requeue after {fault}")  # fmt: skip
