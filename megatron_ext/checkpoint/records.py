@@ -59,6 +59,33 @@ def optimizer_metadata(cfg: TrainingConfig) -> dict[str, Any]:
     }
 
 
+def null_vocabulary_before_0_17(common: Mapping[str, Any]) -> int | None:
+    """The ``--vocab-size`` that, in today's meaning, gives the NullTokenizer vocabulary of a checkpoint trained
+    under Megatron-LM's earlier one (before 0.17 the end of document was an id added after ``--vocab-size`` ids:
+    ``--vocab-size V`` trained V + 1 ids, end of document V, which ``--vocab-size V + 1`` now gives); None for any
+    other checkpoint."""
+    args = common.get("args")
+    if not isinstance(args, dict):
+        return None
+    data, model = args.get("data") or {}, args.get("model") or {}
+    if data.get("tokenizer_type") != "NullTokenizer" or data.get("null_tokenizer_eod_id") is not None:
+        return None
+    flag, trained = model.get("vocab_size"), common.get("vocab_size")
+    return trained if isinstance(flag, int) and trained == flag + 1 else None
+
+
+def arguments_of(common: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A checkpoint's recorded arguments (``arguments_record``; None: saved before they were kept), in today's
+    meaning: an earlier NullTokenizer ``--vocab-size`` is given as the one that now trains the same ids."""
+    args = common.get("args")
+    if not isinstance(args, dict):
+        return None
+    earlier = null_vocabulary_before_0_17(common)
+    if earlier is None:
+        return args
+    return args | {"model": {**args["model"], "vocab_size": earlier}}
+
+
 @dataclass(frozen=True)
 class SavedRun:
     """What a checkpoint says of the run that wrote it: its configuration, layout included."""
@@ -72,8 +99,8 @@ class SavedRun:
 def saved_run(path: Path, common: Mapping[str, Any]) -> SavedRun | None:
     """The configuration a checkpoint was written with, from its common state (None: saved before the records
     were kept). ``path`` names the checkpoint in errors."""
-    args, layout = common.get("args"), common.get("layout")
-    if not isinstance(args, dict) or not isinstance(layout, dict):
+    args, layout = arguments_of(common), common.get("layout")
+    if args is None or not isinstance(layout, dict):
         return None
     parallel = args["parallel"]
     world = layout["tp"] * parallel.get("context_parallel_size", 1) * layout["pp"] * layout["dp"]

@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--vocab-size",
         type=at_least(1),
-        help="NullTokenizer: number of ids (eod is this number); TikTokenizer: the vocabulary (default 131072).",
+        help="NullTokenizer: number of ids, end of document included (eod is this number - 1, as Megatron-LM 0.17 "
+        "and later); TikTokenizer: the vocabulary (default 131072).",
     )
     g.add_argument("--tiktoken-pattern", choices=["v1", "v2"], help="TikTokenizer: Megatron-LM's pattern.")
     g.add_argument(

@@ -103,6 +103,15 @@ class DataArgs(_Options):
     tokenizer_special_tokens: tuple[str, ...] | None = opt(
         None, "TikTokenizer: the special tokens (ids 0, 1, ...; must include <unk> <s> </s>, the default)."
     )
+    null_tokenizer_eod_id: int | None = opt(
+        None,
+        "NullTokenizer: the end-of-document id (default --vocab-size - 1, Megatron-LM 0.17 and later; before, an id "
+        "added after the vocabulary).",
+        minimum=0,
+    )
+    null_tokenizer_pad_id: int = opt(
+        -1, "NullTokenizer: the id GPTDataset pads with (default -1: none, the dataset's own padding)."
+    )
     vocab_file: str | None = opt(None, "GPT2BPETokenizer: vocab.json.")
     merge_file: str | None = opt(None, "GPT2BPETokenizer: merges.txt.")
     num_workers: int = opt(0, "Data-loader worker processes.", minimum=0)

@@ -64,6 +64,14 @@ ALREADY: dict[str, str] = {
     "sequence",
     "--accumulate-allreduce-grads-in-fp32": "gradients are accumulated and reduced in fp32 (with bf16 and fp16 in "
     "the DDP's fp32 buffer) unless --grad-reduce-in-bf16, which wins as in Megatron-LM",
+    "--verify-integrity": "every checkpoint file's CRC-32 is recorded in checksums.json at save and checked at each "
+    "load, the hashing shared by all ranks (unless --no-checkpoint-checksums); a damaged checkpoint is skipped for "
+    "the newest good one (--no-checkpoint-fallback: the run stops instead); Megatron-Core's SHA-256 manifest "
+    "(integrity.json) is not written",
+    "--pytorch-profiler-collect-shapes": "with --use-pytorch-profiler the trace always records tensor shapes",
+    "--pytorch-profiler-collect-callstack": "with --use-pytorch-profiler the trace always records Python call stacks",
+    "--record-shapes": "--profile for nsys (without --use-pytorch-profiler) always records tensor shapes in its NVTX "
+    "ranges",
     "--log-straggler": "every rank's compute time per microbatch is always in the metrics file, and a rank slower "
     "than the other ranks of its pipeline stage is named in the log and the metrics file (--straggler-margin, "
     "--straggler-windows); not Megatron-Core's StragglerDetector (CUDA only, the fastest and slowest ranks of "
@@ -116,12 +124,14 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     _r("deprecated in Megatron-LM; use --tensor-model-parallel-size", "--model-parallel-size"),
     _r("deprecated in Megatron-LM; use --lr-warmup-iters", "--warmup"),
-    _r(
-        "deprecated and ignored by Megatron-LM itself; remove it",
-        "--use-legacy-models",
-    ),
     # ---- other models and other kinds of training
-    _r(MOE, "--num-experts --overlap-moe-expert-parallel-comm", prefixes=("--moe-", "--expert-", "--ep-overlap-")),
+    _r(
+        MOE,
+        "--num-experts --overlap-moe-expert-parallel-comm --high-priority-a2a-comm-stream "
+        "--overlap-dispatch-backward-with-experts-wgrad --use-grouped-gemm-for-shared-expert "
+        "--save-tokens-per-expert-interval",
+        prefixes=("--moe-", "--expert-", "--ep-overlap-"),
+    ),
     _r("multi-token prediction is not supported (one next-token head)", prefixes=("--mtp-",)),
     _r(
         "multi-latent attention (DeepSeek) is not supported: attention is multi-head or grouped-query",
@@ -135,8 +145,10 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     _r(
         f"Mamba, hybrid and linear or sparse attention models: {NOT_GPT}",
-        "--is-hybrid-model --disable-mamba-mem-eff-path --experimental-attention-variant",
-        prefixes=("--mamba-", "--hybrid-attention", "--hybrid-mlp", "--hybrid-override", "--linear-", "--dsa-"),
+        "--is-hybrid-model --disable-mamba-mem-eff-path --experimental-attention-variant --hybrid-layer-pattern "
+        "--disable-dsa-indexer-rotate-activation --no-dsa-indexer-rotate-activation "
+        "--disable-dsa-indexer-scoring-relu --no-dsa-indexer-scoring-relu",
+        prefixes=("--mamba-", "--hybrid-override", "--linear-", "--dsa-"),
         groups=("experimental_attention_variant",),
     ),
     _r(
@@ -150,7 +162,20 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     _r("reinforcement learning (GRPO) is post-training; this project pretrains", groups=("rl",)),
     _r("supervised fine-tuning is not pretraining; not supported", groups=("sft",)),
-    _r(SERVING, "--inference-fuse-tp-communication", groups=("inference",)),
+    _r(
+        "knowledge distillation from cached logits is not supported: saving a model's top-k logits (with "
+        "--freeze-all-layers, which trains nothing) and training on them with a KD loss are not built; the loss is "
+        "the language model's cross-entropy",
+        "--freeze-all-layers",
+        groups=("Logits Distillation",),
+    ),
+    _r(
+        SERVING,
+        "--inference-fuse-tp-communication --inference-cuda-graph-scope --inference-disable-triton-nvls-kernels "
+        "--inference-grouped-gemm-backend --inference-moe-disable-fused-quant-kernels "
+        "--inference-moe-token-dispatcher-type",
+        groups=("inference",),
+    ),
     _r(
         "fill-in-the-middle samples (code models) are not made by Megatron-Core's GPTDataset, which this project uses",
         prefixes=("--fim-",),
@@ -161,7 +186,7 @@ REFUSALS: tuple[Refusal, ...] = (
         "--fp8-interval, --fp8-amax-history-len, --fp8-amax-compute-algo, --no-fp8-wgrad and --fp8-param-gather)",
         "--keep-fp8-transpose-cache --first-last-layers-bf16 --num-layers-at-start-in-bf16 "
         "--num-layers-at-end-in-bf16 --te-precision-config-file --reuse-grad-buf-for-mxfp8-param-ag "
-        "--fp8-quantizer-factory",
+        "--fp8-quantizer-factory --fp8-output-proj",
         prefixes=("--fp4-",),
     ),
     _r(
@@ -171,13 +196,15 @@ REFUSALS: tuple[Refusal, ...] = (
     _r("NVIDIA Kitchen quantization is not supported", prefixes=("--kitchen-", "--use-kitchen-")),
     _r(
         "CUDA graphs are not captured by this project's training loop",
-        "--enable-cuda-graph --external-cuda-graph",
+        "--enable-cuda-graph --external-cuda-graph --optimizer-cuda-graph",
         prefixes=("--cuda-graph-",),
     ),
     _r(
         "activation offloading to host memory is not supported; use --recompute-granularity to save memory",
         "--cpu-offloading-num-layers --fine-grained-activation-offloading --offload-modules "
-        "--min-offloaded-tensor-size",
+        "--min-offloaded-tensor-size --activation-offload-fraction --cpu-offloading-retain-pinned-cpu-buffers "
+        "--delay-offload-until-cuda-graph --delta-offload-bytes-across-pp-ranks "
+        "--fine-grained-offloading-max-inflight-offloads",
     ),
     _r(
         "the precision-aware optimizer needs Transformer Engine's FusedAdam; optimizer states are fp32 here",
@@ -193,11 +220,26 @@ REFUSALS: tuple[Refusal, ...] = (
         "not loaded",
         "--spec",
     ),
+    _r(
+        "a Megatron-Core layer option for speed or memory this project does not expose (Transformer Engine's "
+        "operation fuser and grouped-GEMM dense MLP, fused residual + RMSNorm, the MLP run in sequence chunks): the "
+        "layers are Megatron-Core's default spec for --transformer-impl; remove the flag (--recompute-granularity "
+        "saves activation memory)",
+        "--use-transformer-engine-op-fuser --use-grouped-gemm-for-dense-mlp --fused-residual-rmsnorm "
+        "--mlp-chunks-for-training",
+    ),
+    _r(
+        "the flash-attention generation is Transformer Engine's choice among those installed (with --attention-backend "
+        "flash or auto); to pin one, set NVTE_FLASH_ATTN_V2, _V3 or _V4=0 for the others in the environment, as "
+        "Megatron-LM does",
+        "--flash-attention-version",
+    ),
     _r("batch-invariant kernels (for deterministic inference) are not used by this project", "--batch-invariant-mode"),
     _r(
-        "documents packed into one sequence attend to each other here: attention is causal over the whole sequence, "
-        "without the per-document mask this needs (a mask tensor per sample, slower attention); not supported",
-        "--reset-attention-mask",
+        "documents packed into one sequence attend to each other here (Megatron-LM's default): attention is causal "
+        "over the whole sequence, without per-document attention (a mask tensor per sample, or document boundaries "
+        "for THD attention); not supported: remove the flag",
+        "--reset-attention-mask --dataloader-inter-document-masking",
     ),
     # ---- model variants
     _r(
@@ -212,8 +254,11 @@ REFUSALS: tuple[Refusal, ...] = (
         "--softmax-type --window-attn-skip-freq",
     ),
     _r(
-        VARIANT + " (rotary embeddings: --rotary-base, --rotary-percent and --use-rope-scaling, without interleaving)",
-        "--rotary-interleaved --mrope-section --no-rope-freq --rope-type",
+        VARIANT + " (rotary embeddings: --rotary-base, --rotary-percent and --use-rope-scaling, without interleaving, "
+        "YaRN or position interpolation)",
+        "--rotary-interleaved --mrope-section --no-rope-freq --rope-type --rotary-seq-len-interpolation-factor "
+        "--yarn-beta-fast --yarn-beta-slow --yarn-correction-range-round-to-int "
+        "--no-yarn-correction-range-round-to-int --yarn-original-max-position-embeddings",
     ),
     _r(
         VARIANT + " (the residual stream is in the training precision)",
@@ -223,12 +268,30 @@ REFUSALS: tuple[Refusal, ...] = (
         VARIANT + " (one --init-method-std for every weight)",
         "--embedding-init-method-std --init-method-xavier-uniform",
     ),
-    # ---- optimizer and schedules
-    _r("the Muon optimizer is not offered (--optimizer adam|sgd)", prefixes=("--muon-",)),
     _r(
-        "the checkpoint to load is the one --load's tracker file names (the newest complete one); to start from "
-        "another, point --load at a copy whose latest_checkpointed_iteration.txt names it",
-        "--ckpt-step",
+        "Maximal Update Parametrization (MuP: initialisation, learning rates, attention scale and output multipliers "
+        "scaled with the width) is not offered: the model trains in the standard parametrization (--init-method-std, "
+        "attention scaled by 1/sqrt(head size)); remove the flags",
+        "--use-mup",
+        prefixes=("--mup-",),
+    ),
+    # ---- optimizer and schedules
+    _r(
+        "Megatron-Core's emerging optimizers (Muon, Lion, SOAP) and their layer-wise distributed optimizer are not "
+        "offered: --optimizer adam or sgd",
+        "--lion-beta1 --lion-beta2 --no-use-layer-wise-param-layout",
+        prefixes=("--muon-",),
+    ),
+    _r(
+        "step batch-size schedules are not taken: give a linear ramp with --rampup-batch-size START INCREMENT SAMPLES "
+        "and --train-samples (run here as Megatron-Core's step schedule), or a constant --global-batch-size",
+        "--step-batch-size-schedule",
+    ),
+    _r(
+        "the checkpoint to load is the one --load's tracker file names (the newest complete one), resumed at the "
+        "iteration and consumed samples it saved; to start from another, point --load at a copy whose "
+        "latest_checkpointed_iteration.txt names it, or give --finetune to start its weights at iteration 0",
+        "--ckpt-step --override-ckpt-iteration",
     ),
     _r(
         "the loss is computed in fp32 whatever the training precision (the numerically safe choice); not configurable",
@@ -251,9 +314,12 @@ REFUSALS: tuple[Refusal, ...] = (
         "--recompute-modules --distribute-saved-activations",
     ),
     _r(
-        "evaluation reads --eval-iters batches of the validation split every --eval-interval and the test split "
-        "at the end; other evaluation modes (whole split, several validation sets, no training) are not offered",
-        "--full-validation --multiple-validation-sets --skip-train --test-mode",
+        "evaluation reads --eval-iters batches of the training batch size (--micro-batch-size, --global-batch-size) "
+        "from the validation split every --eval-interval from the start, and from the test split at the end; other "
+        "evaluation settings (another batch size, a later start, whole split, several named validation sets, no "
+        "training) are not offered: remove the flag",
+        "--full-validation --multiple-validation-sets --skip-train --test-mode --eval-global-batch-size "
+        "--eval-micro-batch-size --start-eval-at-iter --validation-set-names",
     ),
     _r(
         "non-finite losses are found on every step and stop the run after --max-consecutive-skipped; Megatron-"
@@ -267,18 +333,27 @@ REFUSALS: tuple[Refusal, ...] = (
         "--use-torch-fsdp2 --use-megatron-fsdp --data-parallel-sharding-strategy --outer-dp-sharding-strategy "
         "--enable-full-sharding-in-hsdp --disable-strict-fsdp-dtensor-load --no-strict-fsdp-dtensor-load "
         "--num-distributed-optimizer-instances --init-model-with-meta-device",
-        prefixes=("--fsdp-", "--torch-fsdp2-"),
+        prefixes=("--fsdp-", "--torch-fsdp2-", "--megatron-fsdp-"),
     ),
     _r(
-        "NCCL tuning (SHARP, user buffers, communicator configs, stream priorities) is not exposed; NCCL's own "
-        "environment variables still apply",
+        "generalized tensor parallelism (each weight split over another axis beside TP and gathered where used) is "
+        "not supported: the layout is TP × CP × PP × DP; remove the flag (--use-distributed-optimizer shards the "
+        "optimizer state over DP)",
+        "--tensor-parallel-num-weight-shards",
+    ),
+    _r(
+        "NCCL tuning and diagnostics (SHARP, user buffers, communicator configs, stream priorities, the flight "
+        "recorder) are not exposed as flags; NCCL's and PyTorch's own environment variables still apply (the flight "
+        "recorder: TORCH_FR_DUMP_TEMP_FILE, TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, ...)",
         "--use-sharp --sharp-enabled-group --use-nccl-ub --disable-symmetric-registration "
         "--nccl-communicator-config-path --high-priority-stream-groups --create-all-gather-group --symmetric-ar-type",
+        prefixes=("--flight-recorder-", "--disable-flight-recorder-", "--no-flight-recorder-"),
     ),
     _r(
-        "a gradient reduction the pinned Megatron-Core 0.16.1 does not have (its DistributedDataParallelConfig has "
-        "no such field); gradients are reduced in fp32, or in bf16 with --grad-reduce-in-bf16",
-        "--ddp-reduce-scatter-with-fp32-accumulation",
+        "a reduction of bf16 gradients with local fp32 accumulation (Megatron-Core's DDP options for "
+        "--grad-reduce-in-bf16) that this project does not expose: gradients are reduced in fp32, or in bf16 with "
+        "--grad-reduce-in-bf16; remove the flag",
+        "--ddp-reduce-scatter-with-fp32-accumulation --ddp-param-name-patterns-for-fp32-local-accumulation",
     ),
     _r(
         "not implemented: the parameter all-gather is started by the next forward pass (--overlap-param-gather), "
@@ -335,25 +410,37 @@ REFUSALS: tuple[Refusal, ...] = (
         "--use-torch-optimizer-for-cpu-offload --no-pin-cpu-grads --no-pin-cpu-params",
     ),
     _r(
-        "the exit signals are fixed: --exit-signal-handler acts on SIGTERM, SIGUSR1 and SIGUSR2",
-        "--exit-signal",
+        "the exit signals are fixed: --exit-signal-handler acts on SIGTERM, SIGUSR1 and SIGUSR2 (finish the "
+        "iteration, save, exit 75); Megatron-LM's other handlers (another signal; on SIGINT or SIGTERM, a shutdown "
+        "without a save) are not offered",
+        "--exit-signal --exit-signal-handler-for-training",
     ),
     _r(
         "debugging aids of Megatron-LM that this project does not implement",
         "--check-weight-hash-across-dp-replicas-interval --dump-param-to-param-group-map --iterations-to-skip "
         "--train-sync-interval --result-rejected-tracker-filename --config-logger-dir --save-dgrads-interval "
-        "--save-wgrads-interval --log-energy --log-max-attention-logit --error-injection-rate --error-injection-type",
+        "--save-wgrads-interval --log-energy --log-max-attention-logit --error-injection-rate --error-injection-type "
+        "--save-activations-interval --save-params-interval",
+    ),
+    _r(
+        "a profiler output this project does not produce (Megatron-Core's named NVTX ranges, Chakra execution "
+        "traces): --profile marks an NVTX range, with shapes, for every autograd op for nsys, and with "
+        "--use-pytorch-profiler writes PyTorch's trace with shapes and stacks into --tensorboard-dir",
+        "--nvtx-ranges --pytorch-profiler-collect-chakra",
     ),
     # ---- resilience and telemetry products
     _r(
-        "NVIDIA Resiliency Extension (in-process restart, fault tolerance) is not integrated; a failed job is "
-        "requeued and resumes from its checkpoint (docs/slurm.md)",
-        groups=("In-process restart", "ft_package"),
+        "NVIDIA Resiliency Extension (in-process restart, fault tolerance, fault injection) is not integrated: a "
+        "failed job is requeued and resumes from its checkpoint (docs/slurm.md); to test that, kill (kill -9) or "
+        "signal a rank, as tests/training/test_resilience.py does",
+        groups=("In-process restart", "ft_package", "fault injector"),
     ),
     _r(
-        "an option of Megatron-Core's StragglerDetector (the fastest and slowest ranks of each interval, toggled "
-        "over a port), which is not used: ranks slower than the other ranks of their pipeline stage are always "
-        "named; see --straggler-margin and --straggler-windows",
+        "an option of Megatron-LM's straggler tooling (Megatron-Core's StragglerDetector: the fastest and slowest "
+        "ranks of each interval, toggled over a port; periodic GPU sniff tests), which is not used: ranks slower "
+        "than the other ranks of their pipeline stage are always named from their measured compute time; see "
+        "--straggler-margin and --straggler-windows",
+        "--gpu-sniff-test-interval",
         groups=("straggler",),
     ),
     _r(
@@ -367,8 +454,9 @@ REFUSALS: tuple[Refusal, ...] = (
         groups=("autoresume", "one logger", "workload inspector"),
     ),
     _r(
-        "object storage is not supported: datasets are read from a filesystem",
-        "--object-storage-cache-path",
+        "object storage (Megatron-Core's multi-storage client, s3:// and msc:// paths) is not supported: datasets "
+        "and checkpoints are read from a POSIX filesystem path",
+        "--object-storage-cache-path --enable-msc",
     ),
     # ---- checkpoints
     _r(
@@ -385,8 +473,10 @@ REFUSALS: tuple[Refusal, ...] = (
     _r(
         "checkpoints are written in torch_dist with Megatron-Core's fully parallel save (Megatron-LM's default: replicated "
         "tensors spread over the data-parallel ranks) and read with its default load; not configurable",
-        "--ckpt-assume-constant-structure --ckpt-fully-parallel-load "
-        "--no-ckpt-fully-parallel-save --disable-ckpt-fully-parallel-save --dist-ckpt-strictness",
+        "--ckpt-assume-constant-structure --ckpt-fully-parallel-load --ckpt-fully-parallel-load-exchange-algo "
+        "--ckpt-fully-parallel-load-process-group --no-ckpt-fully-parallel-save --dist-ckpt-strictness "
+        "--disable-ckpt-load-validate-sharding-integrity --no-ckpt-load-validate-sharding-integrity "
+        "--disable-stream-ckpt-dequant --no-stream-ckpt-dequant",
     ),
     _r(
         "start from another checkpoint with --load and --finetune (the model only, iteration 0)",
@@ -408,12 +498,14 @@ REFUSALS: tuple[Refusal, ...] = (
         "tokenizers here reproduce Megatron-LM's legacy classes (docs/data.md); this option of "
         "megatron.core.tokenizers is not implemented",
         "--tokenizer-metadata --tokenizer-sentencepiece-legacy "
-        "--tokenizer-hf-use-fast --tokenizer-hf-include-special-tokens",
+        "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces "
+        "--no-tokenizer-sentencepiece-ignore-extra-whitespaces",
     ),
     _r("HuggingFaceTokenizer loads a local directory only; no remote code is run", "--trust-remote-code"),
     _r(
-        "the padded vocabulary follows from the tokenizer and --make-vocab-size-divisible-by × TP",
-        "--padded-vocab-size",
+        "the padded vocabulary follows from the tokenizer and --make-vocab-size-divisible-by × TP (Megatron-LM's "
+        "default); remove the flag, or give --make-vocab-size-divisible-by for another multiple",
+        "--padded-vocab-size --no-pad-vocab-size --disable-pad-vocab-size",
     ),
     _r(
         "YAML configuration files are not read; give flags (or a recipe's variables)",

@@ -9,16 +9,19 @@ unless honouring it would change the result and this project cannot match it. So
   some (``--use-dist-ckpt``), else with why it changes nothing (read only by legacy models, by the BERT, vision
   or serving entry points, ...);
 * some are accepted **for some values only**: the value that changes nothing (``--data-impl mmap``);
+* a setting of how Megatron-LM runs that leaves the result the same (a process priority of its background
+  checkpoint writer) is accepted and said to be **ignored** here, with why;
 * a flag **removed** from Megatron-LM is accepted where its value means what this project does, and otherwise
   refused with when it was removed and what replaced it.
 
 Every accepted flag is named in ``TrainingConfig.adjustments`` (printed by the run and by ``--dry-run``): never
-accepted silently. Evidence for each entry is Megatron-LM core_v0.16.1 (``megatron/training/arguments.py``
+accepted silently. Evidence for each entry is Megatron-LM core_v0.19.0 (``megatron/training/arguments.py``
 unless said otherwise).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,7 +72,12 @@ ICT = "read only by Megatron-LM's ICT and biencoder retrieval training, not by G
 VISION = "read only by Megatron-LM's vision models (ViT, Swin, DINO), not by GPT pretraining"
 SERVING = "an option of Megatron-LM's text-generation server, not read by GPT pretraining"
 LEGACY = "read only by Megatron-LM's legacy (non-Megatron-Core) models; Megatron-Core's GPTModel ignores it"
-NOT_PASSED = "Megatron-LM's GPT builder does not pass it to Megatron-Core's GPTModel, so it changes nothing"
+CKPT_WRITER = (
+    "a setting of Megatron-LM's background checkpoint writer (its process's CPU and I/O priority, shared-memory "
+    "copies, worker threads, nvidia-resiliency-ext's or Megatron-Core's strategy), which Megatron-LM runs only with "
+    "--use-persistent-ckpt-worker; --async-save here writes through Megatron-Core's own async queue, and the "
+    "checkpoint written is the same"
+)
 
 ACCEPTED: dict[str, Accepted] = {
     # ---- deprecated aliases (validate_args maps them)
@@ -101,11 +109,9 @@ ACCEPTED: dict[str, Accepted] = {
         stands_for=("--seq-length",),
         unless_given="--seq-length",
     ),
-    "--tiktoken-special-tokens": Accepted(
-        "--tiktoken-special-tokens argument is deprecated and will be removed soon. Use --tokenizer-special-tokens "
-        "instead.",
-        stands_for=("--tokenizer-special-tokens",),
-        unless_given="--tokenizer-special-tokens",
+    "--disable-align-grad-reduce": Accepted(
+        "--disable-align-grad-reduce: Megatron-LM's other spelling of --no-align-grad-reduce",
+        stands_for=("--no-align-grad-reduce",),
     ),
     "--no-weight-decay-cond-type": Accepted(
         "WARNING: --no-weight-decay-cond-type is deprecated. Please use --apply-wd-to-qk-layernorm instead.",
@@ -124,23 +130,36 @@ ACCEPTED: dict[str, Accepted] = {
     "--dist-ckpt-format": Accepted(
         "--dist-ckpt-format is deprecated and has no effect. Use --ckpt-format to select the checkpoint format."
     ),
-    "--disable-msc": Accepted("The MSC feature is disabled. (This project reads files only.)"),
-    **_ignored(
-        "--no-async-tensor-model-parallel-allreduce --disable-async-tensor-model-parallel-allreduce",
-        "deprecated; Megatron-Core's ModelParallelConfig says 'This flag is ignored'",
+    "--ckpt-fully-parallel-save-process-group": Accepted(
+        "checkpoints are saved fully parallel over the data-parallel group (with context parallelism): Megatron-LM's "
+        "default, dp",
+        values=("dp",),
+        otherwise="checkpoints are saved fully parallel over the data-parallel group (dp, Megatron-LM's default); "
+        "the expert data-parallel group is a mixture-of-experts layout, which this project does not build",
+    ),
+    "--disable-msc": Accepted(
+        "--disable-msc is deprecated and will be removed in a future release. MSC is now disabled by default; pass "
+        "--enable-msc to opt in. (This project reads files only: --enable-msc is refused.)"
     ),
     **_ignored(
         "--use-flash-attn",
         "Megatron-LM reads it only in its legacy models; with Megatron-Core the attention kernel follows "
         "--attention-backend (and Transformer Engine picks flash attention where it applies)",
     ),
-    **_ignored("--no-scatter-gather-tensors-in-pipeline", "nothing in Megatron-LM reads it (removed in 0.18)"),
     **_ignored(
         "--dist-ckpt-save-pre-mcore-014 --exit-signal-handler-for-dataloader", "nothing in Megatron-LM reads it"
     ),
     **_ignored("--openai-gelu --onnx-safe --apply-residual-connection-post-layernorm", LEGACY),
-    **_ignored("--rotary-seq-len-interpolation-factor", NOT_PASSED),
-    **_ignored("--legacy-tokenizer", "the tokenizers here are Megatron-LM's legacy classes, which this flag asks for"),
+    **_ignored(
+        "--chat-template",
+        "read only by the tokenizer's apply_chat_template (supervised fine-tuning, chat inference); GPT "
+        "pretraining never formats a conversation",
+    ),
+    **_ignored(
+        "--async-ckpt-cpu-priority --async-ckpt-io-priority --async-ckpt-use-cpu-shm --async-strategy "
+        "--dist-ckpt-workers",
+        CKPT_WRITER,
+    ),
     **_ignored(
         "--local-rank",
         "the local rank is read from LOCAL_RANK, which torchrun, srun (through the recipes) and "
@@ -168,21 +187,21 @@ ACCEPTED: dict[str, Accepted] = {
         VISION,
     ),
     **_ignored(
-        "--inference-max-requests --inference-max-batch-size --inference-max-seq-length --inference-dynamic-batching "
+        "--inference-max-requests --inference-max-seq-length --inference-dynamic-batching "
         "--inference-dynamic-batching-buffer-size-gb --inference-dynamic-batching-block-size "
         "--inference-dynamic-batching-max-requests --inference-dynamic-batching-max-tokens "
         "--inference-dynamic-batching-num-cuda-graphs --inference-dynamic-batching-paused-buffer-size-gb "
-        "--inference-dynamic-batching-cuda-graph-max-tokens --inference-dynamic-batching-cuda-graph-mixed-prefill-count "
+        "--inference-dynamic-batching-cuda-graph-mixed-prefill-count "
         "--inference-dynamic-batching-track-paused-request-events --inference-dynamic-batching-unified-memory-level "
         "--inference-coordinator-port --inference-logging-step-interval --inference-wandb-logging "
-        "--no-inference-wandb-logging --enable-chunked-prefill --disable-chunked-prefill --use-legacy-static-engine "
+        "--no-inference-wandb-logging --enable-chunked-prefill --use-legacy-static-engine "
         "--max-tokens-to-oom --flash-decode --mlp-chunks-for-prefill --nccl-all-reduce-for-prefill "
         "--decode-only-cuda-graphs",
         SERVING,
     ),
     **_ignored("--sample-rate", "read only by Megatron-LM's non-GPT datasets"),
 }
-"""Every Megatron-LM (core_v0.16.1) flag accepted without a field of its own, and how."""
+"""Every Megatron-LM (core_v0.19.0) flag accepted without a field of its own, and how."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +215,9 @@ class Removed:
     values: tuple[str, ...] | None = ()
     """Values that ask for what this project does (accepted with the note); None: the switch itself does; ()
     none: always refused."""
+    taken: Accepted | None = None
+    """How it is still taken where its meaning carries over (an alias, or a flag that changed nothing), whatever
+    its values: the rule it had in ``ACCEPTED`` before Megatron-LM removed it (``values`` is then unused)."""
 
 
 REMOVED: dict[str, Removed] = {
@@ -260,6 +282,78 @@ REMOVED: dict[str, Removed] = {
         "(never in NVIDIA's Megatron-LM: a Megatron-DeepSpeed flag)",
         "the attention kernel follows --attention-backend",
     ),
+    # ---- removed after core_v0.16.1 (the first release without each: its parser, built at every core_v tag)
+    "--tiktoken-special-tokens": Removed(
+        "core_v0.18.0",
+        "taken as --tokenizer-special-tokens, which replaced it (ignored when that is given, as Megatron-LM did)",
+        taken=Accepted("", stands_for=("--tokenizer-special-tokens",), unless_given="--tokenizer-special-tokens"),
+    ),
+    **dict.fromkeys(
+        ("--no-async-tensor-model-parallel-allreduce", "--disable-async-tensor-model-parallel-allreduce"),
+        Removed(
+            "core_v0.17.0",
+            "it changed nothing before (Megatron-Core's ModelParallelConfig: 'This flag is ignored')",
+            taken=Accepted(""),
+        ),
+    ),
+    "--no-scatter-gather-tensors-in-pipeline": Removed(
+        "core_v0.18.0", "nothing in Megatron-LM read it before", taken=Accepted("")
+    ),
+    "--legacy-tokenizer": Removed(
+        "core_v0.17.0",
+        "the tokenizers here are Megatron-LM's legacy classes, which this flag asked for",
+        taken=Accepted(""),
+    ),
+    **dict.fromkeys(
+        ("--inference-max-batch-size", "--disable-chunked-prefill"),
+        Removed("core_v0.17.0", SERVING, taken=Accepted("")),
+    ),
+    "--inference-dynamic-batching-cuda-graph-max-tokens": Removed("core_v0.18.0", SERVING, taken=Accepted("")),
+    "--use-legacy-models": Removed("core_v0.18.0", "deprecated and ignored by Megatron-LM itself before; remove it"),
+    "--disable-ckpt-fully-parallel-save": Removed(
+        "core_v0.17.0",
+        "checkpoints are written in torch_dist with Megatron-Core's fully parallel save (Megatron-LM's default); "
+        "not configurable",
+    ),
+    **dict.fromkeys(
+        ("--tokenizer-hf-use-fast", "--tokenizer-hf-include-special-tokens"),
+        Removed(
+            "core_v0.18.0",
+            "tokenizers here reproduce Megatron-LM's legacy classes (docs/data.md); this option of "
+            "megatron.core.tokenizers is not implemented",
+        ),
+    ),
+    **dict.fromkeys(
+        ("--hybrid-attention-ratio", "--hybrid-mlp-ratio"),
+        Removed(
+            "core_v0.17.0",
+            "Mamba, hybrid and linear or sparse attention models: not a GPT: this project pretrains decoder-only "
+            "transformers",
+        ),
+    ),
+    **dict.fromkeys(
+        ("--moe-extended-tp", "--moe-use-legacy-grouped-gemm"),
+        Removed("core_v0.17.0", "mixture-of-experts models are not supported by this project (dense GPT only)"),
+    ),
+    "--muon-use-nesterov": Removed("core_v0.18.0", "the Muon optimizer is not offered (--optimizer adam|sgd)"),
+    **dict.fromkeys(
+        (
+            "--langrl-external-server",
+            "--no-langrl-external-server",
+            "--langrl-inference-server-type",
+            "--langrl-inference-server-conversation-template",
+            "--rl-offload-kv-cache-during-training",
+            "--no-rl-offload-kv-cache-during-training",
+            "--rl-remove-kv-cache-during-training",
+            "--no-rl-remove-kv-cache-during-training",
+            "--rl-reset-cuda-graphs",
+            "--no-rl-reset-cuda-graphs",
+        ),
+        Removed("core_v0.17.0", "reinforcement learning (GRPO) is post-training; this project pretrains"),
+    ),
+    "--rl-parallel-generation-tasks": Removed(
+        "core_v0.19.0", "reinforcement learning (GRPO) is post-training; this project pretrains"
+    ),
 }
 """Flags removed from Megatron-LM that public launch scripts still carry (evidence: the commit that removed each,
 found with ``git log -S`` on Megatron-LM's ``arguments.py``)."""
@@ -304,6 +398,9 @@ def translate(argv: Sequence[str], *, ours: frozenset[str], accepted: Mapping[st
         token = argv[i]
         flag, eq, inline = token.partition("=")
         rule, removed = accepted.get(flag), REMOVED.get(flag)
+        if rule is None and removed is not None and removed.taken is not None:
+            note = f"{flag}: removed from Megatron-LM in {removed.removed_in}; accepted: {removed.fix}"
+            rule = dataclasses.replace(removed.taken, note=note)
         if not token.startswith("--") or flag in ours or (rule is None and removed is None):
             out.append(token)
             i += 1

@@ -73,10 +73,11 @@ class TrainingConfig:
 
 def unpadded_vocab_size(model_vocab_size: int | None, tokenizer_vocab_size: int | None) -> int:
     """The vocabulary a run trains before padding: its tokenizer's, or without one (mock data, ``--vocab-size``)
-    the null tokenizer's, which adds one id, end of document (Megatron-LM's ``_NullTokenizer``)."""
+    the null tokenizer's, ``--vocab-size`` ids, end of document included (Megatron-Core 0.19's ``NullTokenizer``;
+    Megatron-LM before 0.17 added one id for it)."""
     if tokenizer_vocab_size is not None:
         return tokenizer_vocab_size
-    return (model_vocab_size or 0) + 1
+    return model_vocab_size or 0
 
 
 def pad_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:

@@ -104,6 +104,8 @@ def tokenizer_for(data: Any, *, vocab_size: int | None) -> Tokenizer:
             tiktoken_pattern=data.tiktoken_pattern,
             tiktoken_num_special_tokens=data.tiktoken_num_special_tokens,
             special_tokens=data.tokenizer_special_tokens,
+            null_tokenizer_eod_id=getattr(data, "null_tokenizer_eod_id", None),
+            null_tokenizer_pad_id=getattr(data, "null_tokenizer_pad_id", -1),
         )
     except TokenizerError as exc:
         raise DataError(str(exc)) from exc

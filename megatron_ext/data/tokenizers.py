@@ -15,7 +15,7 @@ SentencePieceTokenizer     model pieces + ``<CLS> <SEP> <EOD> <MASK>`` and pad/ 
 GPTSentencePieceTokenizer  model pieces                                           the model's eos id
 GPT2BPETokenizer           ``vocab.json`` (byte-level BPE, ``merges.txt``)         ``<|endoftext|>``
 HuggingFaceTokenizer       ``len(tokenizer)`` of a local directory                 its eos token
-NullTokenizer              ``--vocab-size`` + 1 (ids are given as text)           ``--vocab-size``
+NullTokenizer              ``--vocab-size`` (ids are given as text)               ``--vocab-size`` - 1
 =========================  =====================================================  ==========================
 
 Besides ``tokenize(text)`` every tokenizer has ``tokenize_batch(texts)``,
@@ -132,10 +132,12 @@ class Tokenizer(ABC):
 
 # --------------------------------------------------------------------- null
 class NullTokenizer(Tokenizer):
-    """Ids written as text ("5 17 3"); ``eod`` is the id after the vocabulary.
+    """Ids written as text ("5 17 3"): Megatron-Core 0.19's ``NullTokenizer``, which Megatron-LM 0.17 and later
+    build for ``--tokenizer-type NullTokenizer``. The vocabulary is ``--vocab-size`` ids and the end of document
+    is its last id (``--null-tokenizer-eod-id``); before 0.17 the end of document was an id added after them.
 
-    Has no ``pad`` attribute, like Megatron-Core's NullTokenizer, so GPTDataset
-    uses its own padding id (mock data stays bit-identical).
+    ``pad`` is ``--null-tokenizer-pad-id``, by default -1 (none): GPTDataset then pads with its own -1, as with
+    Megatron-Core's.
     """
 
     type_name = "NullTokenizer"
@@ -143,18 +145,29 @@ class NullTokenizer(Tokenizer):
     cut_rule: CutRule | None = CutRule(re.compile(" "), drop=True)
     whole_reason = ""
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, *, eod_id: int | None = None, pad_id: int = -1) -> None:
         if vocab_size is None or int(vocab_size) <= 0:
             raise TokenizerError("NullTokenizer needs --vocab-size N (a positive number of ids)")
         self._size = int(vocab_size)
+        self._eod = self._size - 1 if eod_id is None else int(eod_id)
+        if not 0 <= self._eod < self._size:
+            raise TokenizerError(
+                f"--null-tokenizer-eod-id {self._eod} is not an id of the vocabulary (0 to {self._size - 1}, "
+                f"--vocab-size {self._size}); give an id below --vocab-size"
+            )
+        self._pad = int(pad_id)
 
     @property
     def vocab_size(self) -> int:
-        return self._size + 1
+        return self._size
 
     @property
     def eod(self) -> int:
-        return self._size
+        return self._eod
+
+    @property
+    def pad(self) -> int:
+        return self._pad
 
     def tokenize(self, text: str) -> list[int]:
         return [int(x) for x in text.split(" ")]
@@ -655,6 +668,8 @@ def build_tokenizer(
     tiktoken_pattern: str | None = None,
     tiktoken_num_special_tokens: int = 1000,
     special_tokens: Sequence[str] | None = None,
+    null_tokenizer_eod_id: int | None = None,
+    null_tokenizer_pad_id: int = -1,
 ) -> Tokenizer:
     """The tokenizer Megatron-LM would build for these flags (a clear error if one is missing)."""
     sentencepiece: dict[str, type[_SentencePieceBase]] = {
@@ -687,5 +702,5 @@ def build_tokenizer(
     if tokenizer_type == "NullTokenizer":
         if vocab_size is None:
             raise TokenizerError("--tokenizer-type NullTokenizer needs --vocab-size N")
-        return NullTokenizer(vocab_size)
+        return NullTokenizer(vocab_size, eod_id=null_tokenizer_eod_id, pad_id=null_tokenizer_pad_id)
     raise TokenizerError(f"unknown --tokenizer-type {tokenizer_type!r}; choose one of {', '.join(TOKENIZER_TYPES)}")

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from megatron_ext.checkpoint import records
 from megatron_ext.checkpoint.identity import TOKENIZER_FLAG, tokenizer_difference, tokenizer_identity
 from megatron_ext.checkpoint.on_disk import CheckpointError
 from megatron_ext.config.arguments import ConfigError
@@ -98,8 +99,8 @@ def open_checkpoint(
     root = Path(load)
     path = checkpointing.resolve_iteration(root, iteration)
     common = checkpointing.saved_common(path)
-    record = common.get("args")
-    if not isinstance(record, dict):
+    record = records.arguments_of(common)
+    if record is None:
         raise CheckpointError(
             f"{path} does not record the arguments of the run that saved it (saved by an older version of this "
             "project); load it with pretrain_gpt.py and the run's flags, and save it again (--train-iters equal to "
@@ -132,6 +133,8 @@ def tokenizer_of(cfg: TrainingConfig) -> Tokenizer:
             tiktoken_pattern=d.tiktoken_pattern,
             tiktoken_num_special_tokens=d.tiktoken_num_special_tokens,
             special_tokens=d.tokenizer_special_tokens,
+            null_tokenizer_eod_id=d.null_tokenizer_eod_id,
+            null_tokenizer_pad_id=d.null_tokenizer_pad_id,
         )
     except TokenizerError as exc:
         raise CheckpointError(f"{exc} (give the tokenizer flags to use another copy of the run's tokenizer)") from exc

@@ -22,6 +22,7 @@ at every save). The regular optimizer's state is always per parameter.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -314,6 +315,31 @@ def padded_vocab_of(path: Path) -> int | None:
         if size is not None and key.endswith(_VOCAB_TENSORS):
             return int(size[0])
     return None
+
+
+def keep_earlier_null_vocabulary(cfg: TrainingConfig) -> tuple[TrainingConfig, str | None]:
+    """``cfg`` resuming, with NullTokenizer's ``--vocab-size``, a run whose checkpoints were trained under
+    Megatron-LM's earlier meaning of it (``records.null_vocabulary_before_0_17``): the vocabulary of those
+    checkpoints kept, and the line that says so; else ``cfg`` and None. Read from the newest checkpoint under
+    ``--load`` whose common state reads (the resume's own checks choose the one it loads)."""
+    data, flag = cfg.data, cfg.model.vocab_size
+    if not cfg.run.load or data.tokenizer_type != "NullTokenizer" or data.null_tokenizer_eod_id is not None:
+        return cfg, None
+    for iteration in reversed(on_disk.complete_iterations(cfg.run.load)):
+        try:
+            common = saved_common(checkpoint_dir(cfg.run.load, iteration))
+        except CheckpointError:
+            continue
+        earlier = records.null_vocabulary_before_0_17(common)
+        if earlier is None or common["args"]["model"]["vocab_size"] != flag:
+            return cfg, None
+        note = (
+            f"--vocab-size {flag} (NullTokenizer): {cfg.run.load} was trained before Megatron-LM 0.17 counted the "
+            f"end of document in it ({earlier:,} ids, end of document {earlier - 1:,}); the run keeps that "
+            f"vocabulary, as --vocab-size {earlier} gives it now"
+        )
+        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=earlier)), note
+    return cfg, None
 
 
 def keep_checkpoint_vocabulary(cfg: TrainingConfig) -> TrainingConfig:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from megatron_ext import mcore_release
-from megatron_ext.checkpoint import on_disk
+from megatron_ext.checkpoint import on_disk, records
 from megatron_ext.checkpoint.identity import RunIdentity
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
@@ -104,6 +104,16 @@ def _transformer_engine_note(cfg: TrainingConfig) -> list[str]:
     return [f"{' and '.join(features)} need Transformer Engine's layers (not installed here; the run checks)"]
 
 
+def _earlier_null_vocabulary(cfg: TrainingConfig) -> tuple[TrainingConfig, str | None]:
+    """``checkpointing.keep_earlier_null_vocabulary``, reading a checkpoint (with torch) only where one could need
+    it: a NullTokenizer run with checkpoints under ``--load``."""
+    if cfg.data.tokenizer_type != "NullTokenizer" or not cfg.run.load or not on_disk.complete_iterations(cfg.run.load):
+        return cfg, None
+    from megatron_ext.training.checkpointing import keep_earlier_null_vocabulary
+
+    return keep_earlier_null_vocabulary(cfg)
+
+
 def _checkpoint_arguments(argv: Sequence[str]) -> dict[str, Any] | None:
     """With ``--use-checkpoint-args``: the arguments recorded by the latest checkpoint under ``--load`` (None
     without the flag, or without a checkpoint there, where Megatron-LM also goes on with the command line's)."""
@@ -122,8 +132,8 @@ def _checkpoint_arguments(argv: Sequence[str]) -> dict[str, Any] | None:
         return None
     from megatron_ext.training.checkpointing import saved_common  # reading the common state takes torch
 
-    args = saved_common(on_disk.checkpoint_dir(load, iteration)).get("args")
-    if not isinstance(args, dict):
+    args = records.arguments_of(saved_common(on_disk.checkpoint_dir(load, iteration)))
+    if args is None:
         raise on_disk.CheckpointError(
             f"{load}: iteration {iteration} records no arguments (saved by an older version): --use-checkpoint-args "
             "cannot take them; give the model's flags"
@@ -151,12 +161,16 @@ def pretrain(
         return ExitCode.CHECKPOINT
     try:
         cfg = parse_args(argv, default_world_size=int(os.environ.get("WORLD_SIZE", "1")), checkpoint_args=saved)
+        cfg, earlier_vocabulary = _earlier_null_vocabulary(cfg)
         # Full dataset checks where one process can afford them (--dry-run, global rank 0);
         # constant-time ones on the other ranks of a large job.
         checked = preflight(cfg, full=cfg.run.dry_run or rank == 0)
     except (ConfigError, LayoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.INVALID
+    except on_disk.CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.CHECKPOINT
     cfg = checked.cfg
     try:
         where, tracked = _check_checkpoint_paths(cfg, probe=rank == 0)
@@ -177,6 +191,7 @@ def pretrain(
                     identity = None  # files not on this machine (a rehearsal): compared at load
             chosen = resume.preflight_resume(cfg, identity)
             resuming = resume.describe(chosen, str(cfg.run.load)) if chosen is not None else []
+            resuming += [earlier_vocabulary] if earlier_vocabulary else []
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.INVALID
@@ -203,6 +218,8 @@ def pretrain(
         return ExitCode.INVALID
     if where and rank == 0:
         logging.getLogger("megatron_ext").info(where)
+    if earlier_vocabulary and rank == 0:
+        logging.getLogger("megatron_ext").warning(earlier_vocabulary)
 
     from megatron_ext.training import loop
 

@@ -147,6 +147,40 @@ def test_a_removed_flag_is_otherwise_refused_with_when_and_what_replaced_it() ->
     ]
 
 
+TAKEN_AFTER_REMOVAL = sorted(f for f, r in REMOVED.items() if r.taken is not None and not r.taken.stands_for)
+
+
+@pytest.mark.parametrize("flag", TAKEN_AFTER_REMOVAL)
+def test_a_removed_flag_that_changed_nothing_still_changes_nothing_and_is_named(flag: str) -> None:
+    """Accepted before Megatron-LM removed it (it changed nothing), so still accepted, with any value, and named with
+    the release that removed it."""
+    base = parse_args(BASE)
+    for given in ([flag], [flag, "1"], [f"{flag}=x"]):
+        cfg = parse_args([*BASE, *given])
+        assert _same_run(cfg, base)
+        assert any(note.startswith(f"{flag}: removed from Megatron-LM in core_v0.1") for note in cfg.adjustments)
+
+
+def test_a_removed_alias_still_stands_for_its_replacement_unless_that_is_given() -> None:
+    tokens = ["<unk>", "<s>", "</s>", "<pad>"]
+    old = parse_args([*BASE, "--tiktoken-special-tokens", *tokens])
+    assert old.data.tokenizer_special_tokens == tuple(tokens)
+    assert _same_run(old, parse_args([*BASE, "--tokenizer-special-tokens", *tokens]))
+    both = parse_args([*BASE, "--tokenizer-special-tokens", *tokens, "--tiktoken-special-tokens", "<x>"])
+    assert both.data.tokenizer_special_tokens == tuple(tokens)
+    assert "--tiktoken-special-tokens ignored: --tokenizer-special-tokens is given (as Megatron-LM does)" in (
+        both.adjustments
+    )
+
+
+def test_a_removed_flag_refused_before_is_refused_with_its_release() -> None:
+    lines = _refusal_lines([*BASE, "--use-legacy-models", "--moe-extended-tp"])
+    assert lines == [
+        f"  --use-legacy-models: removed from Megatron-LM in core_v0.18.0; {REMOVED['--use-legacy-models'].fix}",
+        f"  --moe-extended-tp: removed from Megatron-LM in core_v0.17.0; {REMOVED['--moe-extended-tp'].fix}",
+    ]
+
+
 def test_the_distributed_backend_must_fit_the_device() -> None:
     assert parse_args([*BASE, "--device", "cpu", "--distributed-backend", "gloo"]).run.distributed_backend == "gloo"
     assert parse_args([*BASE, "--distributed-backend", "nccl"]).run.distributed_backend == "nccl"  # auto: at start

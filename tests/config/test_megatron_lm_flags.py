@@ -33,8 +33,8 @@ def test_every_megatron_lm_flag_is_classified_once() -> None:
     assert not set(megatron_lm.ALREADY) & honoured
     accepted = set(ACCEPTED)
     assert not accepted & honoured and not accepted & set(megatron_lm.ALREADY)
-    assert accepted <= set(megatron_lm.megatron_lm_flags()), "ACCEPTED names flags Megatron-LM 0.16.1 does not have"
-    assert not set(REMOVED) & set(megatron_lm.megatron_lm_flags()), "REMOVED names flags Megatron-LM 0.16.1 has"
+    assert accepted <= set(megatron_lm.megatron_lm_flags()), "ACCEPTED names flags Megatron-LM 0.19 does not have"
+    assert not set(REMOVED) & set(megatron_lm.megatron_lm_flags()), "REMOVED names flags Megatron-LM 0.19 has"
     others = set(table) - honoured - set(megatron_lm.ALREADY) - accepted
     assert all(table[f][0] == "refused" and table[f][1] for f in others)
 
@@ -155,7 +155,7 @@ def test_ckpt_format_other_than_torch_dist_is_refused_with_why(value: str, messa
 
 def test_flags_file_is_names_only() -> None:
     lines = Path(megatron_lm.FLAGS_FILE).read_text().splitlines()
-    assert lines[0].startswith("# Megatron-LM core_v0.16.1:")
+    assert lines[0].startswith("# Megatron-LM core_v0.19.0:")
     assert all(line.count("\t") == 1 and line.startswith("--") for line in lines[1:])
 
 
@@ -171,7 +171,8 @@ def test_data_flags_reach_megatron_cores_dataset_config() -> None:
     assert not asked.mmap_bin_files and asked.eod_mask_loss and asked.reset_position_ids
 
 
-# Megatron-LM's --tokenizer-type choices at core_v0.16.1 (megatron/training/arguments.py).
+# Megatron-LM's --tokenizer-type choices at core_v0.19.0 (megatron/training/config/training_config.py; the same 12 as
+# at core_v0.16.1).
 MEGATRON_LM_TOKENIZER_TYPES = """BertWordPieceLowerCase BertWordPieceCase GPT2BPETokenizer SentencePieceTokenizer
     GPTSentencePieceTokenizer HuggingFaceTokenizer Llama2Tokenizer TikTokenizer MultimodalTokenizer NullTokenizer
     NullMultimodalTokenizer SFTTokenizer""".split()
@@ -232,10 +233,18 @@ def test_fp8_in_a_launch_script_is_taken_and_needs_transformer_engine() -> None:
 def test_a_flag_no_megatron_lm_release_here_knows_is_named_as_a_later_releases_or_a_forks(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """NVIDIA's newer GPT-3 example passes --step-batch-size-schedule (after core_v0.16.1); forks add their own."""
+    """Megatron-LM's main branch adds --output-logit-dtype after core_v0.19.0; forks add their own."""
     with pytest.raises(SystemExit) as exc:
-        parse_args(["--mock-data", "--step-batch-size-schedule", "0:16", "2.4B:320", "--use-mpi=1"])
+        parse_args(["--mock-data", "--output-logit-dtype", "fp32", "--use-mpi=1"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: unrecognized arguments: --step-batch-size-schedule 0:16 2.4B:320 --use-mpi=1; ")
-    assert "--step-batch-size-schedule, --use-mpi are not in the parser of Megatron-LM core_v0.16.1" in err
+    assert err.startswith("error: unrecognized arguments: --output-logit-dtype fp32 --use-mpi=1; ")
+    assert "--output-logit-dtype, --use-mpi are not in the parser of Megatron-LM core_v0.19.0" in err
+
+
+def test_a_step_batch_size_schedule_is_refused_naming_the_ramp_this_project_runs() -> None:
+    """NVIDIA's GPT-3 example at core_v0.19.0 passes --step-batch-size-schedule (Megatron-LM's replacement of the
+    ramp-up): refused with its reason, which names --rampup-batch-size."""
+    argv = ["--mock-data", "--step-batch-size-schedule", "0:16 2.4B:320 4.8B:624"]
+    assert _refused(argv) == ["--step-batch-size-schedule"]
+    assert "--rampup-batch-size START INCREMENT SAMPLES" in (megatron_lm.refusal("--step-batch-size-schedule") or "")

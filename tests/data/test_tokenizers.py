@@ -160,16 +160,23 @@ def test_sentencepiece_missing_model_is_clear(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------- null
 def test_null_tokenizer_matches_megatron_core() -> None:
+    """Megatron-Core 0.19's NullTokenizer (Megatron-LM 0.17 and later): --vocab-size ids, end of document the last
+    one unless --null-tokenizer-eod-id, padding -1 (GPTDataset's own) unless --null-tokenizer-pad-id."""
     from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer as CoreNull
 
-    ours, core = NullTokenizer(1023), CoreNull(1023)
-    assert (ours.vocab_size, ours.eod) == (core.vocab_size, core.eod) == (1024, 1023)
+    ours, core = NullTokenizer(1024), CoreNull(1024)
+    assert (ours.vocab_size, ours.eod, ours.pad) == (core.vocab_size, core.eod, core.pad_id) == (1024, 1023, -1)
     assert ours.tokenize("5 17 3") == core.text_to_ids("5 17 3") == [5, 17, 3]
     assert ours.detokenize([5, 17]) == "5 17"
-    # No pad: GPTDataset must fall back to its own padding id, as with Megatron-Core's.
-    assert not hasattr(ours, "pad") and not hasattr(core, "pad")
+    flags = {"null_tokenizer_eod_id": 0, "null_tokenizer_pad_id": 7}
+    given, core_given = build_tokenizer("NullTokenizer", vocab_size=1024, **flags), CoreNull(1024, 0, 7)  # type: ignore[arg-type]
+    assert (given.vocab_size, given.eod, given.pad) == (core_given.vocab_size, core_given.eod, core_given.pad_id)
     with pytest.raises(TokenizerError, match="--vocab-size"):
         build_tokenizer("NullTokenizer")
+    with pytest.raises(
+        TokenizerError, match=r"--null-tokenizer-eod-id 1024 is not an id of the vocabulary \(0 to 1023"
+    ):
+        build_tokenizer("NullTokenizer", vocab_size=1024, null_tokenizer_eod_id=1024)
 
 
 # --------------------------------------------------------------- Hugging Face

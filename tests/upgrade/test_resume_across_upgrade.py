@@ -35,6 +35,10 @@ def test_a_checkpoint_of_an_older_release_resumes_with_its_losses(case: str, tmp
         nproc=record["nproc"],
     )
     assert f"(iteration {record['saved_at']})" in proc.stdout + proc.stderr
+    # Trained with --vocab-size 255 when NullTokenizer added the end of document (256 ids): the same command line
+    # keeps that vocabulary, and says so.
+    assert "--vocab-size 255 (NullTokenizer): " in proc.stdout + proc.stderr
+    assert "(256 ids, end of document 255); the run keeps that vocabulary, as --vocab-size 256" in proc.stdout
     expected = {int(it): loss for it, loss in record["losses"].items()}
     got = train_losses(metrics)
     assert sorted(got) == sorted(expected)
