@@ -501,6 +501,12 @@ REFUSALS: tuple[Refusal, ...] = (
         "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces "
         "--no-tokenizer-sentencepiece-ignore-extra-whitespaces",
     ),
+    _r(
+        "HuggingFaceTokenizer here is the directory's fast tokenizer (tokenizer.json) with the special tokens it "
+        "adds itself, as Megatron-LM 0.18 and later by default; the slow tokenizer and encoding without those "
+        "tokens (which change the ids) are not offered: remove the flag",
+        "--tokenizer-hf-no-use-fast --tokenizer-hf-no-include-special-tokens",
+    ),
     _r("HuggingFaceTokenizer loads a local directory only; no remote code is run", "--trust-remote-code"),
     _r(
         "the padded vocabulary follows from the tokenizer and --make-vocab-size-divisible-by × TP (Megatron-LM's "

@@ -2,10 +2,9 @@ r"""Tokenizers with Megatron-LM's ``--tokenizer-type`` names and semantics.
 
 One module for the preprocessing tools and for training, so that the token
 ids written into a dataset and the vocabulary the model is built with can never
-disagree. Each class reproduces the *legacy* tokenizer of Megatron-LM's
-``megatron/training/tokenizer/tokenizer.py`` (what its ``tools/preprocess_data.py``
-writes datasets with): the same ids, the same ``vocab_size`` (unpadded) and the
-same end-of-document id ``eod``:
+disagree. Each class but NullTokenizer (0.19's) reproduces the *legacy* tokenizer of
+Megatron-LM's ``megatron/training/tokenizer/tokenizer.py`` (before 0.17; docs/data.md: where
+0.19's differ): the same ids, the same ``vocab_size`` (unpadded) and the same ``eod``:
 
 =========================  =====================================================  ==========================
 ``--tokenizer-type``       vocabulary                                             ``eod``
@@ -132,13 +131,9 @@ class Tokenizer(ABC):
 
 # --------------------------------------------------------------------- null
 class NullTokenizer(Tokenizer):
-    """Ids written as text ("5 17 3"): Megatron-Core 0.19's ``NullTokenizer``, which Megatron-LM 0.17 and later
-    build for ``--tokenizer-type NullTokenizer``. The vocabulary is ``--vocab-size`` ids and the end of document
-    is its last id (``--null-tokenizer-eod-id``); before 0.17 the end of document was an id added after them.
-
-    ``pad`` is ``--null-tokenizer-pad-id``, by default -1 (none): GPTDataset then pads with its own -1, as with
-    Megatron-Core's.
-    """
+    """Ids written as text ("5 17 3"), as Megatron-Core 0.19's (Megatron-LM 0.17 on): ``--vocab-size`` ids, the
+    last the end of document unless ``--null-tokenizer-eod-id`` (before 0.17: an id added after them); ``pad``
+    -1 (GPTDataset's own) unless ``--null-tokenizer-pad-id``."""
 
     type_name = "NullTokenizer"
     # ``text.split(" ")`` of ``A + " " + B`` is the split of A followed by that of B.
@@ -151,10 +146,8 @@ class NullTokenizer(Tokenizer):
         self._size = int(vocab_size)
         self._eod = self._size - 1 if eod_id is None else int(eod_id)
         if not 0 <= self._eod < self._size:
-            raise TokenizerError(
-                f"--null-tokenizer-eod-id {self._eod} is not an id of the vocabulary (0 to {self._size - 1}, "
-                f"--vocab-size {self._size}); give an id below --vocab-size"
-            )
+            raise TokenizerError(f"--null-tokenizer-eod-id {self._eod} is not an id of the vocabulary (0 to "
+                                 f"{self._size - 1}, --vocab-size {self._size}); give an id below --vocab-size")  # fmt: skip
         self._pad = int(pad_id)
 
     @property

@@ -330,10 +330,10 @@ def test_repeated_non_finite_losses_stop_the_run(tmp_path: Path) -> None:
 def test_vocabulary_mismatch_is_refused_before_anything_is_built(saved: Path) -> None:
     """By --dry-run, and so by every rank before it starts torch.distributed (resume.preflight_resume)."""
     # The embedding's padded rows may differ with TP, so the shapes alone cannot tell.
-    args = [a if a != "255" else "300" for a in RUN]  # --vocab-size 255 -> 300 (both pad to 384)
+    args = [a if a != "255" else "300" for a in RUN]  # --vocab-size 255 -> 300
     proc = run_script([*args, "--load", str(saved), "--dry-run", "--world-size", "2"])
     assert proc.returncode == ExitCode.CHECKPOINT, proc.stderr[-3000:]
-    assert "was trained with a vocabulary of 256 tokens and this run's tokenizer has 301" in proc.stderr
+    assert "was trained with a vocabulary of 255 tokens and this run's tokenizer has 300" in proc.stderr
 
 
 def test_dry_run_names_the_checkpoint_a_resume_falls_back_to_and_moves_nothing(saved: Path, tmp_path: Path) -> None:

@@ -105,7 +105,7 @@ def corrupt_pointer(prefix: Path, sequence: int) -> None:
 def test_ranks_other_than_0_check_datasets_in_constant_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every rank checks header, sizes and the end of the last sequence against the .bin size; only
     global rank 0 (RANK, default 0) verifies every pointer and samples token ids."""
-    tok = NullTokenizer(999)  # ids 0..999
+    tok = NullTokenizer(1000)  # ids 0..999
     good = write_dataset(tmp_path / "good", np.uint16)
     bad_pointer = write_dataset(tmp_path / "bad_pointer", np.uint16)
     corrupt_pointer(bad_pointer, 100)
@@ -153,13 +153,13 @@ def test_token_dtype_must_only_hold_the_vocabulary(tmp_path: Path, monkeypatch: 
     """int32 tokens for a small vocabulary (as other tools write them) are valid; a dtype that cannot hold
     every id of the tokenizer is not."""
     monkeypatch.setenv("RANK", "0")
-    tok = NullTokenizer(999)
+    tok = NullTokenizer(1000)
     for dtype in (np.int32, np.int64, np.uint16, np.int16):
         data_sources.check_dataset(str(write_dataset(tmp_path / np.dtype(dtype).name, dtype)), tok)
     small = write_dataset(tmp_path / "uint8", np.uint8, vocab=200)
     with pytest.raises(data_sources.DataError, match="uint8 tokens, which cannot hold the ids of NullTokenizer"):
         data_sources.check_dataset(str(small), tok)
-    data_sources.check_dataset(str(small), NullTokenizer(255))  # 256 ids fit in uint8
+    data_sources.check_dataset(str(small), NullTokenizer(256))  # 256 ids fit in uint8
 
 
 @pytest.mark.unit
@@ -230,11 +230,11 @@ def test_per_token_loss_weighs_every_token_of_the_step_alike(tmp_path: Path) -> 
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 50, size=400)
     tokens = rng.integers(0, 999, size=int(lengths.sum()))
-    tokens[np.cumsum(lengths) - 1] = 999  # every document ends with NullTokenizer(999)'s end-of-document id
+    tokens[np.cumsum(lengths) - 1] = 999  # every document ends with NullTokenizer(1000)'s end-of-document id
     writer = IndexedWriter(tmp_path / "short", np.uint16)
     writer.add_documents(tokens, lengths)
     writer.commit()
-    data = ["--data-path", str(tmp_path / "short"), "--tokenizer-type", "NullTokenizer", "--vocab-size", "999"]
+    data = ["--data-path", str(tmp_path / "short"), "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"]
 
     def first_grad_norm(micro_batch: int, *flags: str) -> float:
         metrics = tmp_path / f"mbs{micro_batch}{''.join(flags)}.jsonl"
