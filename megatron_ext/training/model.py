@@ -269,33 +269,44 @@ GPT_MODEL_LOGGER = "megatron.core.models.gpt.gpt_model"
 
 class _Once(logging.Filter):
     """Lets each distinct message through once: Megatron-Core 0.19 warns at every GPTModel built (one per
-    virtual pipeline chunk); the warning and what it means here are in docs/architecture.md."""
+    virtual pipeline chunk); the warning and what it means here are in docs/architecture.md. ``silent``: none
+    (a one-process tool reading a checkpoint: the notice is the training run's)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: set[str] = set()
+        self.silent = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if message in self.seen:
+        if self.silent or message in self.seen:
             return False
         self.seen.add(message)
         return True
 
 
 @functools.cache
-def _warn_once_per_process() -> None:
-    logging.getLogger(GPT_MODEL_LOGGER).addFilter(_Once())
+def _gpt_model_notices() -> _Once:
+    notices = _Once()
+    logging.getLogger(GPT_MODEL_LOGGER).addFilter(notices)
+    return notices
 
 
 def gpt_model(
-    cfg: TrainingConfig, *, pre_process: bool, post_process: bool, vp_stage: int | None, device: torch.device
+    cfg: TrainingConfig,
+    *,
+    pre_process: bool,
+    post_process: bool,
+    vp_stage: int | None,
+    device: torch.device,
+    training: bool = True,
 ) -> Any:
     """Megatron-Core's GPTModel for one chunk (the layers of one virtual pipeline stage; the whole model in one
-    process): ``pretrain_gpt.py``'s provider, and the one-process model of ``megatron_ext.inference``."""
+    process): ``pretrain_gpt.py``'s provider, and (``training`` False) the one-process model of
+    ``megatron_ext.inference`` and the Hugging Face converter, which print no deprecation notice."""
     from megatron.core.models.gpt import GPTModel
 
-    _warn_once_per_process()
+    _gpt_model_notices().silent = not training
 
     m = cfg.model
     config = transformer_config(cfg, device)
