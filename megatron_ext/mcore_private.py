@@ -27,14 +27,6 @@ class PrivateName:
 
 PRIVATE_NAMES = (
     PrivateName(
-        module="megatron.core.pipeline_parallel.schedules",
-        name="backward_step",
-        parameters=("input_tensor", "output_tensor", "output_tensor_grad"),
-        use="training/zero_bubble_schedule.py rebinds it for one step to count each B pass (the W passes are run "
-        "by the communicator passed as p2p_communicator=). 0.19 drops its model_type argument (the wrapper passes "
-        "*args on); 0.19's schedules never call backward_dw(), so no public seam replaces it yet.",
-    ),
-    PrivateName(
         module="megatron.core.pipeline_parallel.p2p_communication",
         name="P2PCommunicator._communicate",
         parameters=("tensor_send_next", "tensor_send_prev", "recv_prev", "recv_next", "tensor_shape", "wait_on_reqs"),
@@ -42,26 +34,34 @@ PRIVATE_NAMES = (
         "(wait_on_reqs=False), runs W passes while it travels, then waits on the requests.",
     ),
     PrivateName(
-        module="megatron.core.distributed.distributed_data_parallel",
-        name="DistributedDataParallel._make_backward_post_hook",
-        parameters=("param",),
-        use="training/split_backward.py delivers a deferred weight gradient through DDP's own hook (main_grad, "
-        "bucket readiness). In 0.19 DDP hands this hook to a module that implements "
-        "register_wgrad_accumulation_and_reduce_hooks (with delay_wgrad_compute): a linear of our own could take "
-        "it there instead of asking for it by name.",
-    ),
-    PrivateName(
         module="megatron.core.tensor_parallel.layers",
         name="ColumnParallelLinear._forward_impl",
-        use="training/split_backward.py wraps it per layer so that the layer's weight gradient is deferred (W). "
-        "0.19's backward_dw() does nothing on the local spec and its delay_wgrad_compute needs MoE expert-parallel "
-        "overlap, so nothing replaces it for a dense model yet; 0.19's callers also pass gtp_remat_size, which the "
-        "split must refuse above 1.",
+        parameters=("input", "weight"),
+        use="training/split_backward.py's deferring linears (subclasses, in the layer spec of --enable-zero-bubble) "
+        "override it so that the layer's weight gradient is deferred (W); Megatron-Core calls it with keywords "
+        "(bias, allreduce_dgrad, sequence_parallel, tp_group, gtp_remat_size: refused above 1). 0.19's "
+        "backward_dw() does nothing on the local spec and its delay_wgrad_compute needs MoE expert-parallel "
+        "overlap, so nothing public replaces it for a dense model.",
     ),
     PrivateName(
         module="megatron.core.tensor_parallel.layers",
         name="RowParallelLinear._forward_impl",
+        parameters=("input", "weight"),
         use="As ColumnParallelLinear._forward_impl.",
+    ),
+    PrivateName(
+        module="megatron.core.tensor_parallel.mappings",
+        name="_gather_along_first_dim",
+        parameters=("input_", "group"),
+        use="training/split_backward.py gathers a sequence-parallel layer's input over TP, in the forward and in "
+        "the W pass, as Megatron-Core's own linear does.",
+    ),
+    PrivateName(
+        module="megatron.core.tensor_parallel.mappings",
+        name="_reduce_scatter_along_first_dim",
+        parameters=("input_", "group"),
+        use="training/split_backward.py reduce-scatters a sequence-parallel layer's input gradient in B, as "
+        "Megatron-Core's own linear does.",
     ),
     PrivateName(
         module="megatron.core.dist_checkpointing.strategies.filesystem_async",

@@ -319,7 +319,7 @@ def _split_chunk_times(workload: Workload, estimate: LayoutEstimate) -> Callable
                 layers = n * layer
                 last = (r, c) == (p - 1, v - 1)
                 output = units.output_compute_s if last else 0.0
-                weights = n * units.layer_weight_grad_s + (units.output_weight_grad_s if last else 0.0)
+                weights = n * units.layer_weight_grad_s  # the output layer keeps its W in B (split_backward)
                 backward = layers * (1 - forward_share) + output * 2 / 3
                 row.append((layers * forward_share + output / 3, backward - weights, weights))
             out.append(row)

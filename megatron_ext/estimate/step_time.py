@@ -246,8 +246,6 @@ class UnitTimes:
     layer_weight_grad_s: float = 0.0
     """The part of a layer's backward that computes its weight gradients (one pass of its linears' GEMMs): what
     a zero-bubble schedule's W pass takes (``zero_bubble``); the rest of the backward is its B pass."""
-    output_weight_grad_s: float = 0.0
-    """The output layer's weight-gradient GEMM."""
 
     @property
     def output_in_layers(self) -> float:
@@ -384,7 +382,6 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         recompute_flops=recompute,
         layer_cp_s=layer_cp,
         layer_weight_grad_s=gemm_seconds(linears, gemm_rate, 1),
-        output_weight_grad_s=output_compute / 3,
     )
 
 
@@ -557,7 +554,9 @@ def estimate_step_time(
     # Pipeline: bubble and exposed point-to-point. A zero-bubble schedule fills part of it with W passes.
     scale = 1.0
     if workload.zero_bubble and p > 1:
-        weight = layers_slowest * units.layer_weight_grad_s + (units.output_weight_grad_s if slowest == p - 1 else 0)
+        # The transformer layers' linears defer their weight gradients; the output layer keeps its own in B
+        # (training/split_backward.py: GPTModel builds it outside the layer spec).
+        weight = layers_slowest * units.layer_weight_grad_s
         scale = zb_bubble_scale(forward_time=mb_compute - backward, backward_time=backward - weight, weight_time=weight)
     bubble = pipeline_bubble(stages, vp=v) * scale
     if p > 1:

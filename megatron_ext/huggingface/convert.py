@@ -429,8 +429,8 @@ def _import_config(
     are now (``readable``)."""
     model = dict(model)
     data: TokenizerFlags = {"mock_data": True, **(recorded or {})}
-    if recorded is None:
-        model["vocab_size"] = padded_vocab - 1
+    if recorded is None:  # NullTokenizer's --vocab-size is the whole vocabulary (Megatron-LM 0.17 and later)
+        model["vocab_size"] = padded_vocab
     elif "vocab_size" in data:  # a tokenizer sized by --vocab-size (TikTokenizer)
         model["vocab_size"] = data.pop("vocab_size")
     try:

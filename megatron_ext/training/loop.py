@@ -48,7 +48,7 @@ from megatron_ext.training.optimizer_scheduler import optimizer_config_of, param
 from megatron_ext.training.profiling import Profiler
 from megatron_ext.training.progress_log import ProgressLog
 from megatron_ext.training.saving import Saves
-from megatron_ext.training.split_backward import WeightGradStore, split_linear_layers
+from megatron_ext.training.split_backward import WeightGradStore
 from megatron_ext.training.stage_timing import StageTimer
 from megatron_ext.training.stragglers import StragglerWatch
 from megatron_ext.training.tracking import StepScalars, Tracker, cuda_memory, device_facts
@@ -209,8 +209,7 @@ class Trainer:
         self.forward_backward_func: Any = None
         if cfg.parallel.enable_zero_bubble:
             store = WeightGradStore()
-            store.use_ddp_hooks(self.chunks)
-            split = split_linear_layers(self.chunks, store)
+            split = store.attach(self.chunks)
             self.forward_backward_func = zero_bubble(
                 store,
                 chunks=self.chunks,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import logging
@@ -259,6 +260,15 @@ def layer_spec(cfg: TrainingConfig, device: torch.device, *, config: Any, vp_sta
     if qk_layernorm:  # one weight for every head: Megatron-Core sums its gradient over TP (by its name)
         spec.submodules.self_attention.submodules.q_layernorm = TorchNorm
         spec.submodules.self_attention.submodules.k_layernorm = TorchNorm
+    if cfg.parallel.enable_zero_bubble:  # linears whose weight gradients the W passes compute (split_backward)
+        from megatron_ext.training.split_backward import deferring_linears
+
+        column, row = deferring_linears()
+        attention = spec.submodules.self_attention.submodules
+        attention.linear_qkv, attention.linear_proj = column, row
+        mlp = spec.submodules.mlp  # functools.partial(MLP.as_mlp_submodule, submodules=MLPSubmodules(...))
+        mlp_linears = dataclasses.replace(mlp.keywords["submodules"], linear_fc1=column, linear_fc2=row)
+        spec.submodules.mlp = functools.partial(mlp.func, *mlp.args, **(mlp.keywords | {"submodules": mlp_linears}))
     layers = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=TorchNorm)
 
@@ -394,6 +404,8 @@ def ddp_config(cfg: TrainingConfig, *, num_parameters: int = 0) -> Any:
         average_in_collective=p.ddp_average_in_collective,
         pad_buckets_for_high_nccl_busbw=p.ddp_pad_buckets_for_high_nccl_busbw,
         gradient_reduce_div_fusion=not p.no_gradient_reduce_div_fusion,
+        # Zero bubble: the deferring linears' weights get DDP's hook through their module (split_backward).
+        delay_wgrad_compute=p.enable_zero_bubble,
     )
 
 

@@ -5,15 +5,18 @@ A zero-bubble schedule (Qi et al., ICLR 2024; ``estimate.zero_bubble``) runs eac
 computes the weight gradients, which nothing downstream needs until the optimizer step, and runs later, in a
 slot that would otherwise idle.
 
-Here B is the ordinary autograd backward with the weight-gradient GEMM of every ``ColumnParallelLinear`` and
-``RowParallelLinear`` (the local spec's QKV, projection, FC1 and FC2, and the output layer) left out: the layer's
-saved input and output gradient go to a ``WeightGradStore``, one entry per microbatch's B. ``WeightGradStore.
-run_w`` later computes them and hands each gradient to the parameter as autograd would have: into ``.grad``,
-then through Megatron-Core DDP's own backward hook for the parameter, which adds it to ``main_grad`` and, with
+Here B is the ordinary autograd backward with the weight-gradient GEMM of the transformer layers' linears left
+out. The layer spec builds them as ``DeferringColumnParallelLinear`` and ``DeferringRowParallelLinear``
+(subclasses of Megatron-Core's, for QKV, projection, FC1 and FC2; ``model.layer_spec``): the layer's saved
+input and output gradient go to a ``WeightGradStore``, one entry per microbatch's B. ``WeightGradStore.run_w``
+later computes them and hands each gradient to the parameter as autograd would have: into ``.grad``, then
+through Megatron-Core DDP's own hook for the parameter, which adds it to ``main_grad`` and, with
 ``--overlap-grad-reduce``, marks it ready in its bucket, so that the reduction (and the distributed optimizer)
-see exactly what they see without the split. Everything else (norms, biases, embeddings, the attention core)
-keeps its gradient in B, and so does an output layer tied to the embedding (``--untie-embeddings-and-output-
-weights`` not given): the embedding gives the same weight a gradient in B, and DDP must see one, complete.
+see exactly what they see without the split. DDP hands that hook over by its own protocol: with
+``delay_wgrad_compute`` in its config, a parameter marked ``skip_backward_post_hook`` gets no autograd hook, and
+the module that owns it receives the hook through ``register_wgrad_accumulation_and_reduce_hooks`` (Transformer
+Engine's layers implement the same). Everything else (norms, biases, embeddings, the attention core, the
+output layer, which GPTModel builds outside the spec) keeps its gradient in B.
 
 ``training.zero_bubble_schedule`` runs ZB-H1 with it (``--enable-zero-bubble``).
 
@@ -27,6 +30,7 @@ accumulation (a CUDA kernel; the CPU runs never use it).
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -38,6 +42,8 @@ import torch
 @dataclass
 class _Pending:
     weight: torch.nn.Parameter
+    hooks: list[Callable[[], None]]
+    """DDP's hooks for the weight (``register_wgrad_accumulation_and_reduce_hooks``), run once it has its gradient."""
     grad_output: torch.Tensor
     """The layer's output gradient, flattened to (tokens, outputs)."""
     input: torch.Tensor
@@ -54,30 +60,45 @@ class WeightGradStore:
     def __init__(self) -> None:
         self.splitting = False
         """While True, linear layers defer their weight gradients here; False, they compute them in place."""
+        self.b_open = False
+        """A B pass has started (``start_b``) and is not yet closed."""
         self._open: list[_Pending] = []
         self._queue: deque[list[_Pending]] = deque()
-        self._hooks: dict[torch.nn.Parameter, Callable[..., None]] = {}
         self._chunk_of: dict[torch.nn.Parameter, int] = {}
 
-    def use_ddp_hooks(self, chunks: Iterable[Any]) -> None:
-        """Deliver gradients through each DDP-wrapped chunk's own backward hook (``main_grad``, bucket readiness),
-        and know which model chunk each weight is in (``next_chunk``)."""
+    def attach(self, chunks: Iterable[Any]) -> int:
+        """Make the deferring linears of ``chunks`` (their DDP-wrapped model chunks) defer to this store, and know
+        which chunk each weight is in (``next_chunk``); the number of layers. A chunk without any (the embedding
+        or the loss alone on a virtual stage) has empty W passes. A ValueError names a layer configuration the
+        split does not cover."""
+        layers = 0
         for index, chunk in enumerate(chunks):
-            make_hook = getattr(chunk, "_make_backward_post_hook", None)
-            for param in chunk.parameters():
-                self._chunk_of[param] = index
-                if make_hook is not None and param.requires_grad:
-                    self._hooks[param] = make_hook(param)
+            deferring = [m for m in chunk.modules() if isinstance(m, _DeferredWeightGradient)]
+            for module in deferring:
+                if getattr(module, "gradient_accumulation_fusion", False):
+                    raise ValueError("the split backward does not cover --gradient-accumulation-fusion")
+                module.weight_grad_store = self
+                self._chunk_of[module.weight] = index
+            layers += len(deferring)
+        return layers
 
-    def defer(
-        self, weight: torch.nn.Parameter, grad_output: torch.Tensor, input_: torch.Tensor, gather_group: Any = None
-    ) -> None:
-        self._open.append(_Pending(weight, grad_output, input_, gather_group))
+    def defer(self, item: _Pending) -> None:
+        self._open.append(item)
 
-    def close_b(self) -> None:
-        """End one B pass: what it deferred becomes one W pass (possibly empty, on a stage without linears)."""
+    def start_b(self) -> None:
+        """A B pass begins (its output gradient reached the chunk's output): the one before it, if still open,
+        ends."""
+        self.close_b()
+        self.b_open = True
+
+    def close_b(self) -> bool:
+        """End the open B pass: what it deferred becomes one W pass (possibly empty). False: none was open."""
+        if not self.b_open:
+            return False
         self._queue.append(self._open)
         self._open = []
+        self.b_open = False
+        return True
 
     @property
     def pending(self) -> int:
@@ -105,16 +126,20 @@ class WeightGradStore:
             # Every tensor-parallel rank of a stage runs its W passes in the same order: the gathers pair up.
             full = item.input if item.gather_group is None else _gather_along_first_dim(item.input, item.gather_group)
             grad = item.grad_output.t().matmul(full.reshape(-1, full.shape[-1]))
-            weight = item.weight
-            weight.grad = grad if weight.grad is None else weight.grad + grad
-            hook = self._hooks.get(weight)
-            if hook is not None:
-                hook()
+            _deliver(item.weight, grad, item.hooks)
 
     def discard(self) -> None:
         """Drop every deferred W pass (a step abandoned midway)."""
         self._queue.clear()
         self._open = []
+        self.b_open = False
+
+
+def _deliver(weight: torch.nn.Parameter, grad: torch.Tensor, hooks: list[Callable[[], None]]) -> None:
+    """A weight gradient computed outside autograd, handed over as autograd would: into ``.grad``, then DDP's hook."""
+    weight.grad = grad if weight.grad is None else weight.grad + grad
+    for hook in hooks:
+        hook()
 
 
 class _SplitLinear(torch.autograd.Function):
@@ -130,7 +155,7 @@ class _SplitLinear(torch.autograd.Function):
         sequence_parallel: bool,
         tp_group: Any,
         store: WeightGradStore,
-        parameter: tuple[torch.nn.Parameter],
+        owner: tuple[Any],
     ) -> torch.Tensor:
         from megatron.core.tensor_parallel.mappings import _gather_along_first_dim
 
@@ -141,14 +166,14 @@ class _SplitLinear(torch.autograd.Function):
         ctx.sequence_parallel = sequence_parallel
         ctx.tp_group = tp_group
         ctx.store = store
-        ctx.parameter = parameter[0]
+        ctx.owner = owner[0]
         total = _gather_along_first_dim(input_, tp_group) if sequence_parallel else input_
         output = torch.matmul(total, weight.t())
         return output + bias if bias is not None else output
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
-        from megatron.core.tensor_parallel.mappings import _reduce_scatter_along_first_dim
+        from megatron.core.tensor_parallel.mappings import _gather_along_first_dim, _reduce_scatter_along_first_dim
 
         input_, weight = ctx.saved_tensors
         grad_input = grad_output.matmul(weight)
@@ -158,45 +183,72 @@ class _SplitLinear(torch.autograd.Function):
         elif ctx.allreduce_dgrad:
             handle = torch.distributed.all_reduce(grad_input, group=ctx.tp_group, async_op=True)
         flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
-        ctx.store.defer(ctx.parameter, flat_grad, input_, ctx.tp_group if ctx.sequence_parallel else None)
+        owner: _DeferredWeightGradient = ctx.owner
+        item = _Pending(
+            owner.weight, owner.wgrad_hooks, flat_grad, input_, ctx.tp_group if ctx.sequence_parallel else None
+        )
+        if ctx.store.splitting:
+            ctx.store.defer(item)
+        else:  # a backward outside the zero-bubble schedule: W at once (DDP hooks only this module's weight)
+            full = input_ if item.gather_group is None else _gather_along_first_dim(input_, item.gather_group)
+            with torch.no_grad():
+                _deliver(owner.weight, flat_grad.t().matmul(full.reshape(-1, full.shape[-1])), owner.wgrad_hooks)
         grad_bias = flat_grad.sum(dim=0) if ctx.use_bias else None
         if handle is not None:
             handle.wait()
         return grad_input, None, grad_bias, None, None, None, None, None
 
 
-def split_linear_layers(chunks: Iterable[torch.nn.Module], store: WeightGradStore) -> int:
-    """Make every Megatron-Core column- and row-parallel linear layer of ``chunks`` defer its weight gradient to
-    ``store`` while ``store.splitting``; the number of layers changed. A ValueError names a layer whose
-    configuration the split does not cover."""
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+class _DeferredWeightGradient:
+    """What the deferring linears add to Megatron-Core's: the weight's gradient goes to ``weight_grad_store``
+    (``attach``), and DDP's hook for the weight, which DDP hands over by its protocol (the weight is marked
+    ``skip_backward_post_hook``; ``ddp_config(..., delay_wgrad_compute=True)``), runs once it is delivered."""
 
-    changed = 0
-    for chunk in chunks:
-        for name, module in chunk.named_modules():
-            if not isinstance(module, ColumnParallelLinear | RowParallelLinear):
-                continue
-            if module.gradient_accumulation_fusion:
-                raise ValueError(f"{name}: the split backward does not cover --gradient-accumulation-fusion")
-            module._forward_impl = _split_forward(module._forward_impl, store, own=module.weight)
-            changed += module.weight is not None
-    return changed
+    weight: torch.nn.Parameter
+    weight_grad_store: WeightGradStore | None = None
+    wgrad_hooks: list[Callable[[], None]]
 
+    def _defer_weight_gradient(self) -> None:
+        """Called by the subclasses' ``__init__``, after Megatron-Core's."""
+        self.wgrad_hooks = []
+        self.weight.skip_backward_post_hook = True  # type: ignore[attr-defined]
 
-def _split_forward(
-    original: Callable[..., torch.Tensor], store: WeightGradStore, *, own: torch.nn.Parameter | None
-) -> Callable[..., torch.Tensor]:
-    def forward_impl(input: torch.Tensor, weight: torch.nn.Parameter, *args: Any, **kwargs: Any) -> torch.Tensor:
-        # A weight passed in (the output layer tied to the embedding) also gets the embedding's gradient in B:
-        # its W stays in B, so that DDP sees one gradient for it, complete.
-        if not store.splitting or not weight.requires_grad or weight is not own:
-            return original(input, weight, *args, **kwargs)
+    def register_wgrad_accumulation_and_reduce_hooks(self, hook: Callable[[], None]) -> None:
+        """DDP's protocol (``DistributedDataParallel.__init__``): ``hook`` accumulates the weight's gradient into
+        ``main_grad`` and marks it ready for the reduction."""
+        self.wgrad_hooks.append(hook)
+
+    def _split_forward_impl(self, parent: Any, input: torch.Tensor, weight: Any, *args: Any, **kwargs: Any) -> Any:
+        store = self.weight_grad_store
+        if store is None or weight is not self.weight or not weight.requires_grad:
+            return parent._forward_impl(self, input, weight, *args, **kwargs)
+        if kwargs.get("gtp_remat_size", 1) > 1:
+            raise ValueError("the split backward does not cover generalized tensor parallelism (gtp_remat_size > 1)")
         from megatron.core.utils import get_tensor_model_parallel_group_if_none
 
         group = get_tensor_model_parallel_group_if_none(kwargs.get("tp_group"))
-        # The weight enters detached: autograd has no edge to it, so DDP's hook for it runs once, from the W pass.
-        # (The parameter itself travels in a tuple: a tensor argument would be an autograd edge again.)
+        # The weight enters detached: autograd has no edge to it; the W pass delivers its gradient.
+        # (The layer travels in a tuple: as an argument of its own it would be taken for an input.)
         return _SplitLinear.apply(input, weight.detach(), kwargs["bias"], kwargs["allreduce_dgrad"],
-                                  kwargs["sequence_parallel"], group, store, (weight,))  # fmt: skip
+                                  kwargs["sequence_parallel"], group, store, (self,))  # fmt: skip
 
-    return forward_impl
+
+@functools.cache
+def deferring_linears() -> tuple[type, type]:
+    """``(DeferringColumnParallelLinear, DeferringRowParallelLinear)``: Megatron-Core's column- and row-parallel
+    linears whose weight gradients a zero-bubble schedule defers to W passes, for the layer spec."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    def subclass(base: Any) -> type:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            base.__init__(self, *args, **kwargs)
+            self._defer_weight_gradient()
+
+        def _forward_impl(self: Any, input: torch.Tensor, weight: Any, *args: Any, **kwargs: Any) -> Any:
+            return self._split_forward_impl(base, input, weight, *args, **kwargs)
+
+        name = f"Deferring{base.__name__}"
+        return type(name, (_DeferredWeightGradient, base), {"__init__": __init__, "_forward_impl": _forward_impl,
+                                                            "__module__": __name__, "__qualname__": name})  # fmt: skip
+
+    return subclass(ColumnParallelLinear), subclass(RowParallelLinear)

@@ -13,10 +13,12 @@ W passes fill the wait (``estimate.zero_bubble`` simulates both schedules):
 
 The schedule is Megatron-Core's ``forward_backward_pipelining_without_interleaving`` (or ``_with_interleaving``)
 itself: its p2p communication, forward and backward steps, gradient-sync switching and gradient finalisation are
-unchanged. While it runs, its ``backward_step`` runs B (``training.split_backward``: the linear layers defer their
-weight gradients to a ``WeightGradStore``); once a B's gradient has been posted to the previous stage (through
-the ``P2PCommunicator`` subclass the schedule is given as ``p2p_communicator=``), the W passes beyond those kept
-run; after the last B, the rest. Under 1F1B, whose transfers block, the gradient and the
+unchanged, and nothing of Megatron-Core is rebound; the step talks to it through its own arguments. Its backward
+steps run B (``training.split_backward``: the transformer layers' linears defer their weight gradients to a
+``WeightGradStore``). Each B begins where the output gradient reaches the chunk's output, which the forward step
+marks (``_BackwardStarts``, wrapped around the ``forward_step_func`` the schedule is given); once a B's gradient
+has been posted to the previous stage (through the ``P2PCommunicator`` subclass the schedule is given as
+``p2p_communicator=``), that B ends and the W passes beyond those kept run; after the last B, the rest. Under 1F1B, whose transfers block, the gradient and the
 receive of the next input are posted without waiting and the W passes run while they travel (what the schedule
 means W for: filling the wait for the next input); the interleaved schedule's transfers are already overlapped.
 
@@ -117,18 +119,53 @@ class _Step:
             self.w_of_chunk[chunk] += 1
 
     def after_gradient_sent(self) -> None:
-        """The W passes beyond those kept, or after the last B, all."""
+        """The B that sent ends; the W passes beyond those kept, or after the last B, all."""
+        self.store.close_b()
         while self.store.pending > (self.kept if self.b_passes < self.backward_passes else 0):
             self.run_w()
 
-    def closed_b(self) -> None:
-        self.store.close_b()
+    def started_b(self) -> None:
+        self.store.start_b()
         self.b_passes += 1
 
     def flush_chunk(self, chunk: int) -> None:
-        """Every pending W pass of ``chunk`` (and those before them), before its gradients are reduced."""
+        """Every pending W pass of ``chunk`` (and those before them), before its gradients are reduced: the B
+        that just ended included."""
+        self.store.close_b()
         while self.store.pending_for(chunk):
             self.run_w()
+
+
+class _BackwardStarts:
+    """An identity on a forward step's output whose backward, the first of the chunk's B pass, tells the step."""
+
+    @staticmethod
+    @functools.cache
+    def function() -> Any:
+        import torch
+
+        class BackwardStarts(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, output: Any, step: tuple[_Step]) -> Any:
+                ctx.step = step[0]
+                return output.view_as(output)
+
+            @staticmethod
+            def backward(ctx: Any, grad: Any) -> Any:
+                ctx.step.started_b()
+                return grad, None
+
+        return BackwardStarts
+
+
+def _marking(forward_step_func: Callable[..., Any], step: _Step) -> Callable[..., Any]:
+    """``forward_step_func`` whose output tensor carries ``_BackwardStarts`` (the loss function is unchanged)."""
+
+    def forward_step(*args: Any, **kwargs: Any) -> Any:
+        output, *rest = forward_step_func(*args, **kwargs)
+        return (_BackwardStarts.function().apply(output, (step,)), *rest)
+
+    return forward_step
 
 
 def _post_and_wait(
@@ -202,13 +239,7 @@ def zero_bubble(
             timer=config.timers("backward-compute", log_level=2) if config.timers is not None else None,
             timed=timed,
         )
-        original_step = schedules.backward_step
         original_sync = config.grad_sync_func
-
-        def backward_step(*args: Any, **step_kwargs: Any) -> Any:
-            grad = original_step(*args, **step_kwargs)
-            step.closed_b()
-            return grad
 
         def starts_sync(chunk: int, original: Callable[..., Any]) -> Callable[..., Any]:
             def start(*args: Any) -> Any:
@@ -225,21 +256,21 @@ def zero_bubble(
         kwargs |= {
             "pg_collection": groups,
             "p2p_communicator": _communicator_class()(pp_group=groups.pp, config=config, step=step),
+            "forward_step_func": _marking(kwargs["forward_step_func"], step),
         }
-        schedules.backward_step = backward_step
         if step.schedule_starts_sync:
             funcs = original_sync if isinstance(original_sync, list) else [original_sync] * len(chunks)
             config.grad_sync_func = [starts_sync(c, f) for c, f in enumerate(funcs)]
         store.splitting = True
         try:
             result = schedule(**kwargs)
-            if step.w_passes != step.backward_passes:  # Megatron-Core's schedule ran a backward pass not through us
+            if (step.b_passes, step.w_passes) != (step.backward_passes,) * 2:  # a pass went round the step
                 raise RuntimeError(
-                    f"the zero-bubble schedule ran {step.w_passes} W passes for {step.backward_passes} backward passes"
+                    f"the zero-bubble schedule ran {step.b_passes} B and {step.w_passes} W passes for "
+                    f"{step.backward_passes} backward passes"
                 )
             return result
         finally:
-            schedules.backward_step = original_step
             config.grad_sync_func = original_sync
             store.splitting = False
             if store.pending:  # only after an error: the step is abandoned

@@ -309,7 +309,9 @@ def test_a_stage_of_embedding_only_is_simulated_pass_by_pass_like_any_other() ->
     schedules = _compared(args)
     assert all(s["possible"] for s in schedules.values())
     zb, interleaved = schedules["zb-interleaved"], schedules["interleaved"]
-    assert zb["bubble_share_of_step"] < interleaved["bubble_share_of_step"] / 2
+    # The loss slot's chunk holds only the output layer, which keeps its weight gradient in B (GPTModel builds it
+    # outside the layer spec): its W passes are empty, and the bubble shrinks by about a fifth, not by half.
+    assert 0.7 < zb["bubble_share_of_step"] / interleaved["bubble_share_of_step"] < 0.85
     assert zb["step_time_s"] < interleaved["step_time_s"]
 
 

@@ -1,10 +1,12 @@
-"""The split backward (issue 31, item 1): B now, W later, the same gradients in Megatron-Core's DDP buffers.
+"""The split backward: B now, W later, the same gradients in Megatron-Core's DDP buffers.
 
-A real GPTModel of the local spec, wrapped in Megatron-Core's DDP with ``--overlap-grad-reduce``, in one CPU
-process: several microbatches' forward and backward with the weight gradients of every linear layer deferred,
-then the W passes, give the gradient buffers of the ordinary backward to the last bit of fp32 arithmetic's
-reach; DDP's own bucket bookkeeping (which refuses to finish a sync whose parameters did not all report) sees
-every parameter. The tensor-parallel and pipeline cases run in the schedule's loss-equivalence rows.
+A real GPTModel of the local spec with the deferring linears (the layer spec of ``--enable-zero-bubble``),
+wrapped in Megatron-Core's DDP with ``--overlap-grad-reduce`` and ``delay_wgrad_compute`` (which hands each
+deferred weight's hook to its module), in one CPU process: several microbatches' forward and backward with the
+transformer layers' weight gradients deferred, then the W passes, give the gradient buffers of the ordinary
+backward to the last bit of fp32 arithmetic's reach; DDP's own bucket bookkeeping (which refuses to finish a sync
+whose parameters did not all report) sees every parameter. The tensor-parallel and pipeline cases run in the
+schedule's loss-equivalence rows.
 """
 
 from __future__ import annotations
@@ -23,13 +25,17 @@ FLAGS = (
 ).split()
 
 
-def _model(untied: bool) -> Any:
+def _model(untied: bool, *, deferring: bool = True) -> Any:
+    import dataclasses
+
     from megatron.core.distributed import DistributedDataParallel
 
     from megatron_ext.config.training_config import parse_args
     from megatron_ext.training.model import ddp_config, gpt_model
 
     cfg = parse_args([*FLAGS, *(["--untie-embeddings-and-output-weights"] if untied else [])], world_size=1)
+    # The layers and DDP of --enable-zero-bubble (which itself needs a pipeline: PP 1 here).
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, enable_zero_bubble=deferring))
     torch.manual_seed(0)
     chunk = gpt_model(cfg, pre_process=True, post_process=True, vp_stage=None, device=torch.device("cpu"))
     return DistributedDataParallel(config=chunk.config, ddp_config=ddp_config(cfg), module=chunk)
@@ -45,10 +51,11 @@ def _grads(model: Any, store: Any | None, batches: list[torch.Tensor]) -> dict[s
         with context:
             if store is not None:
                 store.splitting = True
+                store.start_b()
             loss = model(tokens, positions, None, labels=tokens.roll(-1, dims=1)).sum()
             loss.backward()
             if store is not None:
-                store.close_b()
+                assert store.close_b()
                 store.splitting = False
     if store is not None:
         assert store.pending == len(batches)
@@ -64,17 +71,16 @@ def _grads(model: Any, store: Any | None, batches: list[torch.Tensor]) -> dict[s
 
 @pytest.mark.parametrize("untied", [False, True])
 def test_deferred_weight_gradients_match_the_ordinary_backward(parallel_state: None, untied: bool) -> None:
-    from megatron_ext.training.split_backward import WeightGradStore, split_linear_layers
+    from megatron_ext.training.split_backward import WeightGradStore
 
     torch.manual_seed(1)
     batches = [torch.randint(0, 1000, (2, 16)) for _ in range(3)]
-    expected = _grads(_model(untied), None, batches)
+    expected = _grads(_model(untied, deferring=False), None, batches)
     model = _model(untied)
     store = WeightGradStore()
-    store.use_ddp_hooks([model])
-    # 2 layers × (QKV, projection, FC1, FC2), and the output layer when it has its own weight (a tied one keeps
-    # its W in B: the embedding gives the same weight a gradient there).
-    assert split_linear_layers([model], store) == (9 if untied else 8)
+    # 2 layers × (QKV, projection, FC1, FC2); the output layer, which GPTModel builds outside the spec, keeps its
+    # W in B, tied or not.
+    assert store.attach([model]) == 8
     got = _grads(model, store, batches)
     assert got.keys() == expected.keys()
     for name, grad in expected.items():
@@ -82,15 +88,17 @@ def test_deferred_weight_gradients_match_the_ordinary_backward(parallel_state: N
         torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_while_not_splitting_the_layers_compute_their_weight_gradients_in_place(parallel_state: None) -> None:
-    from megatron_ext.training.split_backward import WeightGradStore, split_linear_layers
+def test_while_not_splitting_the_layers_compute_their_weight_gradients_at_once(parallel_state: None) -> None:
+    """Outside the zero-bubble schedule the deferring layers' backward is the ordinary one: DDP, which gave their
+    weights no autograd hook, still gets every gradient (through the module's hook, at once)."""
+    from megatron_ext.training.split_backward import WeightGradStore
 
     torch.manual_seed(2)
     batches = [torch.randint(0, 1000, (2, 16))]
-    expected = _grads(_model(False), None, batches)
+    expected = _grads(_model(False, deferring=False), None, batches)
     model = _model(False)
     store = WeightGradStore()
-    split_linear_layers([model], store)
+    store.attach([model])
     got = _grads(model, None, batches)  # the store never splits
     assert store.pending == 0
     for name, grad in expected.items():
@@ -99,10 +107,11 @@ def test_while_not_splitting_the_layers_compute_their_weight_gradients_in_place(
 
 def test_fused_weight_gradient_accumulation_is_refused_with_the_reason(parallel_state: None) -> None:
     """Megatron-Core's fused accumulation (a CUDA kernel) is not split; sequence parallelism is (the TP2 rows of
-    the loss-equivalence matrix)."""
-    from megatron_ext.training.split_backward import WeightGradStore, split_linear_layers
+    the loss-equivalence matrix). A chunk without a deferring layer attaches with nothing to defer."""
+    from megatron_ext.training.split_backward import WeightGradStore
 
     model = _model(False)
     next(m for m in model.modules() if hasattr(m, "gradient_accumulation_fusion")).gradient_accumulation_fusion = True
     with pytest.raises(ValueError, match="does not cover --gradient-accumulation-fusion"):
-        split_linear_layers([model], WeightGradStore())
+        WeightGradStore().attach([model])
+    assert WeightGradStore().attach([_model(False, deferring=False)]) == 0
