@@ -1,7 +1,7 @@
 """A resumed run keeps the checkpoint's padded vocabulary, whatever its TP would pad to (issue: TP changed the model).
 
 Megatron pads the vocabulary to a multiple of ``--make-vocab-size-divisible-by``
-× TP. With ``--vocab-size 300`` (301 ids with the end-of-document one) that is
+× TP. With ``--vocab-size 301`` (301 ids, end of document included) that is
 384 rows at TP1 and 512 at TP2 and TP4: a checkpoint that moves between them
 must keep its rows, or the new ones enter every softmax with random weights.
 Each case trains a reference run that saves at iteration 5 and goes on to 10;
@@ -23,7 +23,7 @@ from tests.conftest import ITERS, TINY_MODEL, assert_matches_baseline, grad_norm
 pytestmark = pytest.mark.distributed
 
 HALF = ITERS // 2
-MODEL = [a if a != "255" else "300" for a in TINY_MODEL]  # 301 ids: 384 rows at TP1, 512 at TP2 and TP4
+MODEL = [a if a != "255" else "301" for a in TINY_MODEL]  # 301 ids: 384 rows at TP1, 512 at TP2 and TP4
 TP = "--tensor-model-parallel-size"
 UNTIED = ["--untie-embeddings-and-output-weights"]
 FULLY_RESHARDABLE = ["--use-distributed-optimizer", "--dist-ckpt-optim-fully-reshardable"]
