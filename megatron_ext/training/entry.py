@@ -199,12 +199,13 @@ def pretrain(
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.CHECKPOINT
     missing = _missing_tracking(cfg)
+    installed_release = mcore_release.installed()
     if cfg.run.dry_run:
         print("configuration is valid")
         notes = [
             *(f"{m} (not installed here)" for m in missing),
             *_transformer_engine_note(cfg),
-            mcore_release.note(mcore_release.installed()),
+            mcore_release.note(installed_release),
         ]
         for line in [*plan.describe(cfg), *([where] if where else []), *resuming, *notes]:
             print(f"  {line}")
@@ -212,7 +213,7 @@ def pretrain(
     if missing:
         print("error: " + "; ".join(missing), file=sys.stderr)
         return ExitCode.INVALID
-    release_problem = mcore_release.problem(mcore_release.installed())
+    release_problem = mcore_release.problem(installed_release)
     if release_problem is not None:
         print(f"error: {release_problem}", file=sys.stderr)
         return ExitCode.INVALID

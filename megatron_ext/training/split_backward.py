@@ -52,6 +52,17 @@ class _Pending:
     """With sequence parallelism, the tensor-parallel group whose ranks hold the rest of the input (gathered by
     the W pass, as Megatron-Core's backward gathers it for the weight gradient); else None."""
 
+    def run(self) -> None:
+        """This W: the weight gradient (the input gathered over TP first with sequence parallelism, as
+        Megatron-Core's backward gathers it), delivered as autograd would have delivered it."""
+        from megatron.core.tensor_parallel.mappings import _gather_along_first_dim
+
+        full = self.input if self.gather_group is None else _gather_along_first_dim(self.input, self.gather_group)
+        grad = self.grad_output.t().matmul(full.reshape(-1, full.shape[-1]))
+        self.weight.grad = grad if self.weight.grad is None else self.weight.grad + grad
+        for hook in self.hooks:  # DDP's: into main_grad, ready in its bucket
+            hook()
+
 
 class WeightGradStore:
     """The W passes the split backward defers, oldest first: one per B pass (``close_b``), each every deferred
@@ -120,26 +131,15 @@ class WeightGradStore:
     def run_w(self) -> None:
         """Run the oldest W pass: each weight gradient, delivered as autograd would have delivered it (outside
         autograd: nothing differentiates through a weight gradient)."""
-        from megatron.core.tensor_parallel.mappings import _gather_along_first_dim
-
         for item in self._queue.popleft():
             # Every tensor-parallel rank of a stage runs its W passes in the same order: the gathers pair up.
-            full = item.input if item.gather_group is None else _gather_along_first_dim(item.input, item.gather_group)
-            grad = item.grad_output.t().matmul(full.reshape(-1, full.shape[-1]))
-            _deliver(item.weight, grad, item.hooks)
+            item.run()
 
     def discard(self) -> None:
         """Drop every deferred W pass (a step abandoned midway)."""
         self._queue.clear()
         self._open = []
         self.b_open = False
-
-
-def _deliver(weight: torch.nn.Parameter, grad: torch.Tensor, hooks: list[Callable[[], None]]) -> None:
-    """A weight gradient computed outside autograd, handed over as autograd would: into ``.grad``, then DDP's hook."""
-    weight.grad = grad if weight.grad is None else weight.grad + grad
-    for hook in hooks:
-        hook()
 
 
 class _SplitLinear(torch.autograd.Function):
@@ -173,7 +173,7 @@ class _SplitLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
-        from megatron.core.tensor_parallel.mappings import _gather_along_first_dim, _reduce_scatter_along_first_dim
+        from megatron.core.tensor_parallel.mappings import _reduce_scatter_along_first_dim
 
         input_, weight = ctx.saved_tensors
         grad_input = grad_output.matmul(weight)
@@ -190,9 +190,8 @@ class _SplitLinear(torch.autograd.Function):
         if ctx.store.splitting:
             ctx.store.defer(item)
         else:  # a backward outside the zero-bubble schedule: W at once (DDP hooks only this module's weight)
-            full = input_ if item.gather_group is None else _gather_along_first_dim(input_, item.gather_group)
             with torch.no_grad():
-                _deliver(owner.weight, flat_grad.t().matmul(full.reshape(-1, full.shape[-1])), owner.wgrad_hooks)
+                item.run()
         grad_bias = flat_grad.sum(dim=0) if ctx.use_bias else None
         if handle is not None:
             handle.wait()
