@@ -275,7 +275,7 @@ def evaluate_layout_from_flags(
     )
     try:
         pipeline_p2p_problems(parallel, layout)
-        # What pretrain_gpt.py refuses is not priced: zero bubble defers the local spec's weight gradients only.
+        # What pretrain_gpt.py refuses is not priced.
         zero_bubble_problems(parallel, layout, transformer_engine=workload.model.transformer_impl != "local")
     except ConfigError as exc:
         raise LayoutError([str(exc)]) from None

@@ -169,8 +169,7 @@ def resolve(recipe_argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[st
     if schedule == "zb-interleaved" and not chunked:
         raise RecipeError("SCHEDULE=zb-interleaved needs virtual stages: set VP_LAYERS or VP (or SCHEDULE=zb-h1)")
     if schedule != "1f1b":
-        # Zero bubble defers the weight gradients of the local spec's linears (Transformer Engine's are not wired).
-        derived += ["--enable-zero-bubble", "--transformer-impl", "local"]
+        derived.append("--enable-zero-bubble")
     overlap = _switch("OVERLAP", _get(env, "OVERLAP") or ("0" if device == "cpu" else "1"))
     distributed_optimizer = _switch("DISTRIBUTED_OPTIMIZER", _get(env, "DISTRIBUTED_OPTIMIZER") or "0")
     if _switch("ELASTIC", _get(env, "ELASTIC")) and distributed_optimizer:

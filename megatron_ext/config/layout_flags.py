@@ -162,10 +162,11 @@ def zero_bubble_problems(parallel: ParallelArgs, layout: ParallelLayout, *, tran
     problems = []
     if layout.pp == 1:
         problems.append("a pipeline to fill: give --pipeline-model-parallel-size 2 or more, or drop the flag")
-    if transformer_engine:
+    if transformer_engine and parallel.tp_comm_overlap and not parallel.no_tp_comm_bulk_wgrad:
+        # Transformer Engine's delay_wgrad_compute, which defers its layers' weight gradients, excludes it.
         problems.append(
-            "the local spec's Megatron-Core linears, whose weight gradients it defers: give --transformer-impl local "
-            "(Transformer Engine's delay_wgrad_compute is not wired to it)"
+            "the weight-gradient GEMM out of --tp-comm-overlap's bulk overlap (Transformer Engine defers that GEMM "
+            "to the W pass): add --disable-tp-comm-bulk-wgrad"
         )
     if problems:
         raise ConfigError("--enable-zero-bubble needs " + "; ".join(problems))

@@ -49,7 +49,17 @@ def use_transformer_engine(cfg: TrainingConfig, device: torch.device) -> bool:
 
 def check_transformer_engine(cfg: TrainingConfig, device: torch.device) -> None:
     """ConfigError unless this run builds Transformer Engine's layers where the flags need them: context
-    parallelism (Megatron-Core's own attention asserts CP 1), FP8 and TP communication overlap."""
+    parallelism (Megatron-Core's own attention asserts CP 1), FP8 and TP communication overlap; and, where it
+    builds them for a zero-bubble schedule, one that defers their weight gradients."""
+    if cfg.parallel.enable_zero_bubble and use_transformer_engine(cfg, device):
+        from megatron.core.utils import get_te_version, is_te_min_version
+
+        if not is_te_min_version("2.3.0"):  # the first with delay_wgrad_compute and backward_dw()
+            raise ConfigError(
+                f"--enable-zero-bubble defers Transformer Engine's weight gradients (delay_wgrad_compute), which "
+                f"needs Transformer Engine 2.3 or newer; {get_te_version()} is installed: upgrade it or give "
+                "--transformer-impl local"
+            )
     features = transformer_engine_features(cfg.optim, cfg.parallel)
     if (cfg.layout.cp > 1 or features) and not use_transformer_engine(cfg, device):
         if device.type != "cuda":
@@ -242,7 +252,12 @@ def layer_spec(cfg: TrainingConfig, device: torch.device, *, config: Any, vp_sta
 
     qk_layernorm = cfg.model.qk_layernorm
     if use_transformer_engine(cfg, device):
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
+        te_spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
+        return (
+            _deferring_weight_gradients(te_spec, transformer_engine=True)
+            if cfg.parallel.enable_zero_bubble
+            else te_spec
+        )
     spec = get_gpt_layer_local_spec(normalization=cfg.model.normalization, qk_layernorm=qk_layernorm)
     backend = cfg.model.attention_backend
     if backend != "local":
@@ -260,17 +275,30 @@ def layer_spec(cfg: TrainingConfig, device: torch.device, *, config: Any, vp_sta
     if qk_layernorm:  # one weight for every head: Megatron-Core sums its gradient over TP (by its name)
         spec.submodules.self_attention.submodules.q_layernorm = TorchNorm
         spec.submodules.self_attention.submodules.k_layernorm = TorchNorm
-    if cfg.parallel.enable_zero_bubble:  # linears whose weight gradients the W passes compute (split_backward)
-        from megatron_ext.training.split_backward import deferring_linears
-
-        column, row = deferring_linears()
-        attention = spec.submodules.self_attention.submodules
-        attention.linear_qkv, attention.linear_proj = column, row
-        mlp = spec.submodules.mlp  # functools.partial(MLP.as_mlp_submodule, submodules=MLPSubmodules(...))
-        mlp_linears = dataclasses.replace(mlp.keywords["submodules"], linear_fc1=column, linear_fc2=row)
-        spec.submodules.mlp = functools.partial(mlp.func, *mlp.args, **(mlp.keywords | {"submodules": mlp_linears}))
+    if cfg.parallel.enable_zero_bubble:
+        spec = _deferring_weight_gradients(spec, transformer_engine=False)
     layers = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=TorchNorm)
+
+
+def _deferring_weight_gradients(spec: Any, *, transformer_engine: bool) -> Any:
+    """``spec`` (a transformer layer's) whose QKV, projection, FC1 and FC2 defer their weight gradients to the
+    zero-bubble schedule's W passes (``split_backward.deferring``); the same structure in the local and the
+    Transformer Engine spec."""
+    from megatron_ext.training.split_backward import deferring
+
+    attention = spec.submodules.self_attention.submodules
+    attention.linear_qkv = deferring(attention.linear_qkv, transformer_engine=transformer_engine)
+    attention.linear_proj = deferring(attention.linear_proj, transformer_engine=transformer_engine)
+    mlp = spec.submodules.mlp  # functools.partial(MLP.as_mlp_submodule, submodules=MLPSubmodules(...))
+    linears = mlp.keywords["submodules"]
+    linears = dataclasses.replace(
+        linears,
+        linear_fc1=deferring(linears.linear_fc1, transformer_engine=transformer_engine),
+        linear_fc2=deferring(linears.linear_fc2, transformer_engine=transformer_engine),
+    )
+    spec.submodules.mlp = functools.partial(mlp.func, *mlp.args, **(mlp.keywords | {"submodules": linears}))
+    return spec
 
 
 GPT_MODEL_LOGGER = "megatron.core.models.gpt.gpt_model"

@@ -18,6 +18,14 @@ the module that owns it receives the hook through ``register_wgrad_accumulation_
 Engine's layers implement the same). Everything else (norms, biases, embeddings, the attention core, the
 output layer, which GPTModel builds outside the spec) keeps its gradient in B.
 
+Transformer Engine's linears (2.3 and newer) split their own backward: built with ``delay_wgrad_compute``
+(Megatron-Core's TE wrappers read it from the layer's config, given here as a copy with it on), they queue each
+backward's weight-gradient GEMM, and ``backward_dw()`` computes the oldest and runs DDP's hooks, registered by the
+same protocol. The layer spec builds them as ``Deferring…`` subclasses too (``deferring(..., transformer_engine=
+True)``); an identity on the layer's input, whose backward runs once the layer's has, makes each of their
+backwards one more entry of the store's B, and the W pass calls ``backward_dw()``. That path is tested with
+Transformer Engine mocked (``tests/training/test_split_backward.py``), not yet on a GPU.
+
 ``training.zero_bubble_schedule`` runs ZB-H1 with it (``--enable-zero-bubble``).
 
 The B pass's input gradient and its tensor-parallel all-reduce (with sequence parallelism: the forward's
@@ -30,6 +38,7 @@ accumulation (a CUDA kernel; the CPU runs never use it).
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -73,8 +82,8 @@ class WeightGradStore:
         """While True, linear layers defer their weight gradients here; False, they compute them in place."""
         self.b_open = False
         """A B pass has started (``start_b``) and is not yet closed."""
-        self._open: list[_Pending] = []
-        self._queue: deque[list[_Pending]] = deque()
+        self._open: list[_Pending | _QueuedByLayer] = []
+        self._queue: deque[list[_Pending | _QueuedByLayer]] = deque()
         self._chunk_of: dict[torch.nn.Parameter, int] = {}
 
     def attach(self, chunks: Iterable[Any]) -> int:
@@ -84,16 +93,21 @@ class WeightGradStore:
         split does not cover."""
         layers = 0
         for index, chunk in enumerate(chunks):
-            deferring = [m for m in chunk.modules() if isinstance(m, _DeferredWeightGradient)]
+            deferring = [
+                m for m in chunk.modules() if isinstance(m, (_DeferredWeightGradient, _DeferredByTransformerEngine))
+            ]
             for module in deferring:
-                if getattr(module, "gradient_accumulation_fusion", False):
+                # Transformer Engine's backward_dw() accumulates into main_grad itself.
+                if isinstance(module, _DeferredWeightGradient) and getattr(
+                    module, "gradient_accumulation_fusion", False
+                ):
                     raise ValueError("the split backward does not cover --gradient-accumulation-fusion")
                 module.weight_grad_store = self
                 self._chunk_of[module.weight] = index
             layers += len(deferring)
         return layers
 
-    def defer(self, item: _Pending) -> None:
+    def defer(self, item: _Pending | _QueuedByLayer) -> None:
         self._open.append(item)
 
     def start_b(self) -> None:
@@ -232,22 +246,95 @@ class _DeferredWeightGradient:
                                   kwargs["sequence_parallel"], group, store, (self,))  # fmt: skip
 
 
-@functools.cache
-def deferring_linears() -> tuple[type, type]:
-    """``(DeferringColumnParallelLinear, DeferringRowParallelLinear)``: Megatron-Core's column- and row-parallel
-    linears whose weight gradients a zero-bubble schedule defers to W passes, for the layer spec."""
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+class _AfterLayerBackward(torch.autograd.Function):
+    """An identity on a Transformer Engine layer's input: its backward runs once the layer's has, which queued
+    the layer's weight-gradient GEMM (``delay_wgrad_compute``)."""
 
-    def subclass(base: Any) -> type:
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            base.__init__(self, *args, **kwargs)
+    @staticmethod
+    def forward(ctx: Any, input_: torch.Tensor, owner: tuple[Any]) -> torch.Tensor:
+        ctx.owner = owner[0]
+        return input_.view_as(input_)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        ctx.owner._layer_backward_ran()
+        return grad, None
+
+
+@dataclass
+class _QueuedByLayer:
+    """A Transformer Engine layer's W: the oldest weight gradient it queued, computed by its ``backward_dw()``,
+    which then runs DDP's hooks for the layer's deferred parameters."""
+
+    layer: Any
+
+    @property
+    def weight(self) -> torch.nn.Parameter:
+        return self.layer.weight
+
+    def run(self) -> None:
+        self.layer.backward_dw()
+
+
+class _DeferredByTransformerEngine:
+    """What the deferring Transformer Engine linears add to Megatron-Core's: the layer is built with
+    ``delay_wgrad_compute`` (its own queue of weight-gradient GEMMs, one per backward; its weight and bias marked
+    ``skip_backward_post_hook``, DDP's hooks taken through ``register_wgrad_accumulation_and_reduce_hooks``), and
+    each of its backwards becomes a W in the store (``weight_grad_store``), or runs at once outside the schedule."""
+
+    weight: torch.nn.Parameter
+    weight_grad_store: WeightGradStore | None = None
+    backward_dw: Callable[[], None]
+
+    def _layer_backward_ran(self) -> None:
+        store = self.weight_grad_store
+        if store is not None and store.splitting:
+            store.defer(_QueuedByLayer(self))
+        else:  # a backward outside the zero-bubble schedule: W at once
+            with torch.no_grad():
+                self.backward_dw()
+
+    def _split_forward(self, parent: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled() and self.weight.requires_grad:
+            if not x.requires_grad:  # its backward would queue a W that nothing is told of
+                raise ValueError("the split backward needs the input of a Transformer Engine layer to carry a gradient")
+            x = _AfterLayerBackward.apply(x, (self,))
+        return parent.forward(self, x, *args, **kwargs)
+
+
+def _delaying(config: Any) -> Any:
+    """The layer's copy of the model's config with ``delay_wgrad_compute`` (Megatron-Core's TE layers read it;
+    the model's own stays off: in Megatron-Core it asks for MoE expert-parallel overlap)."""
+    config = copy.copy(config)
+    config.delay_wgrad_compute = True
+    return config
+
+
+@functools.cache
+def deferring(base: type, *, transformer_engine: bool) -> type:
+    """``base`` (a linear layer of Megatron-Core's layer spec) whose weight gradients a zero-bubble schedule
+    defers to W passes: Megatron-Core's column- and row-parallel linears (the local spec) through their
+    ``_forward_impl``; Transformer Engine's through its ``delay_wgrad_compute`` and ``backward_dw()``."""
+    parent: Any = base
+    if transformer_engine:
+
+        def te_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            parent.__init__(self, *args, **(kwargs | {"config": _delaying(kwargs["config"])}))
+
+        def forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            return self._split_forward(base, x, *args, **kwargs)
+
+        members: dict[str, Any] = {"__init__": te_init, "forward": forward}
+        mixin: type = _DeferredByTransformerEngine
+    else:
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            parent.__init__(self, *args, **kwargs)
             self._defer_weight_gradient()
 
         def _forward_impl(self: Any, input: torch.Tensor, weight: Any, *args: Any, **kwargs: Any) -> Any:
             return self._split_forward_impl(base, input, weight, *args, **kwargs)
 
-        name = f"Deferring{base.__name__}"
-        return type(name, (_DeferredWeightGradient, base), {"__init__": __init__, "_forward_impl": _forward_impl,
-                                                            "__module__": __name__, "__qualname__": name})  # fmt: skip
-
-    return subclass(ColumnParallelLinear), subclass(RowParallelLinear)
+        members, mixin = {"__init__": init, "_forward_impl": _forward_impl}, _DeferredWeightGradient
+    name = f"Deferring{base.__name__}"
+    return type(name, (mixin, base), members | {"__module__": __name__, "__qualname__": name})

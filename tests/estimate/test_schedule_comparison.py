@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
@@ -164,7 +165,12 @@ def test_zero_bubble_schedules_beat_their_counterparts_at_their_memory() -> None
     options = {o.schedule: o for o in compare_schedules(workload, evaluate(workload, layout, cluster))}
     flat, h1, inter, zb = (options[s] for s in ("1f1b", "zb-h1", "interleaved", "zb-interleaved"))
     assert h1.run and flat.run and inter.run and zb.run
-    assert not h1.trainable and not zb.trainable  # Transformer Engine's layers (the default spec) are not split
+    # Transformer Engine's layers (the default spec) defer their weight gradients too (delay_wgrad_compute); its
+    # bulk weight-gradient overlap (--tp-comm-overlap) excludes that.
+    assert h1.trainable and zb.trainable
+    overlapped = dataclasses.replace(workload, tp_comm_overlap=True)
+    options = {o.schedule: o for o in compare_schedules(overlapped, evaluate(overlapped, layout, cluster))}
+    assert not options["zb-h1"].trainable and not options["zb-interleaved"].trainable
     assert h1.run.bubble_share < flat.run.bubble_share / 2 and h1.step_s < flat.step_s * 0.98
     # Rank r keeps r W passes back: every rank holds as many microbatches as 1F1B's rank 0 (the last rank's
     # activations, with the logits', come to 0.4% more), and the most loaded stage's memory is 1F1B's.
@@ -196,8 +202,8 @@ def test_layout_tool_compares_schedules_in_text_and_json() -> None:
         "gpipe", "1f1b", "zb-h1", "interleaved", "interleaved-group", "zb-interleaved"
     ]  # fmt: skip
     assert schedules[0]["trainable"] is False and schedules[0]["fits"] is False
-    # Transformer Engine's layers (the default spec): neither zero-bubble schedule would run.
-    assert [s["trainable"] for s in schedules] == [False, True, False, True, True, False]
+    # Transformer Engine's layers (the default spec) defer their weight gradients: every schedule but GPipe runs.
+    assert [s["trainable"] for s in schedules] == [False, True, True, True, True, True]
     assert all(s["possible"] and len(s["activation_bytes"]) == 8 for s in schedules)
     # One pipeline stage: nothing to compare, said once.
     out = io.StringIO()
@@ -290,10 +296,13 @@ def test_a_zero_bubble_layout_evaluated_alone_is_priced_as_zero_bubble() -> None
     assert zb["step_time_s"] == pytest.approx(
         one_f_one_b["step_time_s"] - one_f_one_b["time"]["bubble_s"] + zb["time"]["bubble_s"], rel=1e-6
     )
-    # As pretrain_gpt.py: Transformer Engine's layers do not defer their weight gradients here.
+    # Transformer Engine's layers defer theirs too, priced alike; as pretrain_gpt.py, not beside --tp-comm-overlap's
+    # bulk weight-gradient overlap.
+    assert layout("--enable-zero-bubble")["step_time_s"] == pytest.approx(zb["step_time_s"], rel=0.02)
     err = io.StringIO()
-    assert layout_tool([*args.split(), "--enable-zero-bubble"], stdout=io.StringIO(), stderr=err) == ExitCode.INVALID
-    assert "--enable-zero-bubble needs the local spec's Megatron-Core linears" in err.getvalue()
+    overlapped = [*args.split(), "--enable-zero-bubble", "--sequence-parallel", "--tp-comm-overlap"]
+    assert layout_tool(overlapped, stdout=io.StringIO(), stderr=err) == ExitCode.INVALID
+    assert "add --disable-tp-comm-bulk-wgrad" in err.getvalue()
 
 
 def test_a_stage_of_embedding_only_is_simulated_pass_by_pass_like_any_other() -> None:
