@@ -28,10 +28,25 @@ fi
 if [[ $# -gt 0 ]]; then
   exec "${py}" -m pytest "$@"
 fi
-# The whole suite: the unit tests (no process group; a few start one-process
-# tools) on two pytest workers, then the multi-process, SLURM and timing tests
-# one at a time, as they already use both cores.
+# The whole suite, in three parts:
+# - the SLURM tests, which mostly wait on the scheduler's clock (time limits,
+#   requeues), in a pytest of their own beside the rest; their report follows;
+# - the unit tests (no process group; a few start one-process tools) on two
+#   pytest workers;
+# - the multi-process tests on two workers, each test file on one of them (its
+#   shared runs and checkpoints are made once).
 # The soak (-m soak) is long and runs only when asked.
 unit="unit and not distributed and not slurm"
-"${py}" -m pytest -m "${unit}" -n 2
-exec "${py}" -m pytest -m "not (${unit}) and not soak"
+slurm_log="$(mktemp)"
+"${py}" -m pytest -m "slurm and not soak" -p no:cacheprovider >"${slurm_log}" 2>&1 &
+slurm_pid=$!
+# Interrupted: the SLURM tests stop too (their fixtures stop the cluster).
+trap 'kill -INT "${slurm_pid}" 2>/dev/null; wait "${slurm_pid}"; rm -f "${slurm_log}"; exit 130' INT TERM
+status=0
+"${py}" -m pytest -m "${unit}" -n 2 || status=$?
+"${py}" -m pytest -m "not (${unit}) and not slurm and not soak" -n 2 --dist loadfile || status=$?
+wait "${slurm_pid}" || status=$?
+echo "--- the SLURM tests (run beside the others) ---"
+cat "${slurm_log}"
+rm -f "${slurm_log}"
+exit "${status}"

@@ -15,7 +15,7 @@ import pytest
 
 from megatron_ext.cli.launch import chosen_exit_code, local_command
 from megatron_ext.training.ports import free_port as _free_port
-from tests import waits
+from tests import rank_server, waits
 from tests.waits import QUICK_S, RUN_S, STOP_S, tail
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,12 +39,17 @@ def launch_command(args: list[str], *, nproc: int) -> list[str]:
     return local_command(PRETRAIN, args, nproc=nproc)
 
 
+_RANKS = rank_server.RankServer(REPO, _env())
+"""Forks the ranks of ``spawn_ranks`` from a process that has imported what a rank imports (``tests.rank_server``)."""
+
+
 def spawn_ranks(
     args: list[str], *, nproc: int, timeout: float, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """pretrain_gpt.py as ``nproc`` processes that read their rank from the environment, as under
     ``LAUNCHER=srun`` (recipes/common.sh) — without torchrun's agent, whose start-up costs every run
-    about 2 s. Their output is interleaved into one stdout and one stderr, and the exit code is the one
+    about 2 s, and forked from a process that has imported torch and Megatron-Core (``tests.rank_server``:
+    about 3 s of each rank's start). Their output is interleaved into one stdout and one stderr, and the exit code is the one
     the failing ranks chose (as ``megatron_ext.cli.launch`` reports it). The launcher's own behaviour
     (exit codes, signals) is tested through ``launch_command``. Ranks still running after ``timeout`` s
     are killed and the test fails with the command and the tail of their output. ``env``: more variables."""
@@ -57,7 +62,11 @@ def spawn_ranks(
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
             }  # fmt: skip
             ranks.append(
-                subprocess.Popen([sys.executable, str(PRETRAIN), *args], stdout=out, stderr=err, env=rank_env, cwd=REPO)
+                _RANKS.start(PRETRAIN, args, env=rank_env, stdout=out, stderr=err)
+                if rank_server.enabled(rank_env)
+                else subprocess.Popen(
+                    [sys.executable, str(PRETRAIN), *args], stdout=out, stderr=err, env=rank_env, cwd=REPO
+                )
             )
         deadline = time.monotonic() + timeout
         failed_at: float | None = None

@@ -454,10 +454,10 @@ def _first_last_problems(split: StageSplit, fix: Callable[[], str]) -> list[str]
     ends = [x for x in (split.first, split.last) if x is not None]
     rest, middle = n - sum(ends), pp - len(ends)
     if vp > 1 and middle == 0 and split.first is not None and split.last is not None and not p:
-        # Megatron-Core 0.16's get_transformer_layer_offset divides by the number of middle ranks.
+        # Megatron-Core's get_transformer_layer_offset (0.16 and still 0.19.2) divides by the number of middle ranks.
         return [
             f"--decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers together on "
-            f"pipeline({pp}) × virtual({vp}) crash Megatron-Core 0.16 (it divides by the ranks in between, of "
+            f"pipeline({pp}) × virtual({vp}) crash Megatron-Core (it divides by the ranks in between, of "
             f"which there are none); give --decoder-first-pipeline-num-layers {split.first} alone: the last rank "
             f"takes the other {n - split.first}"
         ]
