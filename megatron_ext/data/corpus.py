@@ -20,12 +20,13 @@ import ast
 import gzip
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import site
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
+
+from megatron_ext.data.start_method import worker_context
 
 SOURCES = ("stdlib", "site-packages", "docs")
 _MIN_DOCSTRING = 40
@@ -146,7 +147,7 @@ def build_corpus(
     written = 0
     counts: dict[str, int] = dict.fromkeys(sources, 0)
     seen: set[bytes] = set()
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    ctx = worker_context()
     try:
         with open(tmp, "w", encoding="utf-8") as f, ctx.Pool(max(1, workers)) as pool:
             for source, text in pool.imap(_extract, _jobs(sources), chunksize=16):
