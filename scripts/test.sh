@@ -33,8 +33,7 @@ fi
 #   requeues), in a pytest of their own beside the rest; their report follows;
 # - the unit tests (no process group; a few start one-process tools) on two
 #   pytest workers;
-# - the multi-process tests on two workers, each test file on one of them (its
-#   shared runs and checkpoints are made once).
+# - the multi-process tests one at a time, as they already use both cores.
 # The soak (-m soak) is long and runs only when asked.
 unit="unit and not distributed and not slurm"
 slurm_log="$(mktemp)"
@@ -44,7 +43,7 @@ slurm_pid=$!
 trap 'kill -INT "${slurm_pid}" 2>/dev/null; wait "${slurm_pid}"; rm -f "${slurm_log}"; exit 130' INT TERM
 status=0
 "${py}" -m pytest -m "${unit}" -n 2 || status=$?
-"${py}" -m pytest -m "not (${unit}) and not slurm and not soak" -n 2 --dist loadfile || status=$?
+"${py}" -m pytest -m "not (${unit}) and not slurm and not soak" || status=$?
 wait "${slurm_pid}" || status=$?
 echo "--- the SLURM tests (run beside the others) ---"
 cat "${slurm_log}"

@@ -57,7 +57,6 @@ from megatron_ext.data.preprocess_worker import (
     worker_main,
 )
 from megatron_ext.data.progress import Progress
-from megatron_ext.data.start_method import worker_context
 from megatron_ext.data.tokenizers import Tokenizer
 
 
@@ -431,7 +430,7 @@ def run(spec: TokenizerSpec, opts: Options, report: Path | None = None) -> Summa
     try:
         if opts.workers > 1:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        ctx = worker_context()
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         paths = [f.path for f in files]
         inputs = WorkerInputs(
             spec=spec,
