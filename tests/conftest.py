@@ -44,7 +44,7 @@ _RANKS = rank_server.RankServer(REPO, _env())
 
 
 def spawn_ranks(
-    args: list[str], *, nproc: int, timeout: float, env: dict[str, str] | None = None
+    args: list[str], *, nproc: int, timeout: float, env: dict[str, str] | None = None, script: Path = PRETRAIN
 ) -> subprocess.CompletedProcess[str]:
     """pretrain_gpt.py as ``nproc`` processes that read their rank from the environment, as under
     ``LAUNCHER=srun`` (recipes/common.sh) — without torchrun's agent, whose start-up costs every run
@@ -52,7 +52,8 @@ def spawn_ranks(
     about 3 s of each rank's start). Their output is interleaved into one stdout and one stderr, and the exit code is the one
     the failing ranks chose (as ``megatron_ext.cli.launch`` reports it). The launcher's own behaviour
     (exit codes, signals) is tested through ``launch_command``. Ranks still running after ``timeout`` s
-    are killed and the test fails with the command and the tail of their output. ``env``: more variables."""
+    are killed and the test fails with the command and the tail of their output. ``env``: more variables;
+    ``script``: another script that runs pretrain_gpt.py's training (``tools/record_schedule.py``)."""
     port = str(_free_port())
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         ranks = []
@@ -62,10 +63,10 @@ def spawn_ranks(
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
             }  # fmt: skip
             ranks.append(
-                _RANKS.start(PRETRAIN, args, env=rank_env, stdout=out, stderr=err)
+                _RANKS.start(script, args, env=rank_env, stdout=out, stderr=err)
                 if rank_server.enabled(rank_env)
                 else subprocess.Popen(
-                    [sys.executable, str(PRETRAIN), *args], stdout=out, stderr=err, env=rank_env, cwd=REPO
+                    [sys.executable, str(script), *args], stdout=out, stderr=err, env=rank_env, cwd=REPO
                 )
             )
         deadline = time.monotonic() + timeout
@@ -85,7 +86,7 @@ def spawn_ranks(
                     out.seek(0)
                     err.seek(0)
                     pytest.fail(
-                        f"{nproc} rank(s) of pretrain_gpt.py did not finish in {timeout:.0f} s (killed; exit codes "
+                        f"{nproc} rank(s) of {script.name} did not finish in {timeout:.0f} s (killed; exit codes "
                         f"{[r.returncode for r in ranks]}): {' '.join(args)}\n"
                         f"--- stdout ---\n{tail(out.read())}\n--- stderr ---\n{tail(err.read())}"
                     )
@@ -95,7 +96,7 @@ def spawn_ranks(
         code = chosen_exit_code(failed) if failed else 0
         out.seek(0)
         err.seek(0)
-        return subprocess.CompletedProcess([str(PRETRAIN), *args], code, out.read(), err.read())
+        return subprocess.CompletedProcess([str(script), *args], code, out.read(), err.read())
 
 
 def run_pretrain(

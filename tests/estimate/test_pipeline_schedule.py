@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from megatron_ext.cli.launch import local_command
 from megatron_ext.cli.plot_schedule import main as run
 from megatron_ext.estimate.pipeline_schedule import PipelinePass, schedule_order, schedule_table, simulate
 from megatron_ext.estimate.schedule_plot import (
@@ -30,8 +29,7 @@ from megatron_ext.estimate.schedule_plot import (
 from megatron_ext.parallel.layout import LayoutError
 from megatron_ext.parallel.pipeline import warmup_passes
 from megatron_ext.training.schedule_trace import load_trace
-from tests import waits
-from tests.conftest import REPO, _env
+from tests.conftest import REPO, spawn_ranks
 from tests.waits import QUICK_S, RUN_S
 
 SHAPES = [(2, 1, 4), (4, 1, 8), (4, 1, 2), (2, 2, 4), (4, 2, 8), (4, 3, 12), (8, 2, 16), (3, 4, 9), (4, 2, 4)]
@@ -226,8 +224,7 @@ def record(tmp_path: Path, *, pp: int, vp: int, microbatches: int) -> dict[int, 
     ]  # fmt: skip
     if vp > 1:
         args += ["--num-layers-per-virtual-pipeline-stage", "1"]
-    cmd = local_command(REPO / "tools" / "record_schedule.py", args, nproc=pp)
-    proc = waits.run(cmd, timeout=RUN_S, env=_env(), cwd=REPO)
+    proc = spawn_ranks(args, nproc=pp, timeout=RUN_S, script=REPO / "tools" / "record_schedule.py")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return load_trace(trace)
 
