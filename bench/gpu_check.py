@@ -270,8 +270,10 @@ def _pretrain(args: Sequence[str], *, log: Path, expect: int) -> None:
 
 
 def _losses(metrics: Path) -> dict[int, float]:
-    records = (json.loads(line) for line in metrics.read_text().splitlines() if line.strip())
-    return {r["iteration"]: r["lm_loss"] for r in records if "lm_loss" in r}
+    """The loss of each iteration of the run that continued (after a resume: the resumed run's)."""
+    from megatron_ext.estimate.metrics_file import read_metrics_file
+
+    return {r["iteration"]: r["lm_loss"] for r in read_metrics_file(metrics).rows if "lm_loss" in r}
 
 
 def correctness(plan: Plan, out: Path) -> dict[str, Any]:

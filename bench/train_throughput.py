@@ -47,6 +47,7 @@ from typing import Any
 
 from megatron_ext.cli.launch import local_command
 from megatron_ext.config.presets import PRESETS
+from megatron_ext.estimate.metrics_file import read_metrics_file
 from megatron_ext.training.timing import COMPUTE_TIMERS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,8 +121,7 @@ def run_variant(
     if code != 0:
         tail = log.read_text()[-4000:]
         raise SystemExit(f"variant {name!r} failed (exit code {code}):\n{' '.join(cmd)}\n{tail}")
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return [r for r in rows if "lm_loss" in r and r["iteration"] > warmup]
+    return [r for r in read_metrics_file(metrics).rows if "lm_loss" in r and r["iteration"] > warmup]
 
 
 def summarise(name: str, args: list[str], rows: list[dict[str, Any]]) -> Result:

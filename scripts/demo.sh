@@ -6,7 +6,7 @@
 #   4. a tiny Llama-style GPT (rotary positions, SwiGLU, RMSNorm, grouped-query
 #      attention, untied output) trained on it with two pipeline stages and
 #      interleaved virtual stages (PP=2, VP=2, gloo) for a few dozen iterations;
-#      writes a checkpoint
+#      writes a checkpoint, its metrics and their curves (tools/plot_metrics.py: OUT_DIR/loss.png)
 #   5. the checkpoint exported to Hugging Face transformers (tools/convert_checkpoint.py)
 #      and a short sample generated from it (tools/generate.py).
 # Steps 1-3 are cached under DATA_DIR (delete it to rebuild).
@@ -88,6 +88,7 @@ print(f"checkpoint: {out / 'checkpoints'} (latest iteration {tracker})")
 if not train[-1]["lm_loss"] < train[0]["lm_loss"]:
     sys.exit("the loss did not go down")
 PY
+"${py}" tools/plot_metrics.py "${out}/metrics.jsonl" --label demo --output "${out}/loss.png"
 
 "${py}" tools/convert_checkpoint.py to-hf --load "${out}/checkpoints" --output "${out}/hf"
 echo "sample (temperature 0.8, top-k 40, from the checkpoint; a model this small and short-trained babbles):"

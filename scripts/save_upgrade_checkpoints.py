@@ -27,6 +27,7 @@ from pathlib import Path
 
 from megatron_ext.cli.launch import local_command
 from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.estimate.metrics_file import read_metrics_file
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -80,8 +81,8 @@ def _train(case: Case, extra: list[str], *, expect: int, log: Path) -> None:
 
 
 def _losses(metrics: Path) -> dict[str, float]:
-    records = (json.loads(line) for line in metrics.read_text().splitlines() if line.strip())
-    return {str(r["iteration"]): r["lm_loss"] for r in records if "lm_loss" in r}
+    """The loss of each iteration of the run that continued (the resumed run's, after the stop)."""
+    return {str(r["iteration"]): r["lm_loss"] for r in read_metrics_file(metrics).rows if "lm_loss" in r}
 
 
 def save_case(case: Case, work: Path) -> Path:

@@ -26,7 +26,6 @@ shape losses (``sms``, ``gemm_depth_half``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import shlex
 import statistics
@@ -37,12 +36,10 @@ from typing import Any
 
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.estimate.hardware import GIB, PROFILES, GpuProfile
+from megatron_ext.estimate.metrics_file import RUN_RECORD, MetricsFileError, read_metrics_file
 from megatron_ext.estimate.search import Cluster, evaluate, pretrain_flags
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import ParallelLayout
-
-RUN_RECORD = "run_record"
-"""The key of the metrics file's first record of a run: what ran, where (``run_record``)."""
 
 FITTED = (
     "compute_efficiency",
@@ -78,8 +75,9 @@ class CalibrationError(ValueError):
 
 
 def run_record(cfg: TrainingConfig, *, gpus_per_node: int, device: str, device_memory_bytes: int) -> dict[str, Any]:
-    """The metrics file's first record of a run: its model, layout and options in ``tools/layout.py``'s flags
-    (``search.pretrain_flags``, the flags the estimate reads), and the cluster it ran on."""
+    """The metrics file's start record of a run: its model, layout and options in ``tools/layout.py``'s flags
+    (``search.pretrain_flags``, the flags the estimate reads), and the cluster it ran on (the writer adds the
+    start's marks: ``metrics_file.start_marks``)."""
     # A run with a tokenizer of its own has no --vocab-size: the record gives the tokenizer's for both.
     model = cfg.model if cfg.model.vocab_size else dataclasses.replace(cfg.model, vocab_size=cfg.vocab_size)
     workload = Workload.of_flags(
@@ -122,21 +120,14 @@ def read_runs(path: Path) -> list[MeasuredRun]:
     """The runs in one ``--metrics-file`` (a file appended to by several runs holds each); a CalibrationError
     naming the file and the fix when it has none that can be used."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CalibrationError(f"--calibrate {path}: cannot read it ({exc.strerror or exc})") from None
-    segments: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CalibrationError(f"--calibrate {path}, line {number}: not JSON ({exc})") from None
-        if RUN_RECORD in row:
-            segments.append((row[RUN_RECORD], []))
-        elif segments and "elapsed_ms" in row and "time_ms" in row:
-            segments[-1][1].append(row)
+        metrics = read_metrics_file(path)
+    except MetricsFileError as exc:
+        raise CalibrationError(f"--calibrate {exc}") from None
+    # Every start measured its own iterations, those a later start logged again included.
+    segments = [
+        (start.record, [r.values for r in metrics.all_rows if r.start == start.index and _timed(r.values)])
+        for start in metrics.starts
+    ]
     if not segments:
         raise CalibrationError(
             f"--calibrate {path}: no run record; give the --metrics-file of a pretrain_gpt.py run (this "
@@ -155,6 +146,11 @@ def read_runs(path: Path) -> list[MeasuredRun]:
             "iterations (e.g. --train-iters 8 --log-interval 1) with --timing-log-level 2"
         )
     return runs
+
+
+def _timed(row: dict[str, Any]) -> bool:
+    """Whether ``row`` is a logged iteration with its times (``elapsed_ms`` and the timers)."""
+    return "elapsed_ms" in row and "time_ms" in row
 
 
 def _measured(name: str, record: dict[str, Any], rows: list[dict[str, Any]]) -> MeasuredRun:

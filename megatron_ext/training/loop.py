@@ -281,9 +281,11 @@ class Trainer:
             log.info("parameters per rank: min %s, max %s", f"{min(per_rank):,}", f"{max(per_rank):,}")
         hosts: list[Any] = [None] * self.ctx.world_size
         dist.all_gather_object(hosts, socket.gethostname())
-        # What ran and where, first in the metrics file: tools/layout.py --calibrate fits a profile to it.
+        # What ran and where, first in the metrics file (tools/layout.py --calibrate fits a profile to it), marked
+        # with the iteration this start continues from (estimate.metrics_file: which earlier rows it supersedes).
         per_node = max(map(hosts.count, hosts))
-        self.metrics.write(run_record(self.cfg, gpus_per_node=per_node, **device_facts(self.ctx.device, per_node)))
+        record = run_record(self.cfg, gpus_per_node=per_node, **device_facts(self.ctx.device, per_node))
+        self.metrics.write_start(record, resumed_from_iteration=self.iteration)
 
     def _iterators(self, dataset: Any, consumed: int) -> Any:
         iters = chunk_iterators(

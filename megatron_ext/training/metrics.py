@@ -5,21 +5,36 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from megatron_ext.estimate.metrics_file import RUN_RECORD, start_marks, starts_in
+
 
 class MetricsWriter:
-    """Appends the metrics file (JSON Lines) from the one logging rank; a no-op elsewhere. TensorBoard and W&B
-    are ``training.tracking``'s."""
+    """Appends the metrics file (JSON Lines; its format: ``estimate.metrics_file``) from the one logging rank; a
+    no-op elsewhere. TensorBoard and W&B are ``training.tracking``'s."""
 
     def __init__(self, *, enabled: bool, metrics_file: str | None) -> None:
         self.enabled = enabled
         self._file: TextIO | None = None
+        self._start = 0
+        """This start's ``start`` mark: the start records already in the file."""
         if enabled and metrics_file:
-            Path(metrics_file).parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(metrics_file, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            path = Path(metrics_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._start = starts_in(path)
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            if _ends_mid_line(path):
+                # An earlier start's last write was cut short: this start begins on a line of its own.
+                self._file.write("\n")
+
+    def write_start(self, record: dict[str, Any], *, resumed_from_iteration: int) -> None:
+        """This start's record (``calibration.run_record``), first in the file, with the start's marks."""
+        marks = start_marks(start=self._start, resumed_from_iteration=resumed_from_iteration, started_at=time.time())
+        self.write({RUN_RECORD: marks | record[RUN_RECORD]})
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
@@ -31,6 +46,15 @@ class MetricsWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """Whether ``path``'s last byte is not a newline (an empty file ends none)."""
+    with open(path, "rb") as f:
+        if f.seek(0, 2) == 0:
+            return False
+        f.seek(-1, 2)
+        return f.read(1) != b"\n"
 
 
 @dataclass

@@ -30,6 +30,7 @@ from megatron_ext.checkpoint.on_disk import (
     states,
 )
 from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.estimate.metrics_file import read_metrics_file
 from megatron_ext.training.save_faults import KILL_AT_VARIABLE, SAVE_STEPS
 from tests import waits
 from tests.conftest import (
@@ -188,7 +189,18 @@ def test_kill_9_during_saves_leaves_a_loadable_checkpoint(tmp_path: Path, uninte
         for shard in partial.glob("*.distcp"):
             shard.write_bytes(shard.read_bytes()[:100])
     assert not is_complete(partial)
-    _resume_and_compare(save, metrics, uninterrupted)
+    resumed_from = _resume_and_compare(save, metrics, uninterrupted)
+    # Both starts are marked, and the reader's run is the resumed one: the rows the killed start logged past
+    # the checkpoint the second resumed from are superseded, flagged and kept (estimate.metrics_file).
+    marked = read_metrics_file(metrics)
+    assert [(s.record["start"], s.resumed_from_iteration) for s in marked.starts] == [(0, 0), (1, resumed_from)]
+    first, second = (s.started_at for s in marked.starts)
+    assert first is not None and second is not None and first <= second
+    continued = [r for r in marked.rows if "lm_loss" in r]
+    assert [r["iteration"] for r in continued] == list(range(1, ITERS + 1))
+    assert all(r["lm_loss"] == uninterrupted[r["iteration"]] for r in continued)
+    past_resume = [r.line for r in marked.all_rows if r.start == 0 and (r.iteration or 0) > resumed_from]
+    assert [r.line for r in marked.all_rows if r.superseded] == past_resume
     # The resumed run's save removed every unfinished directory.
     assert not partial.exists()
     assert [p.name for p in save.glob("iter_*") if not is_complete(p)] == []

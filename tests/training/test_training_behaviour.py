@@ -60,6 +60,9 @@ def test_readme_demo_trains_and_checkpoints(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "checkpoint:" in proc.stdout and "(latest iteration 20)" in proc.stdout
     assert (tmp_path / "demo" / "checkpoints" / "iter_0000020").is_dir()
+    # Its loss curve beside them (tools/plot_metrics.py; tests/cli/test_plot_metrics.py checks the picture).
+    curve = tmp_path / "demo" / "loss.png"
+    assert f"wrote {curve}" in proc.stdout and curve.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     # It ends by exporting the model to transformers and printing a sample generated from the checkpoint
     # (tests/huggingface checks exports of this architecture against Megatron-Core's forward).
     assert "exported iteration 20 as llama" in proc.stdout
