@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Iterable, Sequence
@@ -115,9 +116,15 @@ def flag_of(f: dataclasses.Field[Any]) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    # Evaluating a class's annotations takes about a millisecond each time; a parser asks once per field.
+    return typing.get_type_hints(cls)
+
+
 def value_type(cls: type, name: str) -> tuple[Any, bool]:
     """(element type, takes several values) of field ``name`` of ``cls``, Optional removed."""
-    tp = typing.get_type_hints(cls)[name]
+    tp = _type_hints(cls)[name]
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
