@@ -28,22 +28,21 @@ fi
 if [[ $# -gt 0 ]]; then
   exec "${py}" -m pytest "$@"
 fi
-# The whole suite, in three parts:
+# The whole suite, in two parts:
 # - the SLURM tests, which mostly wait on the scheduler's clock (time limits,
-#   requeues), in a pytest of their own beside the rest; their report follows;
-# - the unit tests (no process group; a few start one-process tools) on two
-#   pytest workers;
-# - the multi-process tests one at a time, as they already use both cores.
+#   requeues), in a pytest of their own beside the rest, on two workers with a
+#   cluster each (a test file per worker); their report follows;
+# - everything else on two pytest workers, a test file per worker at a time
+#   (a file's tests share its fixtures: runs, checkpoints), the files with the
+#   most tests first.
 # The soak (-m soak) is long and runs only when asked.
-unit="unit and not distributed and not slurm"
 slurm_log="$(mktemp)"
-"${py}" -m pytest -m "slurm and not soak" -p no:cacheprovider >"${slurm_log}" 2>&1 &
+"${py}" -m pytest -m "slurm and not soak" -n 2 --dist loadfile -p no:cacheprovider >"${slurm_log}" 2>&1 &
 slurm_pid=$!
 # Interrupted: the SLURM tests stop too (their fixtures stop the cluster).
 trap 'kill -INT "${slurm_pid}" 2>/dev/null; wait "${slurm_pid}"; rm -f "${slurm_log}"; exit 130' INT TERM
 status=0
-"${py}" -m pytest -m "${unit}" -n 2 || status=$?
-"${py}" -m pytest -m "not (${unit}) and not slurm and not soak" || status=$?
+"${py}" -m pytest -m "not slurm and not soak" -n 2 --dist loadfile || status=$?
 wait "${slurm_pid}" || status=$?
 echo "--- the SLURM tests (run beside the others) ---"
 cat "${slurm_log}"

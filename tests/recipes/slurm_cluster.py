@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 
+from megatron_ext.training.ports import free_port
 from tests.waits import QUICK_S, READY_S, STOP_S
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -53,15 +54,13 @@ class ClusterUnavailable(RuntimeError):
 
 
 def _free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on the loopback (held together so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    """Distinct free TCP ports on the loopback, below the ephemeral range (``training.ports.free_port``: a port
+    bind(0) gives may be taken meanwhile as the local end of a training run's connection)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        if (port := free_port()) not in ports:
+            ports.append(port)
+    return ports
 
 
 def _die_with_parent() -> None:
