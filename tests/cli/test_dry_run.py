@@ -76,8 +76,9 @@ def test_world_size_from_environment_variable() -> None:
     assert "world_size=6 is not divisible by tensor(1) × pipeline(4) = 4" in proc.stderr
 
 
-def test_the_readme_uneven_stage_examples() -> None:
-    """README: 30 layers on PP4 × VP2 is refused with uneven fixes; the account-for fix prints its stage table."""
+def test_the_documented_uneven_stage_examples() -> None:
+    """docs/parallelism.md: 30 layers on PP4 × VP2 is refused with uneven fixes; the account-for fix prints its stage
+    table."""
     base = "--mock-data --num-layers 30 --pipeline-model-parallel-size 4 --world-size 8 --dry-run".split()
     proc = run_script([*base, "--num-virtual-stages-per-pipeline-rank", "2"])
     assert proc.returncode == 2
