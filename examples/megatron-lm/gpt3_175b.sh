@@ -8,6 +8,7 @@
 #
 # Without data, mock data and a 50,257-token null tokenizer. DRY_RUN=1 validates the whole job for its world
 # size on this machine (pretrain_gpt.py --dry-run) instead of launching it.
+# PYTHON: the interpreter (default: the repository's .venv/bin/python, made by bash scripts/setup.sh, else python3).
 set -euo pipefail
 
 export CUDA_DEVICE_MAX_CONNECTIONS=1
@@ -25,6 +26,10 @@ VOCAB_FILE=${3:-}
 MERGE_FILE=${4:-}
 DATA_PATH=${5:-}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# The project's environment (bash scripts/setup.sh makes it), unless PYTHON names another interpreter.
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
+fi
 
 DISTRIBUTED_ARGS=(
     --nproc_per_node "$GPUS_PER_NODE"
@@ -89,6 +94,6 @@ fi
 ARGS=("${GPT_MODEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${DATA_ARGS[@]}"
     "${EVAL_AND_LOGGING_ARGS[@]}")
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
-    exec "${PYTHON:-python}" "$REPO/pretrain_gpt.py" --dry-run --world-size "$WORLD_SIZE" "${ARGS[@]}"
+    exec "$PYTHON" "$REPO/pretrain_gpt.py" --dry-run --world-size "$WORLD_SIZE" "${ARGS[@]}"
 fi
-exec torchrun "${DISTRIBUTED_ARGS[@]}" "$REPO/pretrain_gpt.py" "${ARGS[@]}"
+exec "$PYTHON" -m torch.distributed.run "${DISTRIBUTED_ARGS[@]}" "$REPO/pretrain_gpt.py" "${ARGS[@]}"

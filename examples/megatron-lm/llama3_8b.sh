@@ -8,6 +8,7 @@
 # DTYPE=fp8 adds Megatron-LM's FP8 flags, which need Transformer Engine's layers on GPUs (refused before launch on CPU, with
 # that reason); the default is bf16. CP_SIZE splits each 8,192-token sequence (Transformer Engine's attention).
 # DRY_RUN=1 validates the whole job for its world size on this machine instead of launching it.
+# PYTHON: the interpreter (default: the repository's .venv/bin/python, made by bash scripts/setup.sh, else python3).
 set -euo pipefail
 
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
@@ -17,6 +18,10 @@ TENSORBOARD_LOGS_PATH=${2:-}
 TOKENIZER_ARG=${3:-MOCK}
 DATA_ARG=${4:-MOCK}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# The project's environment (bash scripts/setup.sh makes it), unless PYTHON names another interpreter.
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
+fi
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 NUM_NODES=${NUM_NODES:-1}
@@ -128,6 +133,6 @@ fi
 ARGS=("${MODEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DTYPE_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${DATA_ARGS[@]}"
     "${EVAL_AND_LOGGING_ARGS[@]}")
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
-    exec "${PYTHON:-python}" "$REPO/pretrain_gpt.py" --dry-run --world-size "$WORLD_SIZE" "${ARGS[@]}"
+    exec "$PYTHON" "$REPO/pretrain_gpt.py" --dry-run --world-size "$WORLD_SIZE" "${ARGS[@]}"
 fi
-exec torchrun "${DISTRIBUTED_ARGS[@]}" "$REPO/pretrain_gpt.py" "${ARGS[@]}"
+exec "$PYTHON" -m torch.distributed.run "${DISTRIBUTED_ARGS[@]}" "$REPO/pretrain_gpt.py" "${ARGS[@]}"

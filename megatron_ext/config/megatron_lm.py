@@ -303,7 +303,7 @@ REFUSALS: tuple[Refusal, ...] = (
         "--disable-bf16-reduced-precision-matmul --deterministic-mode",
     ),
     _r(
-        "the log line and the metrics file have a fixed content (README: loss, rates, throughput, stage times, "
+        "the log line and the metrics file have a fixed content (docs/training.md: loss, rates, throughput, stage times, "
         "memory on GPU); --timing-log-level chooses the timers, --log-interval how often",
         "--logging-level --timing-log-option "
         "--no-barrier-with-level-1-timing --log-memory-interval --log-device-memory-used",

@@ -48,6 +48,40 @@ def _configure_logging(rank: int) -> None:
     logging.getLogger("megatron.core").setLevel(logging.WARNING)
 
 
+def _gpus_here() -> int:
+    """This machine's GPUs, without torch (``--dry-run`` imports none): ``CUDA_VISIBLE_DEVICES`` when set (up to
+    its first negative entry, as CUDA reads it), else the NVIDIA driver's list under /proc."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        listed = Path("/proc/driver/nvidia/gpus")
+        return sum(1 for _ in listed.iterdir()) if listed.is_dir() else 0
+    count = 0
+    for entry in (e.strip() for e in visible.split(",")):
+        if not entry or entry.startswith("-"):
+            break
+        count += 1
+    return count
+
+
+def _runs_elsewhere(cfg: TrainingConfig) -> str | None:
+    """Why the ranks of this ``--dry-run``'s job cannot all run on this machine, or None when they can.
+
+    A GPU job (``--device cuda`` or ``auto``) whose world is more ranks than this machine has GPUs, or CPUs where
+    it has no GPU, is a rehearsal of a job that runs elsewhere (``DRY_RUN=1`` of a 1,024-GPU launch script on a
+    laptop): what this machine's disk holds says nothing of the cluster's. Never for ``--device cpu`` (CPU
+    processes: every world runs here), nor inside a SLURM job, where the recipes validate on the job's first
+    node and ``--save`` is the job's own filesystem.
+    """
+    if cfg.run.device == "cpu" or "SLURM_JOB_ID" in os.environ:
+        return None
+    world = cfg.layout.world_size
+    gpus = _gpus_here()
+    here, what = (gpus, "GPU") if gpus else (len(os.sched_getaffinity(0)), "CPU")
+    if world <= here:
+        return None
+    return f"its {world:,} ranks are more than this machine's {here} {what}{'s' if here != 1 else ''}"
+
+
 def _check_checkpoint_paths(cfg: TrainingConfig, *, probe: bool) -> tuple[str | None, int | None]:
     """Before anything is built: refuse what would lose checkpoints (``on_disk``'s invariant) and a ``--save``
     that cannot hold one (CheckpointError, ConfigError). Returns the line on where checkpoints go (or None) and
@@ -70,10 +104,19 @@ def _check_checkpoint_paths(cfg: TrainingConfig, *, probe: bool) -> tuple[str | 
             f"start-up); about {on_disk.size_text(needed)} per checkpoint"
         )
         return where, tracked
-    problem, free = on_disk.save_path_problem(save, needed_bytes=needed, probe=probe)
+    elsewhere = _runs_elsewhere(cfg) if run.dry_run else None
+    # A job rehearsed here whose ranks run elsewhere: this disk is not theirs, so its room decides nothing.
+    problem, free = on_disk.save_path_problem(save, needed_bytes=None if elsewhere else needed, probe=probe)
     if problem is not None:
         raise ConfigError(problem)
     assert free is not None
+    if elsewhere:
+        return (
+            f"--save {run.save}: writable here; about {on_disk.size_text(needed)} per checkpoint, room the run "
+            f"checks where it starts, before its first step ({on_disk.size_text(free)} free here, which does not "
+            f"count: {elsewhere})",
+            tracked,
+        )
     return (
         f"--save {run.save}: {on_disk.size_text(free)} free, about {on_disk.size_text(needed)} per checkpoint",
         tracked,

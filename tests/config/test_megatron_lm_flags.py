@@ -223,6 +223,36 @@ def test_launch_scripts_in_megatron_lms_style_pass_their_dry_run() -> None:
     assert "world size: 8 = TP 2 × CP 2 × PP 1 × DP 2" in llama.stdout
 
 
+def _interpreter(path: Path, name: str) -> None:
+    """An interpreter at ``path`` that says it was chosen (``interpreter: NAME`` on stderr), then runs this one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\necho "interpreter: {name}" >&2\nPYTHONPATH={REPO} exec {sys.executable} "$@"\n')
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("script", ["gpt3_175b.sh", "llama3_8b.sh"])
+def test_launch_scripts_take_the_projects_environment_unless_python_names_another(script: str, tmp_path: Path) -> None:
+    """From a plain shell, whose PATH has no Python with Megatron-Core, a script in a clone runs the clone's
+    .venv/bin/python (bash scripts/setup.sh makes it); PYTHON names another. Before: ``python`` from the PATH,
+    and ``ModuleNotFoundError: No module named 'megatron'``."""
+    clone = tmp_path / "clone"
+    (clone / "examples" / "megatron-lm").mkdir(parents=True)
+    (clone / "examples" / "megatron-lm" / script).write_text((REPO / "examples" / "megatron-lm" / script).read_text())
+    (clone / "pretrain_gpt.py").symlink_to(REPO / "pretrain_gpt.py")
+    _interpreter(clone / ".venv" / "bin" / "python", "the clone's .venv")
+    _interpreter(tmp_path / "other" / "python", "PYTHON")
+    plain = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DRY_RUN": "1", "PYTHONWARNINGS": "ignore"}
+    command = ["bash", str(clone / "examples" / "megatron-lm" / script), str(tmp_path / "ckpt")]
+    for env, chosen in (
+        (plain, "the clone's .venv"),
+        (plain | {"PYTHON": str(tmp_path / "other" / "python")}, "PYTHON"),
+    ):
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=QUICK_S, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.startswith(f"interpreter: {chosen}\n"), proc.stderr
+        assert "configuration is valid" in proc.stdout
+
+
 def test_fp8_in_a_launch_script_is_taken_and_needs_transformer_engine() -> None:
     fp8 = _launch_script("llama3_8b.sh", DTYPE="fp8")
     assert fp8.returncode == 0, fp8.stderr  # a rehearsal of the cluster's job: the flags are Megatron-LM's

@@ -61,7 +61,7 @@ def test_an_uneven_split_is_recommended_where_the_even_one_is_imbalanced() -> No
     assert even["pipeline_split"] == "uniform" and even["stage_imbalance"] > 0.10
     assert max(range(4), key=lambda r: even["stages"][r]["microbatch_s"]) == 3  # the output layer's stage
     assert better["stage_imbalance"] < 0.07 and better["step_time_s"] < even["step_time_s"] * 0.95
-    # The README's figures: 21% -> 4.6%, 12.7% faster.
+    # docs/layout-model.md's figures: 21% -> 4.6%, 12.7% faster.
     assert round(even["stage_imbalance"], 2) == 0.21 and round(better["stage_imbalance"], 3) == 0.046
     assert 1 - better["step_time_s"] / even["step_time_s"] == pytest.approx(0.127, abs=0.005)
     # Integer layers: the output weighs between two and three layers, so no split of 32 layers on 4 ranks does

@@ -193,7 +193,7 @@ def test_a_recipe_layout_slower_than_the_calculators_best_needs_a_reason(tmp_pat
 
 @pytest.mark.unit
 def test_an_elastic_job_on_fewer_nodes_gets_a_layout_that_fits(tmp_path: Path) -> None:
-    """The README's elastic example on 12 of the 175B recipe's 16 nodes: TP 4 × PP 8 would shard the optimizer
+    """docs/slurm.md's elastic example on 12 of the 175B recipe's 16 nodes: TP 4 × PP 8 would shard the optimizer
     over DP 3 only and does not fit, so the layout is re-planned and validated for 96 GPUs."""
     env = recipe_env(tmp_path, NNODES="12", ELASTIC="1", MIN_NODES="12", DRY_RUN="1")
     proc = run_recipe(RECIPES_DIR / "gpt3_175b_tp4_pp8_vp12.sh", env)
