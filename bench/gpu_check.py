@@ -39,7 +39,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from train_throughput import REPO, child_env, model_flags, run_variant, summarise  # bench/ is sys.path[0]
+from train_throughput import (
+    REPO,
+    child_env,
+    model_flags,
+    pretrain_command,
+    run_variant,
+    summarise,
+)  # bench/ is sys.path[0]
 
 STEPS = ("throughput", "calculator", "kernels", "correctness")
 
@@ -257,12 +264,10 @@ def kernels(plan: Plan, out: Path) -> dict[str, Any]:
 
 
 def _pretrain(args: Sequence[str], *, log: Path, expect: int) -> None:
-    from megatron_ext.cli.launch import local_command
-
     env = child_env(PYTHONWARNINGS="ignore")
     with open(log, "w") as stream:
         code = subprocess.run(
-            local_command(REPO / "pretrain_gpt.py", list(args), nproc=1), stdout=stream, stderr=subprocess.STDOUT,
+            pretrain_command(args, nproc=1), stdout=stream, stderr=subprocess.STDOUT,
             env=env, cwd=REPO,
         ).returncode  # fmt: skip
     if code != expect:

@@ -92,6 +92,14 @@ def model_flags(name: str) -> list[str]:
     return [part for key, value in shape.items() for part in (f"--{key.replace('_', '-')}", str(value))]
 
 
+def pretrain_command(args: Sequence[str], *, nproc: int) -> list[str]:
+    """``pretrain_gpt.py args`` on ``nproc`` processes of this machine: one runs as a plain process (a world of
+    one needs no launcher, whose own interpreter would cost as much as the run's start), more under ours."""
+    if nproc == 1:
+        return [sys.executable, str(REPO / "pretrain_gpt.py"), *args]
+    return local_command(REPO / "pretrain_gpt.py", list(args), nproc=nproc)
+
+
 def run_variant(
     *, name: str, args: list[str], nproc: int, iters: int, warmup: int, timing_level: int, workdir: Path
 ) -> list[dict[str, Any]]:
@@ -99,8 +107,7 @@ def run_variant(
     metrics = workdir / f"{name}.jsonl"
     metrics.unlink(missing_ok=True)
     log = workdir / f"{name}.log"
-    cmd = local_command(
-        REPO / "pretrain_gpt.py",
+    cmd = pretrain_command(
         [
             *args,
             "--mock-data",
