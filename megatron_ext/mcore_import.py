@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
-import logging
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -82,17 +81,8 @@ class _PlainFusionsWithoutCuda(importlib.abc.MetaPathFinder):
         return spec
 
 
-class _NoCudaRuntimeNotice(logging.Filter):
-    """Drops torch's "No CUDA runtime is found" warning, which a CUDA build of torch logs when Megatron-Core imports
-    ``torch.utils.cpp_extension`` on a machine that has an ``nvcc`` but no GPU: a CPU run expects none."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("No CUDA runtime is found")
-
-
 def install() -> None:
     """Disable Megatron-Core's torch.compile fuser when it is first imported on a machine without CUDA."""
     if JIT_MODULE in sys.modules or any(isinstance(f, _PlainFusionsWithoutCuda) for f in sys.meta_path):
         return
     sys.meta_path.insert(0, _PlainFusionsWithoutCuda())
-    logging.getLogger("torch.utils.cpp_extension").addFilter(_NoCudaRuntimeNotice())

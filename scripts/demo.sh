@@ -71,7 +71,7 @@ run=(
   --metrics-file "${out}/metrics.jsonl"
 )
 
-PYTHONWARNINGS=ignore OMP_NUM_THREADS=1 "${py}" -m torch.distributed.run \
+OMP_NUM_THREADS=1 "${py}" -m torch.distributed.run \
   --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "${MASTER_PORT:-29517}" \
   pretrain_gpt.py "${model[@]}" "${data_args[@]}" "${layout[@]}" "${batch[@]}" "${optim[@]}" "${run[@]}"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext import notices
 from megatron_ext.cli.launch import chosen_exit_code, local_command
 from megatron_ext.training.ports import free_port as _free_port
 from tests import rank_server, waits
@@ -27,8 +29,11 @@ TINY_MODEL = "--num-layers 8 --hidden-size 64 --num-attention-heads 4 --seq-leng
 
 
 def _env() -> dict[str, str]:
+    """The environment of the runs the tests start: a user's, without PYTHONWARNINGS (the runs print what users
+    see, ``megatron_ext/notices.py``), one OpenMP thread per process, this checkout first on the path."""
     env = dict(os.environ)
-    env["PYTHONWARNINGS"] = "ignore"
+    env.pop("PYTHONWARNINGS", None)
+    env.pop(notices.ALL_WARNINGS_VARIABLE, None)
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = str(REPO)
     return env
@@ -120,6 +125,15 @@ def run_pretrain(
 def run_script(args: list[str], *, timeout: float = QUICK_S) -> subprocess.CompletedProcess[str]:
     """Run pretrain_gpt.py as a plain process (no launcher), e.g. for --dry-run."""
     return waits.run([sys.executable, str(PRETRAIN), *args], timeout=timeout, env=_env(), cwd=REPO)
+
+
+PYTHON_WARNING = re.compile(r"^.+:\d+: \w*Warning: .*$", re.MULTILINE)
+"""A line as Python prints a warning (``warnings.formatwarning``): ``FILE:LINE: CATEGORY: MESSAGE``."""
+
+
+def python_warnings(text: str) -> list[str]:
+    """The warning lines in ``text`` (a process's stderr)."""
+    return PYTHON_WARNING.findall(text)
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -62,24 +62,3 @@ def test_pretrain_refuses_another_release_in_one_line_and_dry_run_names_it(
 def test_dry_run_names_the_release_it_runs_on(capsys: pytest.CaptureFixture[str]) -> None:
     assert _pretrain(["--mock-data", "--train-iters", "2", "--dry-run"]) == ExitCode.OK
     assert f"  megatron-core {mcore_release.SUPPORTED} (the supported release)" in capsys.readouterr().out.splitlines()
-
-
-def test_gpt_model_s_deprecation_notice_is_printed_once_by_training_and_not_by_the_tools(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """Megatron-Core 0.19 warns at every GPTModel built (one per virtual pipeline chunk): a run prints it once; a
-    one-process tool (generate, export) not at all."""
-    import logging
-
-    from megatron_ext.training import model
-
-    notices, log = model._gpt_model_notices(), logging.getLogger(model.GPT_MODEL_LOGGER)
-    notices.seen.clear()
-    with caplog.at_level(logging.WARNING, logger=model.GPT_MODEL_LOGGER):
-        notices.silent = False
-        for _chunk in range(3):
-            log.warning("GPTModel IS DEPRECATED.")
-        notices.silent = True
-        log.warning("another notice")
-    notices.silent = False
-    assert [r.getMessage() for r in caplog.records] == ["GPTModel IS DEPRECATED."]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import warnings
 
 from megatron_ext.checkpoint import on_disk
 from megatron_ext.config.tokenizer_types import TOKENIZER_FIELDS, tokenizer_type_argument
@@ -28,13 +27,6 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
 def tokenizer_overrides(args: argparse.Namespace) -> dict[str, str | None]:
     """The tokenizer flags given (None where not); ``--accept-tokenizer-change`` is not one of them."""
     return {name: getattr(args, name) for name in TOKENIZER_FIELDS}
-
-
-def quiet_dependencies() -> None:
-    """Hide the warnings Megatron-Core and torch print on import and load (missing Transformer Engine and apex,
-    deprecations) in a one-process tool's output; its own errors and messages are printed, not warned."""
-    for category in (UserWarning, FutureWarning, DeprecationWarning):
-        warnings.filterwarnings("ignore", category=category)
 
 
 def checkpoint_error_text(exc: on_disk.CheckpointError, args: argparse.Namespace) -> str:

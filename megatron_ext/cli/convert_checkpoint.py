@@ -26,10 +26,10 @@ import argparse
 import shlex
 import sys
 
+from megatron_ext import notices
 from megatron_ext.cli.checkpoint_args import (
     add_checkpoint_arguments,
     checkpoint_error_text,
-    quiet_dependencies,
     tokenizer_overrides,
 )
 from megatron_ext.config.exit_codes import ExitCode
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         help="Check config.json, the tokenizer and --save, and print the flags; read no weights, write nothing.",
     )
     args = parser.parse_args(argv)
-    quiet_dependencies()
+    notices.install()  # before torch and Megatron-Core are imported
 
     from megatron_ext.checkpoint.on_disk import CheckpointError
     from megatron_ext.huggingface.architectures import ConversionError

@@ -29,9 +29,9 @@ import shlex
 import sys
 from collections.abc import Sequence
 
+from megatron_ext import notices
 from megatron_ext.checkpoint import on_disk
 from megatron_ext.checkpoint.records import SavedRun, per_rank_format_refusal
-from megatron_ext.cli.checkpoint_args import quiet_dependencies
 from megatron_ext.cli.recipe import calculator_args
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pretrain = list(args.pretrain_args)
     if pretrain[:1] == ["--"]:
         pretrain = pretrain[1:]
-    quiet_dependencies()
+    notices.install()  # before a checkpoint is read with torch
     try:
         new_argv, record = plan(args, pretrain)
     except (ConfigError, LayoutError) as exc:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from megatron_ext import notices
 from megatron_ext.cli.checkpoint_args import (
     add_checkpoint_arguments,
     checkpoint_error_text,
-    quiet_dependencies,
     tokenizer_overrides,
 )
 from megatron_ext.config.exit_codes import ExitCode
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1234, help="Sampling seed (same seed, same text).")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     args = parser.parse_args(argv)
-    quiet_dependencies()
+    notices.install()  # before torch and Megatron-Core are imported
 
     from megatron_ext.checkpoint.on_disk import CheckpointError
     from megatron_ext.inference.checkpoint import checked_tokenizer, load_model, one_process, open_checkpoint

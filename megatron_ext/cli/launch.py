@@ -33,6 +33,7 @@ from types import FrameType
 
 import psutil
 
+from megatron_ext import notices
 from megatron_ext.config.exit_codes import SIGNAL_BASE, ExitCode
 from megatron_ext.training.ports import free_port
 
@@ -91,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    notices.install()  # torchrun's banner on OMP_NUM_THREADS in one line of ours
     args = get_args_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if hasattr(args, "signals_to_handle"):  # torch >= 2.6; before it torchrun shuts down on SIGTERM itself
         args.signals_to_handle = _others(args.signals_to_handle)

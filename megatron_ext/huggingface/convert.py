@@ -488,7 +488,7 @@ def _fill_and_save(cfg: Any, weights: _SafetensorsReader, staging: Path, identit
     with one_process(cfg) as ctx:
         # Built as a run computes (the norms in the weights' dtype too): what is saved is what transformers holds.
         model = in_training_precision(
-            gpt_model(cfg, pre_process=True, post_process=True, vp_stage=None, device=ctx.device, training=False), cfg
+            gpt_model(cfg, pre_process=True, post_process=True, vp_stage=None, device=ctx.device), cfg
         )
         for item in nested_values(model.sharded_state_dict()):
             if not isinstance(item, ShardedTensor | ShardedTensorFactory) or not is_model_tensor(item.key):

@@ -188,7 +188,7 @@ def load_model(ckpt: SavedCheckpoint, device: torch.device) -> Any:
     from megatron_ext.training.model import gpt_model, in_training_precision
 
     cfg = ckpt.cfg
-    model = gpt_model(cfg, pre_process=True, post_process=True, vp_stage=None, device=device, training=False)
+    model = gpt_model(cfg, pre_process=True, post_process=True, vp_stage=None, device=device)
     model = model.to(device)
     model = in_training_precision(model, cfg)  # the run's forward: bf16 or fp16 throughout, fp32 logits
     run = dataclasses.replace(cfg.run, load=str(ckpt.root), no_load_optim=True, no_load_rng=True)

@@ -21,7 +21,8 @@ distributed optimizer run unmodified in CPU processes:
    the CUDA one, which keeps the tracker's semantics: a forked region draws
    from its own stream and the default stream is restored afterwards. The
    tracker warns when the CPU state changes inside a fork, which is exactly
-   what standing in means, so that one warning is filtered.
+   what standing in means, so that one warning is filtered (shown with
+   ``MEGATRON_EXT_ALL_WARNINGS=1``, ``megatron_ext/notices.py``).
 4. **Point-to-point tags.** In a 2-stage interleaved ring the previous and
    the next stage are the same process, so activations (to the next stage)
    and gradients (to the previous one) travel between the same pair. NCCL
@@ -45,6 +46,8 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from megatron_ext import notices
 
 _CPU = torch.device("cpu")
 
@@ -229,7 +232,8 @@ def enable() -> None:
     for owner, name, replacement in _patches():
         _active.append((owner, name, getattr(owner, name)))
         setattr(owner, name, replacement)
-    logging.getLogger("megatron.core.tensor_parallel.random").addFilter(_filter)
+    if not notices.showing_everything():
+        logging.getLogger("megatron.core.tensor_parallel.random").addFilter(_filter)
     _mode = _CudaToCpuMode()
     _mode.__enter__()
 

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron_ext import notices
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.run_args import DEVICE_BACKENDS, backend_problem
 from megatron_ext.config.runtime import serial_cuda_connections
@@ -112,6 +113,7 @@ def initialize(
         from megatron_ext.training import cpu_backend
 
         cpu_backend.enable()
+        notices.install(device_type="cpu")  # and the warnings that apply only on GPUs
     else:
         _set_cuda_connections(layout)
         torch.cuda.set_device(local_rank)

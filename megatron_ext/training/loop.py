@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_ext import notices
 from megatron_ext.checkpoint.identity import RunIdentity
 from megatron_ext.config import iterations
 from megatron_ext.config.arguments import ConfigError
@@ -273,6 +274,7 @@ class Trainer:
             log.info("device: %s, backend: %s", self.ctx.device, dist.get_backend())
             for line in plan.describe(self.cfg):
                 log.info(line)
+        notices.say_applicable(log, device_type=self.ctx.device.type, rank=self.ctx.rank)
         params = torch.tensor([count_parameters(self.chunks)], dtype=torch.long, device=self.ctx.device)
         counts = [torch.zeros_like(params) for _ in range(self.ctx.world_size)]
         dist.all_gather(counts, params)

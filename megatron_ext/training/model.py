@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -301,35 +300,6 @@ def _deferring_weight_gradients(spec: Any, *, transformer_engine: bool) -> Any:
     return spec
 
 
-GPT_MODEL_LOGGER = "megatron.core.models.gpt.gpt_model"
-"""The logger of Megatron-Core's ``GPTModel``, whose constructor warns (0.19) that GPTModel is deprecated."""
-
-
-class _Once(logging.Filter):
-    """Lets each distinct message through once: Megatron-Core 0.19 warns at every GPTModel built (one per
-    virtual pipeline chunk); the warning and what it means here are in docs/architecture.md. ``silent``: none
-    (a one-process tool reading a checkpoint: the notice is the training run's)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-        self.silent = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if self.silent or message in self.seen:
-            return False
-        self.seen.add(message)
-        return True
-
-
-@functools.cache
-def _gpt_model_notices() -> _Once:
-    notices = _Once()
-    logging.getLogger(GPT_MODEL_LOGGER).addFilter(notices)
-    return notices
-
-
 def gpt_model(
     cfg: TrainingConfig,
     *,
@@ -337,14 +307,11 @@ def gpt_model(
     post_process: bool,
     vp_stage: int | None,
     device: torch.device,
-    training: bool = True,
 ) -> Any:
     """Megatron-Core's GPTModel for one chunk (the layers of one virtual pipeline stage; the whole model in one
-    process): ``pretrain_gpt.py``'s provider, and (``training`` False) the one-process model of
-    ``megatron_ext.inference`` and the Hugging Face converter, which print no deprecation notice."""
+    process): ``pretrain_gpt.py``'s provider, and the one-process model of ``megatron_ext.inference`` and the
+    Hugging Face converter."""
     from megatron.core.models.gpt import GPTModel
-
-    _gpt_model_notices().silent = not training
 
     m = cfg.model
     config = transformer_config(cfg, device)

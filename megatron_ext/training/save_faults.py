@@ -84,15 +84,3 @@ def fault_point(step: str, iteration: int) -> None:
     wanted = os.environ.get(KILL_AT_VARIABLE)
     if wanted and wanted == f"{step}:{dist.get_rank()}:{iteration}":
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-class _NoFalseAlarm(logging.Filter):
-    """Megatron-Core warns "Overwriting old incomplete / corrupted checkpoint..." when a save's directory is not
-    empty, which ours never is (its in-progress marker is written first): every normal save would say it. A
-    save that really replaces a directory says so itself (``on_disk.start_save``)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Overwriting old incomplete / corrupted checkpoint")
-
-
-logging.getLogger("megatron.core.dist_checkpointing.serialization").addFilter(_NoFalseAlarm())

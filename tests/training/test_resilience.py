@@ -38,6 +38,7 @@ from tests.conftest import (
     TINY_MODEL,
     _env,
     launch_command,
+    python_warnings,
     read_metrics,
     run_pretrain,
     run_script,
@@ -286,6 +287,7 @@ def test_a_damaged_latest_checkpoint_falls_back_and_resumes_exactly(
     damaged = _snapshot_bytes(save / "iter_0000003")
     args = ["--load", str(save), "--save", str(save), "--save-interval", "3", "--metrics-file", str(metrics)]
     proc = run_pretrain([*RUN, *args], nproc=2)
+    _assert_no_dependency_noise(proc)
     warnings = [line for line in proc.stdout.splitlines() if "checkpoint of iteration 3 skipped" in line]
     assert len(warnings) == 1 and f"{shard} is corrupted: CRC-32" in warnings[0], proc.stdout[-3000:]
     assert "resuming from iteration 2 instead" in warnings[0]
@@ -298,6 +300,17 @@ def test_a_damaged_latest_checkpoint_falls_back_and_resumes_exactly(
     for it, loss in resumed.items():
         assert loss == uninterrupted[it], f"iteration {it}: resumed {loss!r} != uninterrupted {uninterrupted[it]!r}"
     assert read_tracker(save) == ITERS and states(save)[3] is DirState.COMPLETE  # a new save of 3, no collision
+
+
+MEGATRON_CORE_NOISE = ("GPTModel IS DEPRECATED", "async save is deprecated", "Unable to save MockGPTDataset")
+"""Megatron-Core's log lines that a run with --mock-data and saves printed before ``megatron_ext/notices.py``."""
+
+
+def _assert_no_dependency_noise(proc: subprocess.CompletedProcess[str]) -> None:
+    """What users see of a run that loads, trains and saves: no Python warning (stderr), and none of Megatron-Core's
+    log lines that do not apply (stdout)."""
+    assert python_warnings(proc.stderr) == [], proc.stderr[-3000:]
+    assert [line for line in proc.stdout.splitlines() if any(n in line for n in MEGATRON_CORE_NOISE)] == []
 
 
 def _snapshot_bytes(directory: Path) -> dict[str, bytes]:
@@ -355,6 +368,7 @@ def test_dry_run_names_the_checkpoint_a_resume_falls_back_to_and_moves_nothing(s
     dry = [*RUN, "--load", str(save), "--save", str(save), "--dry-run", "--world-size", "2"]
     proc = run_script(dry)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert python_warnings(proc.stderr) == []  # a fresh interpreter: Megatron-Core's imports and a checkpoint read
     assert f"iteration 3 under --load {save} fails its checks ({save}/iter_0000003/.metadata is missing" in proc.stdout
     assert f"resumes from iteration 2 under --load {save}" in proc.stdout
     hard = run_script([*dry, "--no-checkpoint-fallback"])
