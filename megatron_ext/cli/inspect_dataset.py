@@ -23,7 +23,8 @@ from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser, at_least
 from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, tokenizer_type_argument
 from megatron_ext.data.indexed import IndexedDatasetError, IndexedDatasetFiles
-from megatron_ext.data.tokenizers import TokenizerError, build_tokenizer
+from megatron_ext.data.tokenizer_base import TokenizerError
+from megatron_ext.data.tokenizers import build_tokenizer
 
 
 def histogram(lengths: np.ndarray, bins: int = 10) -> list[tuple[int, int, int]]:

@@ -28,7 +28,7 @@ from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, tokenizer_type_
 from megatron_ext.data import formats, preprocess
 from megatron_ext.data.atomic_files import WriteError
 from megatron_ext.data.preprocess_worker import TokenizerSpec
-from megatron_ext.data.tokenizers import TokenizerError
+from megatron_ext.data.tokenizer_base import TokenizerError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,8 @@ from megatron_ext.checkpoint.on_disk import CheckpointError
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.tokenizer_types import VOCAB_SIZE_TOKENIZERS
 from megatron_ext.config.training_config import GROUPS, TrainingConfig, make_config
-from megatron_ext.data.tokenizers import Tokenizer, TokenizerError, build_tokenizer
+from megatron_ext.data.tokenizer_base import Tokenizer, TokenizerError
+from megatron_ext.data.tokenizers import build_tokenizer
 from megatron_ext.training import checkpointing, distributed
 
 RUN_LENGTH = ("train_iters", "train_samples", "eval_interval", "eval_iters")

@@ -26,7 +26,7 @@ from megatron_ext.config import iterations
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.training_config import TrainingConfig
-from megatron_ext.data.tokenizers import Tokenizer
+from megatron_ext.data.tokenizer_base import Tokenizer
 from megatron_ext.estimate import plan
 from megatron_ext.estimate.calibration import run_record
 from megatron_ext.estimate.flops import flops_per_step
