@@ -26,7 +26,7 @@ from megatron_ext.config.tokenizer_types import VOCAB_SIZE_TOKENIZERS
 from megatron_ext.config.training_config import GROUPS, TrainingConfig, make_config
 from megatron_ext.data.tokenizer_base import Tokenizer, TokenizerError
 from megatron_ext.data.tokenizers import build_tokenizer
-from megatron_ext.training import checkpointing, distributed
+from megatron_ext.training import checkpoint_loading, checkpointing, distributed
 
 RUN_LENGTH = ("train_iters", "train_samples", "eval_interval", "eval_iters")
 """The run options that size the datasets."""
@@ -193,7 +193,7 @@ def load_model(ckpt: SavedCheckpoint, device: torch.device) -> Any:
     model = model.to(device)
     model = in_training_precision(model, cfg)  # the run's forward: bf16 or fp16 throughout, fp32 logits
     run = dataclasses.replace(cfg.run, load=str(ckpt.root), no_load_optim=True, no_load_rng=True)
-    checkpointing.load_checkpoint(
+    checkpoint_loading.load_checkpoint(
         root=ckpt.root,
         chunks=[model],
         optimizer=None,

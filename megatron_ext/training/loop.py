@@ -31,7 +31,7 @@ from megatron_ext.estimate import plan
 from megatron_ext.estimate.calibration import run_record
 from megatron_ext.estimate.flops import flops_per_step
 from megatron_ext.estimate.hardware import peak_flops_for
-from megatron_ext.training import checkpointing, distributed, helper_processes, resilience, timing
+from megatron_ext.training import checkpoint_loading, checkpointing, distributed, helper_processes, resilience, timing
 from megatron_ext.training.datasets import Datasets, chunk_iterators
 from megatron_ext.training.housekeeping import Housekeeping
 from megatron_ext.training.metrics import LogWindow, MetricsWriter, StepResult
@@ -231,7 +231,7 @@ class Trainer:
         self.identity = _run_identity(cfg, tokenizer, identity)
         skipped: tuple[tuple[int, str, str], ...] = ()
         if cfg.run.load:
-            state = checkpointing.load_checkpoint(
+            state = checkpoint_loading.load_checkpoint(
                 root=cfg.run.load,
                 chunks=self.chunks,
                 optimizer=self.optimizer,
