@@ -54,9 +54,9 @@ def test_the_calculator_takes_every_approximated_flag_says_how_and_carries_it_in
     import json
     import shlex
 
-    from megatron_ext.cli import calculator
+    from megatron_ext.cli import calculator, layout_args
 
-    parser = calculator.build_parser()
+    parser = layout_args.build_parser()
     known = {option for action in parser._actions for option in action.option_strings}
     for group in coverage.STEP_GROUPS:
         for field in dataclasses.fields(group):
