@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatron_ext.cli.calculator import main as calculator
+from megatron_ext.cli.layout import main as layout_tool
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.training_config import parse_args
@@ -121,7 +121,7 @@ def test_calculator_is_sane_or_a_named_error(argv: list[str]) -> None:
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            code = calculator([*argv, "--json", "--top", "3"], stdout=out, stderr=err)
+            code = layout_tool([*argv, "--json", "--top", "3"], stdout=out, stderr=err)
     except SystemExit as exc:  # argparse refusing a value: one line, exit code 2
         code = int(exc.code or 0)
     assert code in (ExitCode.OK, ExitCode.INVALID, ExitCode.DOES_NOT_FIT), err.getvalue()

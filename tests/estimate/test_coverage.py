@@ -54,7 +54,8 @@ def test_the_calculator_takes_every_approximated_flag_says_how_and_carries_it_in
     import json
     import shlex
 
-    from megatron_ext.cli import calculator, layout_args
+    from megatron_ext.cli import layout_args
+    from megatron_ext.cli.layout import main as layout_tool
 
     parser = layout_args.build_parser()
     known = {option for action in parser._actions for option in action.option_strings}
@@ -66,7 +67,7 @@ def test_the_calculator_takes_every_approximated_flag_says_how_and_carries_it_in
     argv = ["--model", "gpt3-1.3b", "--gpus", "16", "--global-batch-size", "64", "--bf16", "--tp", "2",
             "--squared-relu", "--optimizer", "sgd", "--no-bias-gelu-fusion", "--rampup-batch-size", "16", "16", "1000",
             "--json"]  # fmt: skip
-    assert calculator.main(argv, stdout=out, stderr=io.StringIO()) == 0
+    assert layout_tool(argv, stdout=out, stderr=io.StringIO()) == 0
     doc = json.loads(out.getvalue())
     assert doc["approximations"] == [
         f"--squared-relu: {coverage.APPROXIMATED['squared_relu']}",

@@ -26,8 +26,8 @@ import sys
 import typing
 from collections.abc import Sequence
 
-from megatron_ext.cli import calculator_report as report
-from megatron_ext.cli import calibrate
+from megatron_ext.cli import layout_calibrate
+from megatron_ext.cli import layout_report as report
 from megatron_ext.cli.layout_args import (
     LayoutToolError,
     build_parser,
@@ -54,7 +54,7 @@ def main(
     err = stderr or sys.stderr
     args = build_parser().parse_args(argv)
     if args.calibrate is not None:
-        return calibrate.run(args, out, err)
+        return layout_calibrate.run(args, out, err)
     try:
         if args.profile_out is not None or args.profile_name is not None:
             raise LayoutToolError("--profile-out and --profile-name go with --calibrate METRICS [...]")

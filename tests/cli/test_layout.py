@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from megatron_ext.cli.calculator import main as run
+from megatron_ext.cli.layout import main as run
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.presets import PRESETS

@@ -1,4 +1,4 @@
-"""What the layout calculator (``megatron_ext.cli.calculator``) prints: the inputs, the table of layouts,
+"""What the layout calculator (``megatron_ext.cli.layout``) prints: the inputs, the table of layouts,
 one layout explained (memory, time, stages, the schedules compared), and why a layout does not fit with what
 would make it fit. Text and JSON; nothing here decides anything."""
 
