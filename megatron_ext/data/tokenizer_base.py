@@ -79,7 +79,7 @@ class Tokenizer(ABC):
     @property
     def definition_files(self) -> list[Path]:
         """The files whose contents decide the ids ([]: none, as for NullTokenizer, whose ids are its size);
-        a checkpoint records their digest (``checkpoint.identity``)."""
+        a checkpoint records their digest (``checkpoint.run_identity``)."""
         return []
 
     @property

@@ -19,8 +19,8 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_ext.checkpoint import on_disk, records
-from megatron_ext.checkpoint.identity import RunIdentity
 from megatron_ext.checkpoint.on_disk import TRACKER_FILENAME, CheckpointError, read_tracker, resolve_iteration
+from megatron_ext.checkpoint.run_identity import RunIdentity
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.training import checkpointing, resume
 from megatron_ext.training.model import unwrap

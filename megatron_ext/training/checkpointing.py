@@ -37,9 +37,6 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_ext.checkpoint import on_disk, records
-from megatron_ext.checkpoint.identity import (
-    RunIdentity,
-)
 from megatron_ext.checkpoint.on_disk import (
     CHECKSUMS_FILENAME,
     TRACKER_FILENAME,
@@ -47,6 +44,9 @@ from megatron_ext.checkpoint.on_disk import (
     checkpoint_dir,
     read_tracker,
     resolve_iteration,
+)
+from megatron_ext.checkpoint.run_identity import (
+    RunIdentity,
 )
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.training import helper_processes, save_faults

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from megatron_ext import mcore_release
 from megatron_ext.checkpoint import on_disk, records
-from megatron_ext.checkpoint.identity import RunIdentity
+from megatron_ext.checkpoint.run_identity import RunIdentity
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import add_options
 from megatron_ext.config.run_args import RunArgs
 from megatron_ext.config.training_config import TrainingConfig, parse_args, transformer_engine_features
 from megatron_ext.data.preflight import preflight
-from megatron_ext.estimate import plan
+from megatron_ext.estimate import derived_numbers
 from megatron_ext.parallel.layout import LayoutError
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def _check_checkpoint_paths(cfg: TrainingConfig, *, probe: bool) -> tuple[str | 
     if not run.save:
         return None, tracked
     on_disk.check_save_directory(run.save, start_iteration=start, overwrite=run.overwrite_checkpoints)
-    needed = plan.checkpoint_bytes(cfg)
+    needed = derived_numbers.checkpoint_bytes(cfg)
     save = Path(run.save)
     if run.dry_run and not save.absolute().parent.exists():
         # A rehearsal of a cluster's job on another machine: its --save is not here to check.
@@ -207,7 +207,7 @@ def pretrain(
             *_transformer_engine_note(cfg),
             mcore_release.note(installed_release),
         ]
-        for line in [*plan.describe(cfg), *([where] if where else []), *resuming, *notes]:
+        for line in [*derived_numbers.describe(cfg), *([where] if where else []), *resuming, *notes]:
             print(f"  {line}")
         return ExitCode.OK
     if missing:

@@ -21,13 +21,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron_ext.checkpoint.identity import RunIdentity
+from megatron_ext.checkpoint.run_identity import RunIdentity
 from megatron_ext.config import iterations
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.data.tokenizer_base import Tokenizer
-from megatron_ext.estimate import plan
+from megatron_ext.estimate import derived_numbers
 from megatron_ext.estimate.calibration import run_record
 from megatron_ext.estimate.flops import flops_per_step
 from megatron_ext.estimate.hardware import peak_flops_for
@@ -271,7 +271,7 @@ class Trainer:
     def _log_start(self) -> None:
         if self.ctx.rank == 0:
             log.info("device: %s, backend: %s", self.ctx.device, dist.get_backend())
-            for line in plan.describe(self.cfg):
+            for line in derived_numbers.describe(self.cfg):
                 log.info(line)
         params = torch.tensor([count_parameters(self.chunks)], dtype=torch.long, device=self.ctx.device)
         counts = [torch.zeros_like(params) for _ in range(self.ctx.world_size)]

@@ -9,7 +9,7 @@ import pytest
 
 from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate import coverage
-from megatron_ext.estimate.plan import describe
+from megatron_ext.estimate.derived_numbers import describe
 
 pytestmark = pytest.mark.unit
 
