@@ -36,7 +36,7 @@ from megatron_ext.cli.layout_args import (
     workload_of,
 )
 from megatron_ext.config.arguments import BatchArgs, ConfigError, ParallelArgs
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.config.flags import options, value_type
 from megatron_ext.estimate.relayout import RelayoutError, describe, relayout
 from megatron_ext.estimate.schedule_comparison import compare_schedules
@@ -71,8 +71,7 @@ def main(
         # The batch flags' own bounds, as pretrain_gpt.py checks them (the layout rules come later).
         BatchArgs(micro_batch_size=args.micro_batch_size or 1, global_batch_size=batch)
     except (LayoutToolError, ConfigError) as exc:
-        print(f"error: {exc}", file=err)
-        return ExitCode.INVALID
+        return fail(exc, ExitCode.INVALID, file=err)
     # A layout factor given (any non-switch parallel flag: TP, PP, VP, layers per virtual stage) evaluates it.
     factors = [f.name for f in options(ParallelArgs, estimate=True) if value_type(ParallelArgs, f.name)[0] is not bool]
     evaluate_mode = any(getattr(args, name) is not None for name in factors)
@@ -94,10 +93,9 @@ def _evaluate_mode(
     try:
         layout, notes = evaluate_layout_from_flags(args, workload, cluster, batch)
     except LayoutError as exc:
-        print(f"error: {exc}", file=err)
         if args.json:
             report.print_json_errors(workload, cluster, "evaluate", exc.problems, out)
-        return ExitCode.INVALID
+        return fail(exc, ExitCode.INVALID, file=err)
     for note in notes:
         print(f"note: {note}", file=err)
     estimate = evaluate(workload, layout, cluster)
@@ -139,8 +137,7 @@ def _evaluate_mode(
             lines += ["", *report.against_best(slower, best)]
         print("\n".join(lines), file=out)
     if not estimate.fits:
-        print(report.does_not_fit_message(estimate, workload, alternatives), file=err)
-        return ExitCode.DOES_NOT_FIT
+        return fail(report.does_not_fit_message(estimate, workload, alternatives), ExitCode.DOES_NOT_FIT, file=err)
     return ExitCode.OK
 
 
@@ -163,10 +160,9 @@ def _relayout_mode(
         message = str(exc)
         if isinstance(exc, LayoutError):
             message = f"the layout as given does not run on --relayout-from-gpus {args.relayout_from_gpus}: {exc}"
-        print(f"error: {message}", file=err)
         if args.json:
             report.print_json_errors(workload, cluster, "relayout", [message], out)
-        return ExitCode.DOES_NOT_FIT if isinstance(exc, RelayoutError) else ExitCode.INVALID
+        return fail(message, ExitCode.DOES_NOT_FIT if isinstance(exc, RelayoutError) else ExitCode.INVALID, file=err)
     new = plan.new
     if args.json:
         doc = report.json_header(workload, cluster, "relayout") | {
@@ -204,8 +200,11 @@ def _search_mode(
 ) -> int:
     if batch is None:
         source = f"--model {args.model} publishes no batch size; " if args.model is not None else ""
-        print(f"error: {source}searching needs --global-batch-size (or a --model whose paper gives one)", file=err)
-        return ExitCode.INVALID
+        return fail(
+            f"{source}searching needs --global-batch-size (or a --model whose paper gives one)",
+            ExitCode.INVALID,
+            file=err,
+        )
     found = search_with_savers(
         workload,
         cluster,
@@ -218,14 +217,14 @@ def _search_mode(
     # The layouts and flags below are those of the search that found fitting layouts (savers included).
     result, workload = found.result, found.workload
     if not result.estimates:
-        print(
-            f"error: no valid layout of {cluster.gpus} GPUs for this model and batch; the simplest candidate's "
-            "problems:\n" + "\n".join(f"  - {p}" for p in result.problems),
-            file=err,
-        )
         if args.json:
             report.print_json_errors(workload, cluster, "search", result.problems, out)
-        return ExitCode.INVALID
+        return fail(
+            f"no valid layout of {cluster.gpus} GPUs for this model and batch; the simplest candidate's "
+            "problems:\n" + "\n".join(f"  - {p}" for p in result.problems),
+            ExitCode.INVALID,
+            file=err,
+        )
     shown = result.estimates[: args.top]
     fitting = result.fitting
     if args.json:
@@ -268,12 +267,12 @@ def _search_mode(
         searched = (
             f", even with {' '.join(found.added)} (searched)" if found.added else ", with every memory saver given"
         )
-        print(
-            f"error: none of the {len(result.estimates)} valid layouts fits in the {report.gib(cluster.gpu.memory_bytes)} "
+        return fail(
+            f"none of the {len(result.estimates)} valid layouts fits in the {report.gib(cluster.gpu.memory_bytes)} "
             f"GiB of a GPU{searched}; the smallest needs {report.gib(best.memory.total_bytes)} GiB "
             f"({report.gib(-best.memory_margin_bytes)} GiB too much): use more GPUs "
             "(--gpus/--nodes) or a GPU with more memory",
+            ExitCode.DOES_NOT_FIT,
             file=err,
         )
-        return ExitCode.DOES_NOT_FIT
     return ExitCode.OK

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from megatron_ext.cli import layout_args
 from megatron_ext.config.arguments import ConfigError
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.estimate.calibration import (
     Calibration,
     CalibrationError,
@@ -46,8 +46,7 @@ def run(args: argparse.Namespace, out: typing.TextIO, err: typing.TextIO) -> int
         cases = [_case(r) for r in runs]
         calibration = fit_profile(base, cases, name=args.profile_name or output.stem)
     except (CalibrationError, ValueError, ConfigError, LayoutError) as exc:
-        print(f"error: {exc}", file=err)
-        return ExitCode.INVALID
+        return fail(exc, ExitCode.INVALID, file=err)
     _write(output, profile_document(calibration.profile, **calibration.document()))
     print("\n".join([*report(calibration), "", f"wrote {output}: use it with --gpu {output}"]), file=out)
     return ExitCode.OK

@@ -18,7 +18,7 @@ import os
 import shlex
 import sys
 
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.config.flags import Parser
 from megatron_ext.data.atomic_files import WriteError
 from megatron_ext.data.indexed import IndexedDatasetError
@@ -75,11 +75,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_task(load_plan(args.output), args.task, workers=workers)
         done = finish(load_plan(args.output), merge=args.merge)
     except JobError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.INVALID if args.step == "plan" else ExitCode.ERROR
+        return fail(exc, ExitCode.INVALID if args.step == "plan" else ExitCode.ERROR)
     except (DataError, IndexedDatasetError, WriteError) as exc:  # a dataset, the blend or a full disk: named
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.ERROR
+        return fail(exc, ExitCode.ERROR)
     for key in done.documents:
         print(
             f"{key}: {done.datasets:,} datasets verified, {done.documents[key]:,} documents, {done.tokens[key]:,} tokens"

@@ -24,7 +24,7 @@ from megatron_ext import mcore_release
 from megatron_ext.checkpoint import on_disk, records
 from megatron_ext.checkpoint.run_identity import RunIdentity
 from megatron_ext.config.arguments import ConfigError
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.config.flags import add_options
 from megatron_ext.config.run_args import RunArgs
 from megatron_ext.config.training_config import TrainingConfig, parse_args, transformer_engine_features
@@ -157,8 +157,7 @@ def pretrain(
     try:
         saved = _checkpoint_arguments(argv)
     except on_disk.CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.CHECKPOINT
+        return fail(exc, ExitCode.CHECKPOINT)
     try:
         cfg = parse_args(argv, default_world_size=int(os.environ.get("WORLD_SIZE", "1")), checkpoint_args=saved)
         cfg, earlier_vocabulary = _earlier_null_vocabulary(cfg)
@@ -166,11 +165,9 @@ def pretrain(
         # constant-time ones on the other ranks of a large job.
         checked = preflight(cfg, full=cfg.run.dry_run or rank == 0)
     except (ConfigError, LayoutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.INVALID
+        return fail(exc, ExitCode.INVALID)
     except on_disk.CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.CHECKPOINT
+        return fail(exc, ExitCode.CHECKPOINT)
     cfg = checked.cfg
     try:
         where, tracked = _check_checkpoint_paths(cfg, probe=rank == 0)
@@ -193,11 +190,9 @@ def pretrain(
             resuming = resume.describe(chosen, str(cfg.run.load)) if chosen is not None else []
             resuming += [earlier_vocabulary] if earlier_vocabulary else []
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.INVALID
+        return fail(exc, ExitCode.INVALID)
     except on_disk.CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.CHECKPOINT
+        return fail(exc, ExitCode.CHECKPOINT)
     missing = _missing_tracking(cfg)
     installed_release = mcore_release.installed()
     if cfg.run.dry_run:
@@ -211,12 +206,10 @@ def pretrain(
             print(f"  {line}")
         return ExitCode.OK
     if missing:
-        print("error: " + "; ".join(missing), file=sys.stderr)
-        return ExitCode.INVALID
+        return fail("; ".join(missing), ExitCode.INVALID)
     release_problem = mcore_release.problem(installed_release)
     if release_problem is not None:
-        print(f"error: {release_problem}", file=sys.stderr)
-        return ExitCode.INVALID
+        return fail(release_problem, ExitCode.INVALID)
     if where and rank == 0:
         logging.getLogger("megatron_ext").info(where)
     if earlier_vocabulary and rank == 0:
