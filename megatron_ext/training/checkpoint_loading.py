@@ -157,47 +157,32 @@ def load_checkpoint(
     checkpoints without a tracker (``on_disk.check_load_directory``). ``identity``: this run's tokenizer and
     data, compared with the checkpoint's (None: not compared; the tools compare the tokenizer themselves)."""
     run = cfg.run
-    given = iteration
-    if iteration is not None:
-        iteration = int(resolve_iteration(root, iteration).name.removeprefix("iter_"))
-    else:
-        iteration = read_tracker(root)
-    if iteration is None:
-        on_disk.check_load_directory(root, overwrite=run.overwrite_checkpoints)
-        if run.strict_load:
-            raise CheckpointError(
-                f"--strict-load: no checkpoint under --load {root} (no {TRACKER_FILENAME}); "
-                "check the path, or drop --strict-load to start from scratch"
-            )
-        log.warning("no checkpoint found under --load %s: starting from scratch", root)
+    tracked = _iteration_to_load(root, iteration, cfg)
+    if tracked is None:
         return LoadedState(iteration=0, consumed_samples=0, path=None)
-    explicit = given is not None
+    # Which checkpoint: the tracked one, or the newest earlier one that passes the checks; then may this run take it.
     path, saved_tensors, common, skipped = resume.newest_that_passes(
         Path(root),
-        iteration,
+        tracked,
         verify=not run.no_checkpoint_checksums,
-        fallback=not (run.no_checkpoint_fallback or explicit),
+        fallback=not (run.no_checkpoint_fallback or iteration is not None),
     )
     records.check_resumable(path, common, cfg)
     if identity is not None:
         records.check_identity(path, common, identity, run)
-    saved_layout = common.get("layout", {})
+
+    # What to read: the model, and the optimizer's and the RNG states where they are taken.
     model_sd = checkpointing.model_sharded_state_dict(chunks)
     request: dict[str, Any] = dict(model_sd)
     load_optim = records.loads_optimizer(common, run)
-    saved_format = common.get("optimizer_format", "fully_reshardable")
     if load_optim:
         _prepare_distributed_optimizer_for_load(optimizer)
         request["optimizer"] = optimizer.sharded_state_dict(
-            model_sd, is_loading=True, metadata={"distrib_optim_sharding_type": saved_format}
+            model_sd,
+            is_loading=True,
+            metadata={"distrib_optim_sharding_type": common.get("optimizer_format", "fully_reshardable")},
         )
-    same_grid = saved_layout.get("tp") == cfg.layout.tp and saved_layout.get("pp") == cfg.layout.pp
-    saved_rng = bool(common.get("has_rng_state", True))
-    if not saved_rng and not (run.no_load_rng or run.finetune):
-        log.warning("%s was saved without RNG states (--no-save-rng): this run draws new random numbers", path)
-    load_rng = not (run.no_load_rng or run.finetune) and same_grid and saved_rng
-    if not same_grid and saved_rng and not (run.no_load_rng or run.finetune):
-        log.warning("checkpoint layout %s differs from this run's TP/PP: RNG states are not restored", saved_layout)
+    load_rng = _loads_rng(path, common, cfg)
     if load_rng:
         request["rng_state"] = checkpointing.rng_sharded_object(cfg)
 
@@ -211,21 +196,11 @@ def load_checkpoint(
             f"{path} could not be loaded ({type(exc).__name__}: {str(exc)[:2000]}); "
             "if its files are damaged, resume from an earlier checkpoint"
         ) from exc
+
     for i, chunk in enumerate(chunks):
         unwrap(chunk).load_state_dict(loaded[checkpointing.model_key(i, len(chunks))])
     if load_optim:
-        # Copies into main parameters that require grad (fp32 training): not a graph operation.
-        with torch.no_grad():
-            optimizer.load_state_dict(loaded["optimizer"])
-        _unshare_adam_steps(optimizer)
-        try:
-            scheduler.load_state_dict(common["opt_param_scheduler"])
-        except AssertionError as exc:
-            raise CheckpointError(
-                f"{path}: the learning-rate schedule differs from the checkpoint's ({exc}); pass "
-                "--override-opt_param-scheduler to use this run's flags or --use-checkpoint-opt_param-scheduler "
-                "to keep the checkpoint's"
-            ) from exc
+        _restore_optimizer(path, loaded["optimizer"], common, optimizer, scheduler)
     if load_rng:
         _restore_rng(loaded["rng_state"])
     if run.finetune:
@@ -233,3 +208,51 @@ def load_checkpoint(
     return LoadedState(
         iteration=int(common["iteration"]), consumed_samples=int(common["consumed_samples"]), path=path, skipped=skipped
     )
+
+
+def _iteration_to_load(root: str | Path, iteration: int | None, cfg: TrainingConfig) -> int | None:
+    """The iteration asked for (``iteration``, which must exist) or tracked under ``root``; None: a fresh start,
+    refused by ``--strict-load`` or by finished checkpoints without a tracker."""
+    if iteration is not None:
+        return int(resolve_iteration(root, iteration).name.removeprefix("iter_"))
+    tracked = read_tracker(root)
+    if tracked is None:
+        on_disk.check_load_directory(root, overwrite=cfg.run.overwrite_checkpoints)
+        if cfg.run.strict_load:
+            raise CheckpointError(
+                f"--strict-load: no checkpoint under --load {root} (no {TRACKER_FILENAME}); "
+                "check the path, or drop --strict-load to start from scratch"
+            )
+        log.warning("no checkpoint found under --load %s: starting from scratch", root)
+    return tracked
+
+
+def _loads_rng(path: Path, common: dict[str, Any], cfg: TrainingConfig) -> bool:
+    """Whether the run restores the checkpoint's RNG states: unless told not to (``--no-load-rng``,
+    ``--finetune``), when they were saved (a warning if not) and under the same TP and PP (a warning if not:
+    the states are per TP and PP rank)."""
+    run = cfg.run
+    saved_layout = common.get("layout", {})
+    same_grid = saved_layout.get("tp") == cfg.layout.tp and saved_layout.get("pp") == cfg.layout.pp
+    saved_rng = bool(common.get("has_rng_state", True))
+    if not saved_rng and not (run.no_load_rng or run.finetune):
+        log.warning("%s was saved without RNG states (--no-save-rng): this run draws new random numbers", path)
+    if not same_grid and saved_rng and not (run.no_load_rng or run.finetune):
+        log.warning("checkpoint layout %s differs from this run's TP/PP: RNG states are not restored", saved_layout)
+    return not (run.no_load_rng or run.finetune) and same_grid and saved_rng
+
+
+def _restore_optimizer(path: Path, state: Any, common: dict[str, Any], optimizer: Any, scheduler: Any) -> None:
+    """The loaded optimizer state into ``optimizer``, and the learning-rate schedule into ``scheduler``."""
+    # Copies into main parameters that require grad (fp32 training): not a graph operation.
+    with torch.no_grad():
+        optimizer.load_state_dict(state)
+    _unshare_adam_steps(optimizer)
+    try:
+        scheduler.load_state_dict(common["opt_param_scheduler"])
+    except AssertionError as exc:
+        raise CheckpointError(
+            f"{path}: the learning-rate schedule differs from the checkpoint's ({exc}); pass "
+            "--override-opt_param-scheduler to use this run's flags or --use-checkpoint-opt_param-scheduler "
+            "to keep the checkpoint's"
+        ) from exc
