@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from megatron_ext.config.training_config import TrainingConfig
-    from megatron_ext.data.tokenizers import Tokenizer
+    from megatron_ext.data.tokenizer_base import Tokenizer
     from megatron_ext.training.datasets import Datasets
 
 

@@ -17,7 +17,7 @@ that before and after run in the same rounds on the same machine::
     python bench/long_document_bench.py --document-mb 30 --baseline HEAD --runs 2
     python bench/long_document_bench.py --document-mb 30 --tokenizer-model runs/tok/sp32k.model
 
-The corpus (``megatron_ext.data.corpus``) and the tokenizer (a SentencePiece BPE
+The corpus (``megatron_ext.data.local_corpus``) and the tokenizer (a SentencePiece BPE
 trained on it with ``tools/train_tokenizer.py``) are cached under ``--work-dir``.
 """
 

@@ -23,7 +23,7 @@ further contenders in the same interleaved rounds; their outputs must be
 byte-identical to the JSON Lines run, and their throughput is reported as MB/s
 of the JSON Lines text (the same work for every format) and as a ratio to it.
 
-The corpus (``megatron_ext.data.corpus``) and the tokenizer are cached under ``--work-dir``.
+The corpus (``megatron_ext.data.local_corpus``) and the tokenizer are cached under ``--work-dir``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from megatron_ext.data.corpus import build_corpus
+from megatron_ext.data.local_corpus import build_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 

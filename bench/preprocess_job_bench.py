@@ -44,8 +44,8 @@ def main() -> int:
     parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "bench")
     args = parser.parse_args()
 
-    from megatron_ext.data.corpus_job import finish, fix_plan, make_plan, run_task
     from megatron_ext.data.indexed import merge_datasets
+    from megatron_ext.data.preprocess_job import finish, fix_plan, make_plan, run_task
 
     helpers = _preprocess_bench()
     args.work_dir.mkdir(parents=True, exist_ok=True)

@@ -79,7 +79,7 @@ PRIVATE_NAMES = (
         module="megatron.core.optimizer.distrib_optimizer",
         name="DistributedOptimizer._set_main_param_and_optimizer_states",
         parameters=("model_param", "tensors"),
-        use="training/checkpointing.py wraps it on each optimizer instance so that loading a dp-reshardable "
+        use="training/checkpoint_loading.py wraps it on each optimizer instance so that loading a dp-reshardable "
         "checkpoint keeps the restored step (the per-parameter placeholder's step is dropped).",
     ),
 )

@@ -52,6 +52,46 @@ def test_the_floors_in_the_map_are_the_checked_ones() -> None:
     assert Path(REPO / "scripts" / "test.sh").read_text().count("lint-imports") == 1
 
 
+def error_prints(source: str) -> list[int]:
+    """Lines of ``source`` that print a refusal themselves (``print("error: …")``, ``print(f"checkpoint error: …")``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print" and node.args
+        ):
+            continue
+        first = node.args[0]
+        while isinstance(first, ast.BinOp):  # "error: " + ...
+            first = first.left
+        head = first.values[0] if isinstance(first, ast.JoinedStr) and first.values else first
+        if isinstance(head, ast.Constant) and isinstance(head.value, str) and "error: " in head.value.split("\n")[0]:
+            found.append(node.lineno)
+    return found
+
+
+def test_the_error_print_finder_finds_them() -> None:
+    source = (
+        'print(f"error: {exc}", file=err)\n'
+        'print("note: x")\n'
+        'print(f"[recipe] error: {exc}")\n'
+        'print("x", "error: y")\n'
+        'print("error: " + "; ".join(missing))\n'
+    )
+    assert error_prints(source) == [1, 3, 5]
+
+
+def test_every_refusal_is_said_by_fail() -> None:
+    """A command that stops says why in one way: ``return fail(message, ExitCode.X)`` (``config/exit_codes.py``),
+    not a ``print("error: …")`` of its own beside a ``return``."""
+    own = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != PACKAGE / "config" / "exit_codes.py"
+        for line in error_prints(path.read_text(encoding="utf-8"))
+    ]
+    assert not own, "error lines printed outside exit_codes.fail: " + ", ".join(own)
+
+
 TESTS = REPO / "tests"
 SUBPROCESS_WAITS = frozenset({"run", "check_output", "check_call", "call"})
 """``subprocess`` functions that wait for the command to end."""

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_ext.checkpoint.identity import (
+from megatron_ext.checkpoint.on_disk import CheckpointError
+from megatron_ext.checkpoint.run_identity import (
     DATA_FLAG,
     TOKENIZER_FLAG,
     RunIdentity,
     data_differences,
     tokenizer_difference,
 )
-from megatron_ext.checkpoint.on_disk import CheckpointError
 from megatron_ext.config.run_args import RunArgs
 from megatron_ext.config.training_config import GROUPS, TrainingConfig, make_config
 from megatron_ext.parallel.factors import divisors

@@ -15,7 +15,7 @@ import time
 
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.flags import Parser, above, at_least
-from megatron_ext.data.corpus import SOURCES, build_corpus
+from megatron_ext.data.local_corpus import SOURCES, build_corpus
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 
 from megatron_ext import notices
 from megatron_ext.cli.checkpoint_args import (
@@ -32,7 +31,7 @@ from megatron_ext.cli.checkpoint_args import (
     checkpoint_error_text,
     tokenizer_overrides,
 )
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.config.flags import Parser
 
 
@@ -91,13 +90,10 @@ def main(argv: list[str] | None = None) -> int:
             command = ["pretrain_gpt.py", "--load", str(imported.save), *imported.flags]
             print("continue pretraining with:", shlex.join(command))
     except (ConversionError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.INVALID
+        return fail(exc, ExitCode.INVALID)
     except CheckpointError as exc:
-        print(f"checkpoint error: {checkpoint_error_text(exc, args)}", file=sys.stderr)
-        return ExitCode.CHECKPOINT
+        return fail(checkpoint_error_text(exc, args), ExitCode.CHECKPOINT, prefix="checkpoint error")
     except OutputError as exc:
         # As a failed save of pretrain_gpt.py: a checkpoint (here in transformers' format) cannot be written.
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.CHECKPOINT
+        return fail(exc, ExitCode.CHECKPOINT)
     return ExitCode.OK

@@ -14,7 +14,6 @@ prompt followed by the generated text (decoded together); stops early at the end
 from __future__ import annotations
 
 import argparse
-import sys
 
 from megatron_ext import notices
 from megatron_ext.cli.checkpoint_args import (
@@ -22,7 +21,7 @@ from megatron_ext.cli.checkpoint_args import (
     checkpoint_error_text,
     tokenizer_overrides,
 )
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.config.flags import Parser, at_least
 
 
@@ -70,11 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                 device=ctx.device,
             )
     except CheckpointError as exc:  # before RuntimeError, which it is
-        print(f"checkpoint error: {checkpoint_error_text(exc, args)}", file=sys.stderr)
-        return ExitCode.CHECKPOINT
+        return fail(checkpoint_error_text(exc, args), ExitCode.CHECKPOINT, prefix="checkpoint error")
     except (ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.INVALID
+        return fail(exc, ExitCode.INVALID)
     # Decoded with the prompt: a piece's leading space only survives decoding in context.
     print(tok.detokenize(prompt + [t for t in new if t != tok.eod]))
     return ExitCode.OK

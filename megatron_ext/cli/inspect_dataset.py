@@ -19,11 +19,12 @@ import sys
 
 import numpy as np
 
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.config.flags import Parser, at_least
 from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, tokenizer_type_argument
 from megatron_ext.data.indexed import IndexedDatasetError, IndexedDatasetFiles
-from megatron_ext.data.tokenizers import TokenizerError, build_tokenizer
+from megatron_ext.data.tokenizer_base import TokenizerError
+from megatron_ext.data.tokenizers import build_tokenizer
 
 
 def histogram(lengths: np.ndarray, bins: int = 10) -> list[tuple[int, int, int]]:
@@ -69,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.show:
             raise TokenizerError("--show needs --tokenizer-type (and its model files) to decode")
     except (IndexedDatasetError, TokenizerError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.ERROR
+        return fail(exc, ExitCode.ERROR)
 
     lengths = np.asarray(ds.lengths)
     stats = {
@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = ds.verify(max_token=tokenizer.vocab_size if tokenizer is not None else None)
         if problems:
             for problem in problems:
-                print(f"error: {problem}", file=sys.stderr)
-            status = 1
+                status = fail(problem, ExitCode.ERROR)
         else:
             checked = " and token ids within the vocabulary" if tokenizer is not None else ""
             print(f"verify: OK (header, sizes, pointers, document indices{checked})")

@@ -28,7 +28,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.config.flags import Parser
 from megatron_ext.data.atomic_files import WriteError
 from megatron_ext.data.indexed import IndexedDatasetError, merge_datasets
@@ -69,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             raise IndexedDatasetError(f"--output-prefix {args.output_prefix} is also an input")
         writer = merge_datasets(prefixes, args.output_prefix)
     except (IndexedDatasetError, WriteError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.ERROR
+        return fail(exc, ExitCode.ERROR)
     print(
         f"merged {len(prefixes)} datasets into {args.output_prefix}: {writer.num_documents:,} documents, "
         f"{writer.num_sequences:,} sequences, {writer.num_tokens:,} tokens ({writer.dtype})"
@@ -86,8 +85,7 @@ def _write_blend(inputs: list[str], path: str, mix: list[str]) -> int:
         entries = plan_blend(prefixes_of(inputs), parse_mix(mix))
         write_blend(entries, path)
     except (IndexedDatasetError, DataError, WriteError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.ERROR
+        return fail(exc, ExitCode.ERROR)
     tokens = sum(e.tokens for e in entries)
     print(
         f"wrote {path}: {len(entries):,} datasets, {sum(e.documents for e in entries):,} documents, {tokens:,} tokens"

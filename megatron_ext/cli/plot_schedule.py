@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.estimate.pipeline_schedule import (
     PipelinePass,
     TimedPass,
@@ -80,21 +80,21 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     if args.timeline is not None:
         return _measured(args, out, err)
     if args.pp is None or args.num_microbatches is None:
-        print("error: give --pp and --num-microbatches, or --timeline TRACE (see --help)", file=err)
-        return ExitCode.INVALID
+        return fail("give --pp and --num-microbatches, or --timeline TRACE (see --help)", ExitCode.INVALID, file=err)
     try:
         validate(pp=args.pp, vp=args.vp, num_microbatches=args.num_microbatches)
     except LayoutError as exc:
-        print(f"error: {exc}", file=err)
-        return ExitCode.INVALID
+        return fail(exc, ExitCode.INVALID, file=err)
     if args.width < 400:
-        print(f"error: --width must be at least 400 pixels, got {args.width}", file=err)
-        return ExitCode.INVALID
+        return fail(f"--width must be at least 400 pixels, got {args.width}", ExitCode.INVALID, file=err)
     if args.compare_schedules:
         weight = args.backward_time / 2 if args.weight_grad_time is None else args.weight_grad_time
         if not 0 < weight < args.backward_time:
-            print(f"error: --weight-grad-time must be above 0 and below the backward time, got {weight:g}", file=err)
-            return ExitCode.INVALID
+            return fail(
+                f"--weight-grad-time must be above 0 and below the backward time, got {weight:g}",
+                ExitCode.INVALID,
+                file=err,
+            )
         return _compare(args, out, weight)
     orders: list[list[PipelinePass]] | None = None
     if args.trace is not None:
@@ -103,12 +103,12 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         recorded = load_trace(args.trace)
         per_step = 2 * args.num_microbatches * args.vp
         if sorted(recorded) != list(range(args.pp)) or any(len(o) < per_step for o in recorded.values()):
-            print(
-                f"error: {args.trace} does not hold one step of p={args.pp}, v={args.vp}, m={args.num_microbatches} "
+            return fail(
+                f"{args.trace} does not hold one step of p={args.pp}, v={args.vp}, m={args.num_microbatches} "
                 f"for every pipeline rank (found ranks {sorted(recorded)})",
+                ExitCode.INVALID,
                 file=err,
             )
-            return ExitCode.INVALID
         orders = [recorded[r][:per_step] for r in range(args.pp)]
     try:
         timeline = simulate(
@@ -121,8 +121,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
             orders=orders,
         )
     except (ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=err)
-        return ExitCode.INVALID
+        return fail(exc, ExitCode.INVALID, file=err)
     stem = args.output or Path(f"schedule_p{args.pp}_v{args.vp}_m{args.num_microbatches}")
     png, svg = write(timeline, stem, width=args.width)
     p, v, m = args.pp, args.vp, args.num_microbatches
@@ -214,11 +213,9 @@ def _measured(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         by_stage = load_timeline(args.timeline)
     except (OSError, ValueError, KeyError) as exc:
-        print(f"error: {args.timeline} is not a trace of pretrain_gpt.py --timeline ({exc})", file=err)
-        return ExitCode.INVALID
+        return fail(f"{args.timeline} is not a trace of pretrain_gpt.py --timeline ({exc})", ExitCode.INVALID, file=err)
     if not by_stage or sorted(by_stage) != list(range(len(by_stage))) or not all(by_stage.values()):
-        print(f"error: {args.timeline} does not hold a step for every pipeline rank", file=err)
-        return ExitCode.INVALID
+        return fail(f"{args.timeline} does not hold a step for every pipeline rank", ExitCode.INVALID, file=err)
     step = {rank: steps[-1] for rank, steps in by_stage.items()}  # the last step kept: steady state
     measured = measured_timeline(step)
     p, v, m = measured.pp, measured.vp, measured.num_microbatches

@@ -22,13 +22,13 @@ import os
 import signal
 import sys
 
-from megatron_ext.config.exit_codes import SIGNAL_BASE, ExitCode
+from megatron_ext.config.exit_codes import SIGNAL_BASE, ExitCode, fail
 from megatron_ext.config.flags import Parser, above, at_least
 from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, tokenizer_type_argument
 from megatron_ext.data import formats, preprocess
 from megatron_ext.data.atomic_files import WriteError
 from megatron_ext.data.preprocess_worker import TokenizerSpec
-from megatron_ext.data.tokenizers import TokenizerError
+from megatron_ext.data.tokenizer_base import TokenizerError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,14 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.split_sentences or args.keep_newlines:
-        print(
-            "error: --split-sentences/--keep-newlines are not supported (GPT pretraining uses documents)",
-            file=sys.stderr,
+        return fail(
+            "--split-sentences/--keep-newlines are not supported (GPT pretraining uses documents)", ExitCode.INVALID
         )
-        return ExitCode.INVALID
     if args.input_root is not None and not args.output_per_file:
-        print("error: --input-root names the datasets of --output-per-file; give both or neither", file=sys.stderr)
-        return ExitCode.INVALID
+        return fail("--input-root names the datasets of --output-per-file; give both or neither", ExitCode.INVALID)
     spec = TokenizerSpec(
         tokenizer_type=args.tokenizer_type,
         tokenizer_model=args.tokenizer_model,
@@ -174,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     except (formats.InputError, TokenizerError, WriteError) as exc:
         # A refused write is a run-time failure like bad input (1), not a bad option (2), and not worth
         # retrying as is (75 would make the recipes requeue into the same full or read-only disk).
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.ERROR
+        return fail(exc, ExitCode.ERROR)
     except KeyboardInterrupt as exc:
         # The shell's convention: 128 + the signal (130 for Ctrl-C/SIGINT, 143 for SIGTERM, 129 for SIGHUP).
         signum = getattr(exc, "signum", signal.SIGINT)

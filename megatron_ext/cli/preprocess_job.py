@@ -7,7 +7,7 @@
 
 ``plan`` fixes the job's plan (``--dry-run``: prints it and writes nothing); the plan goes to stderr and the
 tasks still to run, comma-separated, to stdout. ``task`` runs one task; ``finish`` verifies, totals and writes
-the blends. See ``megatron_ext.data.corpus_job``. Exit codes: 0 done, 1 a failed task or a finish that found
+the blends. See ``megatron_ext.data.preprocess_job``. Exit codes: 0 done, 1 a failed task or a finish that found
 missing tasks or broken datasets, 2 bad options or inputs, 75 a task stopped by a signal (requeue it).
 """
 
@@ -18,10 +18,11 @@ import os
 import shlex
 import sys
 
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.config.flags import Parser
 from megatron_ext.data.atomic_files import WriteError
-from megatron_ext.data.corpus_job import (
+from megatron_ext.data.indexed import IndexedDatasetError
+from megatron_ext.data.preprocess_job import (
     JobError,
     check_task_time,
     finish,
@@ -31,7 +32,6 @@ from megatron_ext.data.corpus_job import (
     pending_tasks,
     run_task,
 )
-from megatron_ext.data.indexed import IndexedDatasetError
 from megatron_ext.data.sources import DataError
 
 
@@ -75,11 +75,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_task(load_plan(args.output), args.task, workers=workers)
         done = finish(load_plan(args.output), merge=args.merge)
     except JobError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.INVALID if args.step == "plan" else ExitCode.ERROR
+        return fail(exc, ExitCode.INVALID if args.step == "plan" else ExitCode.ERROR)
     except (DataError, IndexedDatasetError, WriteError) as exc:  # a dataset, the blend or a full disk: named
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.ERROR
+        return fail(exc, ExitCode.ERROR)
     for key in done.documents:
         print(
             f"{key}: {done.datasets:,} datasets verified, {done.documents[key]:,} documents, {done.tokens[key]:,} tokens"

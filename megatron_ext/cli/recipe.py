@@ -34,7 +34,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.config.flags import flag_of, options, value_type
 from megatron_ext.config.runtime import TRACKER_FILENAME, serial_cuda_connections
 from megatron_ext.config.training_config import GROUPS, expand_preset
@@ -293,8 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         pretrain, calculator = resolve(args, os.environ)
     except RecipeError as exc:
-        print(f"[recipe] error: {exc}", file=sys.stderr)
-        return ExitCode.INVALID
+        return fail(exc, ExitCode.INVALID, prefix="[recipe] error")
     sys.stdout.write(shell_assignments(pretrain, calculator, device=_get(os.environ, "DEVICE")))
     return ExitCode.OK
 

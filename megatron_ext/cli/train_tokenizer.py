@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.config.flags import Parser, above, at_least
 from megatron_ext.data import formats
 
@@ -162,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
         )
     except (RuntimeError, OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.ERROR
+        return fail(exc, ExitCode.ERROR)
     print(
         f"wrote {model} and {vocab} ({args.model_type}, {args.vocab_size:,} pieces, "
         f"{time.perf_counter() - start:.1f} s)"

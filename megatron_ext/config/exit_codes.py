@@ -2,11 +2,15 @@
 
 Each code means the same thing wherever it is returned; the recipes read
 this table (``python -m megatron_ext.cli.recipe``) instead of restating it.
+A refusal is said one way everywhere (``fail``): one ``error: …`` line on
+stderr, and the code.
 """
 
 from __future__ import annotations
 
 import enum
+import sys
+import typing
 
 
 class ExitCode(enum.IntEnum):
@@ -32,3 +36,10 @@ class ExitCode(enum.IntEnum):
 
 SIGNAL_BASE = 128
 """A tool stopped by signal N exits with ``SIGNAL_BASE + N`` (130 Ctrl-C, 143 SIGTERM), as shells report it."""
+
+
+def fail(message: object, code: ExitCode, *, file: typing.TextIO | None = None, prefix: str = "error") -> ExitCode:
+    """Say why a command stops, as ``PREFIX: MESSAGE`` on ``file`` (default: stderr, looked up at the call), and
+    return its exit code, for ``return fail(exc, ExitCode.INVALID)`` in a ``main``."""
+    print(f"{prefix}: {message}", file=sys.stderr if file is None else file)
+    return code

@@ -8,9 +8,9 @@ a rule depends on (a SentencePiece model's protocol buffer, a Hugging Face
 :mod:`megatron_ext.data.tokenizers`.
 
 Where a text may be cut (each tokenizer's
-:attr:`~megatron_ext.data.tokenizers.Tokenizer.cut_rule`): only where the
+:attr:`~megatron_ext.data.tokenizer_base.Tokenizer.cut_rule`): only where the
 tokenizer provably gives the pieces the ids it gives the whole, so that
-:meth:`~megatron_ext.data.tokenizers.Tokenizer.tokenize_pieces` can encode a
+:meth:`~megatron_ext.data.tokenizer_base.Tokenizer.tokenize_pieces` can encode a
 long text a piece at a time with exactly the ids of ``tokenize(text)``.
 
 * ``NullTokenizer``: at any space: ``text.split(" ")`` of ``A + " " + B`` is
@@ -48,7 +48,7 @@ long text a piece at a time with exactly the ids of ``tokenize(text)``.
   the whole.
 
 Everywhere else a long text is tokenized whole (one piece), with the reason in
-:attr:`~megatron_ext.data.tokenizers.Tokenizer.whole_reason`: SentencePiece
+:attr:`~megatron_ext.data.tokenizer_base.Tokenizer.whole_reason`: SentencePiece
 unigram models (the Viterbi search adds float32 path scores from the start of
 the text, so the choice between near-equal segmentations depends on everything
 before: cutting changes ids on real text), other SentencePiece normalisers or

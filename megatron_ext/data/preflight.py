@@ -21,7 +21,7 @@ from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.data import sources
 from megatron_ext.data.blend_files import with_blend_files
 from megatron_ext.data.indexed import IndexedDatasetFiles
-from megatron_ext.data.tokenizers import Tokenizer
+from megatron_ext.data.tokenizer_base import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ from megatron_ext.data.preprocess_worker import (
     worker_main,
 )
 from megatron_ext.data.progress import Progress
-from megatron_ext.data.tokenizers import Tokenizer
+from megatron_ext.data.tokenizer_base import Tokenizer
 
 
 class PreprocessError(InputError):

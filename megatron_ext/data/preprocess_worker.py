@@ -10,7 +10,7 @@ What a worker does with a chunk (:func:`process_chunk`):
   key (:class:`ChunkResult`): a few pickled buffers per chunk instead of a
   Python list per document.
 * A document longer than :data:`LONG_DOCUMENT_CHARS` is tokenized a piece at
-  a time (:meth:`~megatron_ext.data.tokenizers.Tokenizer.tokenize_pieces`,
+  a time (:meth:`~megatron_ext.data.tokenizer_base.Tokenizer.tokenize_pieces`,
   cut only where the ids are provably those of the whole), each piece's ids
   converted to the token dtype as they come: the tokenizer's working memory
   does not grow with the document.
@@ -41,7 +41,8 @@ import numpy as np
 
 from megatron_ext.data import formats
 from megatron_ext.data.formats import Chunk
-from megatron_ext.data.tokenizers import PIECE_CHARS, Tokenizer, build_tokenizer
+from megatron_ext.data.tokenizer_base import PIECE_CHARS, Tokenizer
+from megatron_ext.data.tokenizers import build_tokenizer
 
 REASONS = ("invalid_utf8", "not_json", "missing_key", "non_string", "tokenize_error")
 """Why a line is bad (the keys of the report's ``skipped`` counts)."""

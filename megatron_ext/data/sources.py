@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from megatron_ext.data.indexed import IndexedDatasetError, IndexedDatasetFiles, bin_path, optimal_dtype
-from megatron_ext.data.tokenizers import Tokenizer, TokenizerError, build_tokenizer
+from megatron_ext.data.tokenizer_base import Tokenizer, TokenizerError
+from megatron_ext.data.tokenizers import build_tokenizer
 
 _SAMPLE_TOKENS = 4 << 20
 

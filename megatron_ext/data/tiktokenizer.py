@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from megatron_ext.data.tokenizers import Tokenizer, TokenizerError
+from megatron_ext.data.tokenizer_base import Tokenizer, TokenizerError
 
 PATTERNS = {
     "v1": r"[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",

@@ -15,7 +15,7 @@ The first pipeline stage also holds the word embedding ``V·h`` (split by TP)
 and, with learned positions, the position embedding; the last holds the final
 norm and the output layer: its own ``V·h`` when untied, a copy of the word
 embedding when tied and PP > 1. This is what ``--dry-run`` prints (checked
-against the built model by ``tests/estimate/test_plan.py``) and what the
+against the built model by ``tests/estimate/test_derived_numbers.py``) and what the
 memory model charges.
 """
 

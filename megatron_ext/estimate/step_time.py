@@ -269,7 +269,6 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
     s, b, h = m.seq_length / cp, layout.micro_batch_size, m.hidden_size
     n, f = m.num_attention_heads, m.effective_ffn_hidden_size
     vocab = workload.padded_vocab_size(t)
-    e = workload.activation_bytes
 
     # FLOPs of one layer's and of the logits' forward for one microbatch on this rank (flops.py).
     layer_fwd = layer_forward_flops(m, sequences=b) / cp
@@ -288,13 +287,80 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         if workload.fp8_format
         else rate
     )
-    # Fused (flash) attention runs the attention core at the published kernel benchmarks' rate for its shape
-    # (``kernels``); unfused (or in fp32), its two batched GEMMs run at the GEMMs' rate and its softmax is an
-    # element-wise kernel (below).
-    fused = not unfused_attention(workload) and workload.mixed_precision
     bandwidth = gpu.memory_bandwidth * gpu.memory_efficiency
 
-    # Memory-bound element-wise kernels: bytes read and written per layer forward, backward twice that.
+    # The layer's four GEMMs (QKV, projection, FC1, FC2) on this TP rank, each at its shape's efficiency
+    # (``kernels.gemm_pass_efficiency``): ``b·s`` tokens (per CP rank) by (outputs, inputs); forward and the two
+    # backward GEMMs, and the forward again with full recomputation.
+    tokens = b * s
+    g, d = m.effective_num_query_groups, m.effective_kv_channels
+    linears = ((n + 2 * g) * d / t, h), (h, n * d / t), (f * (2 if m.swiglu else 1) / t, h), (h, f / t)
+    gemm_passes = 3 + (1 if workload.recompute_granularity == "full" else 0)
+    layer_gemm_s = _gemm_seconds(linears, gemm_rate, gemm_passes, tokens=tokens, gpu=gpu)
+    attention_s = _attention_core_seconds(workload, gpu, attention_fwd, seq_length=s, tp=t, peak=peak, rate=rate)
+    layer_compute = (
+        layer_gemm_s
+        + attention_s
+        + _element_wise_bytes(workload, layout, seq_length=s) / bandwidth
+        + gpu.pass_overhead_s
+    )
+    return UnitTimes(
+        layer_compute_s=layer_compute,
+        layer_tp_s=_tp_collectives_seconds(workload, gpu, layout, seq_length=s, layer_gemm_s=layer_gemm_s),
+        output_compute_s=_gemm_seconds(((vocab / t, h),), rate, 3, tokens=tokens, gpu=gpu),
+        recompute_flops=recompute,
+        layer_cp_s=_cp_ring_exposed_seconds(
+            workload, gpu, layout, seq_length=s, attention_s=attention_s, gpus_per_node=gpus_per_node
+        ),
+        layer_weight_grad_s=_gemm_seconds(linears, gemm_rate, 1, tokens=tokens, gpu=gpu),
+    )
+
+
+def _gemm_seconds(
+    shapes: tuple[tuple[float, float], ...], gemm_rate: float, passes: int, *, tokens: float, gpu: GpuProfile
+) -> float:
+    """``passes`` passes of GEMMs of ``tokens`` rows by each (outputs, inputs) in ``shapes``, ``2·tokens·out·in``
+    FLOPs each, at ``gemm_rate`` times the efficiency of that shape (``kernels.gemm_pass_efficiency``)."""
+    return sum(
+        passes
+        * 2
+        * tokens
+        * out
+        * inp
+        / (gemm_rate * gemm_pass_efficiency(tokens, out, inp, sms=gpu.sms, depth_half=gpu.gemm_depth_half))
+        for out, inp in shapes
+    )
+
+
+def _attention_core_seconds(
+    workload: Workload, gpu: GpuProfile, attention_fwd: float, *, seq_length: float, tp: int, peak: float, rate: float
+) -> float:
+    """The attention core's forward, backward and (recomputed) forward of one layer and microbatch on this rank.
+
+    Fused (flash) attention runs at the published kernel benchmarks' rate for its shape (``kernels``), in the
+    kernel's causal count; unfused (or in fp32), its two batched GEMMs run at the GEMMs' ``rate`` and its
+    softmax is an element-wise kernel (``_element_wise_bytes``).
+    """
+    m = workload.model
+    attention_recompute = attention_fwd if workload.recompute_granularity != "none" else 0.0
+    if not unfused_attention(workload) and workload.mixed_precision:
+        # The kernel's count: causal, half of Megatron's full s² square; forward + backward 3.5 forwards, and the
+        # forward again when recomputed. Its share of peak at the sequence each CP rank sees.
+        share = gpu.attention_efficiency or attention_kernel_efficiency(
+            gpu.attention_kernels, seq_length=seq_length, head_dim=m.effective_kv_channels, backend=m.attention_backend
+        )
+        passes = FORWARD_AND_BACKWARD + (1 if attention_recompute else 0)
+        return passes * attention_fwd / 2 / tp / (peak * share)
+    return (3 * attention_fwd + attention_recompute) / tp / rate
+
+
+def _element_wise_bytes(workload: Workload, layout: ParallelLayout, *, seq_length: float) -> float:
+    """Bytes the memory-bound kernels of one layer read and write for one microbatch on this rank (module
+    docstring): the forward's, twice that backward, what recomputation repeats, and the FP8 casts."""
+    m = workload.model
+    s, b, h, t = seq_length, layout.micro_batch_size, m.hidden_size, layout.tp
+    n, f = m.num_attention_heads, m.effective_ffn_hidden_size
+    e = workload.activation_bytes
     sp = layout.sequence_parallel
     masks = 1.0 if m.hidden_dropout > 0 else 0.0
     norms_and_residuals = s * b * h * (2 * 2 * e + 2 * (3 * e + masks)) / (t if sp else 1)
@@ -313,76 +379,49 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
     cast_fwd, cast_bwd = fp8_cast_bytes(workload, sequences=b, seq_length=s, tp=t)
     if workload.recompute_granularity == "full":
         recompute_bytes += cast_fwd
-    # One layer and the output layer (logits GEMM, forward and backward) for one microbatch.
-    attention_recompute = attention_fwd if workload.recompute_granularity != "none" else 0.0
-    # The layer's four GEMMs (QKV, projection, FC1, FC2) on this TP rank, each at its shape's efficiency
-    # (``kernels.gemm_pass_efficiency``): ``b·s`` tokens (per CP rank) by (outputs, inputs); forward and the two
-    # backward GEMMs, and the forward again with full recomputation.
-    tokens = b * s
+    return 3 * layer_fwd_bytes + recompute_bytes + cast_fwd + cast_bwd
+
+
+def _tp_collectives_seconds(
+    workload: Workload, gpu: GpuProfile, layout: ParallelLayout, *, seq_length: float, layer_gemm_s: float
+) -> float:
+    """Tensor parallelism: 4 collectives of ``b·s·h`` per layer (6 with full recompute), each ``2(t−1)/t`` of it
+    per GPU over NVLink; with ``--tp-comm-overlap`` what the layer's GEMMs (``layer_gemm_s``) cannot hide."""
+    t = layout.tp
+    if t == 1:
+        return 0.0
+    s, b, h, e = seq_length, layout.micro_batch_size, workload.model.hidden_size, workload.activation_bytes
+    collectives = 6 if workload.recompute_granularity == "full" else 4
+    layer_tp = collectives * (2 * _ring(t) * b * s * h * e / gpu.intra_node_bandwidth + 2 * (t - 1) * link_latency(gpu))
+    if workload.tp_comm_overlap:
+        # Transformer Engine's userbuffers: each collective runs chunk by chunk around the ring under its
+        # GEMM; the first chunk (1/TP) cannot start behind anything, and what the GEMMs cannot cover stays.
+        layer_tp = max(layer_tp / t, layer_tp - layer_gemm_s)
+    return layer_tp
+
+
+def _cp_ring_exposed_seconds(
+    workload: Workload,
+    gpu: GpuProfile,
+    layout: ParallelLayout,
+    *,
+    seq_length: float,
+    attention_s: float,
+    gpus_per_node: int,
+) -> float:
+    """Context parallelism: the ring exchange of keys and values (forward) and of them and their gradients
+    (backward), ``3·(CP − 1)`` transfers of ``2·g·d/t·(s/CP)·b`` per layer, less the attention compute
+    (``attention_s``) it runs behind (unit_times' docstring)."""
+    t, cp = layout.tp, layout.cp
+    if cp == 1:
+        return 0.0
+    m = workload.model
+    s, b, e = seq_length, layout.micro_batch_size, workload.activation_bytes
     g, d = m.effective_num_query_groups, m.effective_kv_channels
-    linears = ((n + 2 * g) * d / t, h), (h, n * d / t), (f * (2 if m.swiglu else 1) / t, h), (h, f / t)
-    gemm_passes = 3 + (1 if workload.recompute_granularity == "full" else 0)
-
-    def gemm_seconds(shapes: tuple[tuple[float, float], ...], gemm_rate: float, passes: int) -> float:
-        return sum(
-            passes
-            * 2
-            * tokens
-            * out
-            * inp
-            / (gemm_rate * gemm_pass_efficiency(tokens, out, inp, sms=gpu.sms, depth_half=gpu.gemm_depth_half))
-            for out, inp in shapes
-        )
-
-    if fused:
-        # The kernel's count: causal, half of Megatron's full s² square; forward + backward 3.5 forwards, and the
-        # forward again when recomputed. Its share of peak at the sequence each CP rank sees.
-        share = gpu.attention_efficiency or attention_kernel_efficiency(
-            gpu.attention_kernels, seq_length=s, head_dim=m.effective_kv_channels, backend=m.attention_backend
-        )
-        passes = FORWARD_AND_BACKWARD + (1 if attention_recompute else 0)
-        attention_s = passes * attention_fwd / 2 / t / (peak * share)
-    else:
-        attention_s = (3 * attention_fwd + attention_recompute) / t / rate
-    layer_gemm_s = gemm_seconds(linears, gemm_rate, gemm_passes)
-    layer_compute = (
-        layer_gemm_s
-        + attention_s
-        + (3 * layer_fwd_bytes + recompute_bytes + cast_fwd + cast_bwd) / bandwidth
-        + gpu.pass_overhead_s
-    )
-    output_compute = gemm_seconds(((vocab / t, h),), rate, 3)
-
-    # Tensor parallelism: 4 collectives of b·s·h per layer (6 with full recompute), each 2(t-1)/t of it per GPU.
-    if t > 1:
-        collectives = 6 if workload.recompute_granularity == "full" else 4
-        layer_tp = collectives * (
-            2 * _ring(t) * b * s * h * e / gpu.intra_node_bandwidth + 2 * (t - 1) * link_latency(gpu)
-        )
-        if workload.tp_comm_overlap:
-            # Transformer Engine's userbuffers: each collective runs chunk by chunk around the ring under its
-            # GEMM; the first chunk (1/TP) cannot start behind anything, and what the GEMMs cannot cover stays.
-            layer_tp = max(layer_tp / t, layer_tp - layer_gemm_s)
-    else:
-        layer_tp = 0.0
-
-    if cp > 1:
-        g, d = m.effective_num_query_groups, m.effective_kv_channels
-        ring_bytes = 3 * (cp - 1) * 2 * g * d / t * s * b * e
-        # Megatron-Core's order tp-cp-dp-pp: the CP ring sits inside a node while TP × CP fits in one.
-        link = gpu.intra_node_bandwidth if t * cp <= gpus_per_node else gpu.inter_node_bandwidth
-        layer_cp = max(0.0, ring_bytes / link - attention_s)
-    else:
-        layer_cp = 0.0
-
-    return UnitTimes(
-        layer_compute_s=layer_compute,
-        layer_tp_s=layer_tp,
-        output_compute_s=output_compute,
-        recompute_flops=recompute,
-        layer_cp_s=layer_cp,
-        layer_weight_grad_s=gemm_seconds(linears, gemm_rate, 1),
-    )
+    ring_bytes = 3 * (cp - 1) * 2 * g * d / t * s * b * e
+    # Megatron-Core's order tp-cp-dp-pp: the CP ring sits inside a node while TP × CP fits in one.
+    link = gpu.intra_node_bandwidth if t * cp <= gpus_per_node else gpu.inter_node_bandwidth
+    return max(0.0, ring_bytes / link - attention_s)
 
 
 def fp8_peak(workload: Workload, gpu: GpuProfile) -> float:

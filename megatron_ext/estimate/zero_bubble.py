@@ -247,143 +247,212 @@ def _place(
     w_first_above: int = 0,
 ) -> ZeroBubbleTimeline | None:
     """One step placed pass by pass: the ranks' fixed ``orders``, or the greedy choice; None if it deadlocks
-    (a fixed order whose memory the limit would not allow is still placed: the caller checks the peak)."""
-    placement = Placement(pp, vp, v_shape=schedule == "zb-v")
-    limits = memory_limits(schedule, pp=pp, vp=vp, num_microbatches=m)
-    cursor = [0] * pp
-    done: dict[tuple[str, int, int], float] = {}  # (kind, microbatch, stage) -> end time
-    free = [0.0] * pp
-    held = [0.0] * pp
-    store = [0.0] * pp
-    peak, peak_store = [0.0] * pp, [0.0] * pp
-    next_forward = [[0] * vp for _ in range(pp)]  # the next microbatch of each chunk to go forward
-    pending_b: list[set[tuple[int, int]]] = [set() for _ in range(pp)]
-    pending_w: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
-    releases: list[list[tuple[float, float]]] = [[] for _ in range(pp)]  # (time, activations freed by a W)
-    placed: list[TimedPass] = []
-    last = placement.stages - 1
-    total = 3 * m * placement.stages
-    # A rank with nothing to run waits for its own next event (an input whose producer has run, a W's release),
-    # or for a rank that may still place a pass. Ranks that wait are told apart from those that act, so that two
-    # waiting ranks never step each other forward by tiny amounts (a chunk of no layers runs in no time).
-    waiting = [False] * pp
-    own_next = [math.inf] * pp  # a waiting rank's own next event; inf: none until another rank places a pass
+    (a fixed order whose memory the limit would not allow is still placed: the caller checks the peak).
 
-    def arrival(kind: str, mb: int, stage: int) -> float | None:
+    The rank that is free first goes next: it takes back the activations its finished W passes released,
+    chooses a pass whose input has arrived (the next of its order, or the greedy choice of the module
+    docstring), and runs it; with none to run, it waits for the next event that could give it one.
+    """
+    step = _StepState(schedule, pp=pp, vp=vp, m=m, times=times, p2p_time=p2p_time)
+    while not step.complete:
+        rank = min(range(pp), key=lambda r: step.free[r])
+        now = step.free[rank]
+        step.release(rank, now)
+        if orders is not None:
+            chosen, later = step.next_in_order(rank, now, orders[rank])
+        else:
+            chosen, later = step.greedy_choice(rank, now, w_first_above=w_first_above)
+        if chosen is None:
+            if not step.wait(rank, now, later):
+                return None  # every rank waits for a pass that no rank can run: the order deadlocks
+            continue
+        step.run(rank, now, chosen)
+    return step.timeline()
+
+
+class _StepState:
+    """One step while ``_place`` places it: what each rank has run, holds and waits for.
+
+    Memory is counted in stage activations: a chunk's microbatch holds ``1/v`` of one from its F until its
+    W has run (``held``), and the part held only for a W still to run (its B done) is the ``store``.
+    """
+
+    def __init__(
+        self,
+        schedule: str,
+        *,
+        pp: int,
+        vp: int,
+        m: int,
+        times: Sequence[Sequence[tuple[float, float, float]]],
+        p2p_time: float,
+    ) -> None:
+        self.schedule, self.pp, self.vp, self.m = schedule, pp, vp, m
+        self.times, self.p2p_time = times, p2p_time
+        self.placement = Placement(pp, vp, v_shape=schedule == "zb-v")
+        self.limits = memory_limits(schedule, pp=pp, vp=vp, num_microbatches=m)
+        self.cursor = [0] * pp  # the next pass of each rank's fixed order
+        self.done: dict[tuple[str, int, int], float] = {}  # (kind, microbatch, stage) -> end time
+        self.free = [0.0] * pp
+        self.held = [0.0] * pp
+        self.store = [0.0] * pp
+        self.peak, self.peak_store = [0.0] * pp, [0.0] * pp
+        self.next_forward = [[0] * vp for _ in range(pp)]  # the next microbatch of each chunk to go forward
+        self.pending_b: list[set[tuple[int, int]]] = [set() for _ in range(pp)]
+        self.pending_w: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
+        self.releases: list[list[tuple[float, float]]] = [[] for _ in range(pp)]  # (time, activations a W frees)
+        self.placed: list[TimedPass] = []
+        self.last = self.placement.stages - 1
+        self.total = 3 * m * self.placement.stages
+        # A rank with nothing to run waits for its own next event (an input whose producer has run, a W's
+        # release), or for a rank that may still place a pass. Ranks that wait are told apart from those that
+        # act, so that two waiting ranks never step each other forward by tiny amounts (a chunk of no layers
+        # runs in no time).
+        self.waiting = [False] * pp
+        self.own_next = [math.inf] * pp  # a waiting rank's own next event; inf: none until another rank places
+
+    @property
+    def complete(self) -> bool:
+        return len(self.done) == self.total
+
+    def arrival(self, kind: str, mb: int, stage: int) -> float | None:
         """When the input of ``kind`` for (mb, stage) is on its rank, or None if its producer has not run."""
         if kind == "F":
             if stage == 0:
                 return 0.0
             src = ("F", mb, stage - 1)
-        elif stage == last:
+        elif stage == self.last:
             src = ("F", mb, stage)
         else:
             src = ("B", mb, stage + 1)
-        if src not in done:
+        if src not in self.done:
             return None
-        same_rank = placement.holder(src[2])[0] == placement.holder(stage)[0]
-        return done[src] + (0.0 if same_rank else p2p_time)
+        same_rank = self.placement.holder(src[2])[0] == self.placement.holder(stage)[0]
+        return self.done[src] + (0.0 if same_rank else self.p2p_time)
 
-    def candidates(rank: int, now: float) -> tuple[list[tuple[float, str, int, int]], float | None]:
+    def release(self, rank: int, now: float) -> None:
+        """Give ``rank`` back the activations of its W passes that have ended by ``now``."""
+        for when, amount in [x for x in self.releases[rank] if x[0] <= now]:
+            self.held[rank] -= amount
+            self.releases[rank].remove((when, amount))
+
+    def next_in_order(
+        self, rank: int, now: float, order: list[PipelinePass]
+    ) -> tuple[tuple[str, int, int] | None, float | None]:
+        """The next pass of ``rank``'s fixed order if its input has arrived by ``now`` ((kind, mb, chunk), taken
+        off the order), and when its input arrives if later."""
+        chosen, later = None, None
+        if self.cursor[rank] < len(order):
+            step = order[self.cursor[rank]]
+            stage = self.placement.stage(rank, step.chunk)
+            t = 0.0 if step.kind == "W" else self.arrival(step.kind, step.microbatch, stage)
+            if t is not None and t <= now:
+                chosen = (step.kind, step.microbatch, step.chunk)
+                self.cursor[rank] += 1
+                if step.kind == "W":
+                    self.pending_w[rank].remove((step.microbatch, step.chunk))
+            later = t if t is not None and t > now else None
+        return chosen, later
+
+    def _candidates(self, rank: int, now: float) -> tuple[list[tuple[float, str, int, int]], float | None]:
         """Passes of ``rank`` whose input has arrived by ``now`` ((ready, kind, mb, chunk)), and the earliest
         later arrival among the rest whose producer has run."""
         ready, later = [], None
-        for chunk in range(vp):
-            stage = placement.stage(rank, chunk)
-            for mb, c in pending_b[rank]:
+        for chunk in range(self.vp):
+            stage = self.placement.stage(rank, chunk)
+            for mb, c in self.pending_b[rank]:
                 if c == chunk:
-                    t = arrival("B", mb, stage)
+                    t = self.arrival("B", mb, stage)
                     if t is not None:
                         (ready.append((t, "B", mb, chunk)) if t <= now else None)
                         later = t if t > now and (later is None or t < later) else later
-            mb = next_forward[rank][chunk]
-            if mb < m:
-                t = arrival("F", mb, stage)
+            mb = self.next_forward[rank][chunk]
+            if mb < self.m:
+                t = self.arrival("F", mb, stage)
                 if t is not None:
                     (ready.append((t, "F", mb, chunk)) if t <= now else None)
                     later = t if t > now and (later is None or t < later) else later
         return ready, later
 
-    while len(done) < total:
-        rank = min(range(pp), key=lambda r: free[r])
-        now = free[rank]
-        for when, amount in [x for x in releases[rank] if x[0] <= now]:
-            held[rank] -= amount
-            releases[rank].remove((when, amount))
-        chosen: tuple[str, int, int] | None = None
-        if orders is not None:
-            later = None
-            if cursor[rank] < len(orders[rank]):
-                step = orders[rank][cursor[rank]]
-                t = 0.0 if step.kind == "W" else arrival(step.kind, step.microbatch, placement.stage(rank, step.chunk))
-                if t is not None and t <= now:
-                    chosen = (step.kind, step.microbatch, step.chunk)
-                    cursor[rank] += 1
-                    if step.kind == "W":
-                        pending_w[rank].remove((step.microbatch, step.chunk))
-                later = t if t is not None and t > now else None
-        else:
-            ready, later = candidates(rank, now)
-            backward = sorted((mb, -placement.stage(rank, c), c) for _, k, mb, c in ready if k == "B")
-            # A microbatch that enters the rank will come back for its deeper chunks: their memory is reserved,
-            # so that a deeper chunk's forward (on the way to the first B) is never the one that waits.
-            by_stage = sorted(range(vp), key=lambda c: placement.stage(rank, c))
-            entered = next_forward[rank][by_stage[0]]
-            reserved = sum(entered - next_forward[rank][c] for c in by_stage[1:]) / vp
-            forward = sorted(
-                (mb, -placement.stage(rank, c), c)
-                for _, k, mb, c in ready
-                if k == "F" and held[rank] + reserved + (vp if c == by_stage[0] else 0) / vp <= limits[rank] + 1e-9
-            )
-            if backward:
-                chosen = ("B", backward[0][0], backward[0][2])
-            elif len(pending_w[rank]) > w_first_above or (pending_w[rank] and not forward):
-                chosen = ("W", *pending_w[rank].pop(0))
-            elif forward:
-                chosen = ("F", forward[0][0], forward[0][2])
-        if chosen is None:
-            waiting[rank] = True
-            own_next[rank] = min(
-                (t for t in (later, *(w for w, _ in releases[rank])) if t is not None), default=math.inf
-            )
-            others = (own_next[q] if waiting[q] else free[q] for q in range(pp) if q != rank)
-            target = min(own_next[rank], *others)
-            if target == math.inf:
-                return None  # every rank waits for a pass that no rank can run: the order deadlocks
-            free[rank] = max(target, now + 1e-12)
-            continue
+    def greedy_choice(
+        self, rank: int, now: float, *, w_first_above: int
+    ) -> tuple[tuple[str, int, int] | None, float | None]:
+        """The paper's heuristic (module docstring): a B whose gradient has arrived; else, past
+        ``w_first_above`` pending W passes, a W; else an F whose input has arrived, if the memory allows; else a
+        W. Also the earliest later arrival, for a rank that must wait."""
+        vp, placement = self.vp, self.placement
+        ready, later = self._candidates(rank, now)
+        backward = sorted((mb, -placement.stage(rank, c), c) for _, k, mb, c in ready if k == "B")
+        # A microbatch that enters the rank will come back for its deeper chunks: their memory is reserved,
+        # so that a deeper chunk's forward (on the way to the first B) is never the one that waits.
+        by_stage = sorted(range(vp), key=lambda c: placement.stage(rank, c))
+        entered = self.next_forward[rank][by_stage[0]]
+        reserved = sum(entered - self.next_forward[rank][c] for c in by_stage[1:]) / vp
+        forward = sorted(
+            (mb, -placement.stage(rank, c), c)
+            for _, k, mb, c in ready
+            if k == "F"
+            and self.held[rank] + reserved + (vp if c == by_stage[0] else 0) / vp <= self.limits[rank] + 1e-9
+        )
+        pending_w = self.pending_w[rank]
+        if backward:
+            return ("B", backward[0][0], backward[0][2]), later
+        if len(pending_w) > w_first_above or (pending_w and not forward):
+            return ("W", *pending_w.pop(0)), later
+        if forward:
+            return ("F", forward[0][0], forward[0][2]), later
+        return None, later
+
+    def wait(self, rank: int, now: float, later: float | None) -> bool:
+        """Move ``rank``'s clock to the next event that could let it run a pass (its own next arrival or
+        release, or another rank's); False when there is none: every rank waits, the order deadlocks."""
+        self.waiting[rank] = True
+        own = (t for t in (later, *(w for w, _ in self.releases[rank])) if t is not None)
+        self.own_next[rank] = min(own, default=math.inf)
+        others = (self.own_next[q] if self.waiting[q] else self.free[q] for q in range(self.pp) if q != rank)
+        target = min(self.own_next[rank], *others)
+        if target == math.inf:
+            return False
+        self.free[rank] = max(target, now + 1e-12)
+        return True
+
+    def run(self, rank: int, now: float, chosen: tuple[str, int, int]) -> None:
+        """Place the pass on ``rank`` from ``now``, and count what it holds from then."""
         kind, mb, chunk = chosen
-        stage = placement.stage(rank, chunk)
-        duration = times[rank][chunk]["FBW".index(kind)]
+        vp = self.vp
+        stage = self.placement.stage(rank, chunk)
+        duration = self.times[rank][chunk]["FBW".index(kind)]
         end = now + duration
-        done[(kind, mb, stage)] = end
-        waiting = [False] * pp  # a new pass may be what a waiting rank waits for: each looks again at its time
-        placed.append(TimedPass(rank, PipelinePass(kind, mb, chunk), now, end))
+        self.done[(kind, mb, stage)] = end
+        self.waiting = [False] * self.pp  # a new pass may be what a waiting rank waits for: each looks again
+        self.placed.append(TimedPass(rank, PipelinePass(kind, mb, chunk), now, end))
         if kind == "F":
-            held[rank] += 1 / vp
-            next_forward[rank][chunk] += 1
-            pending_b[rank].add((mb, chunk))
+            self.held[rank] += 1 / vp
+            self.next_forward[rank][chunk] += 1
+            self.pending_b[rank].add((mb, chunk))
         elif kind == "B":
-            pending_b[rank].discard((mb, chunk))
-            pending_w[rank].append((mb, chunk))
-            store[rank] += 1 / vp
+            self.pending_b[rank].discard((mb, chunk))
+            self.pending_w[rank].append((mb, chunk))
+            self.store[rank] += 1 / vp
         else:
-            store[rank] -= 1 / vp
-            releases[rank].append((end, 1 / vp))
-        peak[rank] = max(peak[rank], held[rank])
-        peak_store[rank] = max(peak_store[rank], store[rank])
-        free[rank] = end
-    busy = max(m * sum(sum(t) for t in row) for row in times)
-    return ZeroBubbleTimeline(
-        schedule=schedule,
-        pp=pp,
-        vp=vp,
-        num_microbatches=m,
-        passes=tuple(sorted(placed, key=lambda p: (p.rank, p.start))),
-        ideal=busy,
-        peak_activations=tuple(peak),
-        peak_w_store=tuple(peak_store),
-    )
+            self.store[rank] -= 1 / vp
+            self.releases[rank].append((end, 1 / vp))
+        self.peak[rank] = max(self.peak[rank], self.held[rank])
+        self.peak_store[rank] = max(self.peak_store[rank], self.store[rank])
+        self.free[rank] = end
+
+    def timeline(self) -> ZeroBubbleTimeline:
+        busy = max(self.m * sum(sum(t) for t in row) for row in self.times)
+        return ZeroBubbleTimeline(
+            schedule=self.schedule,
+            pp=self.pp,
+            vp=self.vp,
+            num_microbatches=self.m,
+            passes=tuple(sorted(self.placed, key=lambda p: (p.rank, p.start))),
+            ideal=busy,
+            peak_activations=tuple(self.peak),
+            peak_w_store=tuple(self.peak_store),
+        )
 
 
 def zb_h1_bubble(*, pp: int, forward_time: float, backward_time: float, weight_time: float) -> float:

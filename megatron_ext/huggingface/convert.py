@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from megatron_ext.checkpoint.identity import RunIdentity
+from megatron_ext.checkpoint.run_identity import RunIdentity
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.training_config import make_config
 from megatron_ext.huggingface.architectures import (

@@ -31,7 +31,8 @@ from typing import Any
 
 from megatron_ext.config.data_args import DataArgs
 from megatron_ext.data.tiktokenizer import REQUIRED_SPECIAL, TikTokenizer
-from megatron_ext.data.tokenizers import HuggingFaceTokenizer, Tokenizer
+from megatron_ext.data.tokenizer_base import Tokenizer
+from megatron_ext.data.tokenizers import HuggingFaceTokenizer
 from megatron_ext.huggingface.architectures import TokenIds
 
 HF_TOKENIZER_FILES = HuggingFaceTokenizer.DEFINITION_FILES

@@ -19,13 +19,14 @@ from typing import Any
 import torch
 
 from megatron_ext.checkpoint import records
-from megatron_ext.checkpoint.identity import TOKENIZER_FLAG, tokenizer_difference, tokenizer_identity
 from megatron_ext.checkpoint.on_disk import CheckpointError
+from megatron_ext.checkpoint.run_identity import TOKENIZER_FLAG, tokenizer_difference, tokenizer_identity
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.tokenizer_types import VOCAB_SIZE_TOKENIZERS
 from megatron_ext.config.training_config import GROUPS, TrainingConfig, make_config
-from megatron_ext.data.tokenizers import Tokenizer, TokenizerError, build_tokenizer
-from megatron_ext.training import checkpointing, distributed
+from megatron_ext.data.tokenizer_base import Tokenizer, TokenizerError
+from megatron_ext.data.tokenizers import build_tokenizer
+from megatron_ext.training import checkpoint_loading, checkpointing, distributed
 
 RUN_LENGTH = ("train_iters", "train_samples", "eval_interval", "eval_iters")
 """The run options that size the datasets."""
@@ -43,7 +44,7 @@ class SavedCheckpoint:
     cfg: TrainingConfig
     """The saved run's arguments, for one process (TP 1 · PP 1 · DP 1), with the checkpoint's padded vocabulary."""
     identity: dict[str, Any] | None = None
-    """The run's tokenizer and data digests as recorded (``checkpoint.identity``; None: an older checkpoint)."""
+    """The run's tokenizer and data digests as recorded (``checkpoint.run_identity``; None: an older checkpoint)."""
 
 
 def config_from_record(
@@ -148,7 +149,7 @@ def tokenizer_of(cfg: TrainingConfig) -> Tokenizer:
 
 def checked_tokenizer(ckpt: SavedCheckpoint, *, accept_change: bool = False) -> Tokenizer:
     """The tokenizer of ``ckpt``'s run (the recorded one, or the one the tools' flags name), which must be the
-    one it was trained with, by content: the same vocabulary size is not enough (``checkpoint.identity``)."""
+    one it was trained with, by content: the same vocabulary size is not enough (``checkpoint.run_identity``)."""
     tokenizer = tokenizer_of(ckpt.cfg)
     if ckpt.identity is None:
         return tokenizer  # saved before digests were recorded: the vocabulary size was checked
@@ -192,7 +193,7 @@ def load_model(ckpt: SavedCheckpoint, device: torch.device) -> Any:
     model = model.to(device)
     model = in_training_precision(model, cfg)  # the run's forward: bf16 or fp16 throughout, fp32 logits
     run = dataclasses.replace(cfg.run, load=str(ckpt.root), no_load_optim=True, no_load_rng=True)
-    checkpointing.load_checkpoint(
+    checkpoint_loading.load_checkpoint(
         root=ckpt.root,
         chunks=[model],
         optimizer=None,

@@ -24,7 +24,7 @@ import torch
 from megatron_ext.config import iterations
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.data import sources as data_sources
-from megatron_ext.data.tokenizers import Tokenizer
+from megatron_ext.data.tokenizer_base import Tokenizer
 from megatron_ext.training import helper_processes
 
 

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from megatron_ext import mcore_release
 from megatron_ext.checkpoint import on_disk, records
-from megatron_ext.checkpoint.identity import RunIdentity
+from megatron_ext.checkpoint.run_identity import RunIdentity
 from megatron_ext.config.arguments import ConfigError
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.config.flags import add_options
 from megatron_ext.config.run_args import RunArgs
 from megatron_ext.config.training_config import TrainingConfig, parse_args, transformer_engine_features
 from megatron_ext.data.preflight import preflight
-from megatron_ext.estimate import plan
+from megatron_ext.estimate import derived_numbers
 from megatron_ext.parallel.layout import LayoutError
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def _check_checkpoint_paths(cfg: TrainingConfig, *, probe: bool) -> tuple[str | 
     if not run.save:
         return None, tracked
     on_disk.check_save_directory(run.save, start_iteration=start, overwrite=run.overwrite_checkpoints)
-    needed = plan.checkpoint_bytes(cfg)
+    needed = derived_numbers.checkpoint_bytes(cfg)
     save = Path(run.save)
     if run.dry_run and not save.absolute().parent.exists():
         # A rehearsal of a cluster's job on another machine: its --save is not here to check.
@@ -200,8 +200,7 @@ def pretrain(
     try:
         saved = _checkpoint_arguments(argv)
     except on_disk.CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.CHECKPOINT
+        return fail(exc, ExitCode.CHECKPOINT)
     try:
         cfg = parse_args(argv, default_world_size=int(os.environ.get("WORLD_SIZE", "1")), checkpoint_args=saved)
         cfg, earlier_vocabulary = _earlier_null_vocabulary(cfg)
@@ -209,11 +208,9 @@ def pretrain(
         # constant-time ones on the other ranks of a large job.
         checked = preflight(cfg, full=cfg.run.dry_run or rank == 0)
     except (ConfigError, LayoutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.INVALID
+        return fail(exc, ExitCode.INVALID)
     except on_disk.CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.CHECKPOINT
+        return fail(exc, ExitCode.CHECKPOINT)
     cfg = checked.cfg
     try:
         where, tracked = _check_checkpoint_paths(cfg, probe=rank == 0)
@@ -236,11 +233,9 @@ def pretrain(
             resuming = resume.describe(chosen, str(cfg.run.load)) if chosen is not None else []
             resuming += [earlier_vocabulary] if earlier_vocabulary else []
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.INVALID
+        return fail(exc, ExitCode.INVALID)
     except on_disk.CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.CHECKPOINT
+        return fail(exc, ExitCode.CHECKPOINT)
     missing = _missing_tracking(cfg)
     installed_release = mcore_release.installed()
     if cfg.run.dry_run:
@@ -250,16 +245,14 @@ def pretrain(
             *_transformer_engine_note(cfg),
             mcore_release.note(installed_release),
         ]
-        for line in [*plan.describe(cfg), *([where] if where else []), *resuming, *notes]:
+        for line in [*derived_numbers.describe(cfg), *([where] if where else []), *resuming, *notes]:
             print(f"  {line}")
         return ExitCode.OK
     if missing:
-        print("error: " + "; ".join(missing), file=sys.stderr)
-        return ExitCode.INVALID
+        return fail("; ".join(missing), ExitCode.INVALID)
     release_problem = mcore_release.problem(installed_release)
     if release_problem is not None:
-        print(f"error: {release_problem}", file=sys.stderr)
-        return ExitCode.INVALID
+        return fail(release_problem, ExitCode.INVALID)
     if where and rank == 0:
         logging.getLogger("megatron_ext").info(where)
     if earlier_vocabulary and rank == 0:

@@ -22,17 +22,17 @@ import torch
 import torch.distributed as dist
 
 from megatron_ext import notices
-from megatron_ext.checkpoint.identity import RunIdentity
+from megatron_ext.checkpoint.run_identity import RunIdentity
 from megatron_ext.config import iterations
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.training_config import TrainingConfig
-from megatron_ext.data.tokenizers import Tokenizer
-from megatron_ext.estimate import plan
+from megatron_ext.data.tokenizer_base import Tokenizer
+from megatron_ext.estimate import derived_numbers
 from megatron_ext.estimate.calibration import run_record
 from megatron_ext.estimate.flops import flops_per_step
 from megatron_ext.estimate.hardware import peak_flops_for
-from megatron_ext.training import checkpointing, distributed, helper_processes, resilience, timing
+from megatron_ext.training import checkpoint_loading, checkpointing, distributed, helper_processes, resilience, timing
 from megatron_ext.training.datasets import Datasets, chunk_iterators
 from megatron_ext.training.housekeeping import Housekeeping
 from megatron_ext.training.metrics import LogWindow, MetricsWriter, StepResult
@@ -232,7 +232,7 @@ class Trainer:
         self.identity = _run_identity(cfg, tokenizer, identity)
         skipped: tuple[tuple[int, str, str], ...] = ()
         if cfg.run.load:
-            state = checkpointing.load_checkpoint(
+            state = checkpoint_loading.load_checkpoint(
                 root=cfg.run.load,
                 chunks=self.chunks,
                 optimizer=self.optimizer,
@@ -272,7 +272,7 @@ class Trainer:
     def _log_start(self) -> None:
         if self.ctx.rank == 0:
             log.info("device: %s, backend: %s", self.ctx.device, dist.get_backend())
-            for line in plan.describe(self.cfg):
+            for line in derived_numbers.describe(self.cfg):
                 log.info(line)
         notices.say_applicable(log, device_type=self.ctx.device.type, rank=self.ctx.rank)
         params = torch.tensor([count_parameters(self.chunks)], dtype=torch.long, device=self.ctx.device)

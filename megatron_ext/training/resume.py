@@ -20,8 +20,8 @@ from typing import Any
 import torch.distributed as dist
 
 from megatron_ext.checkpoint import on_disk, records
-from megatron_ext.checkpoint.identity import RunIdentity
 from megatron_ext.checkpoint.on_disk import CHECKSUMS_FILENAME, CheckpointError, checkpoint_dir, read_tracker
+from megatron_ext.checkpoint.run_identity import RunIdentity
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.training.checkpointing import check_files, check_sizes, on_rank0, saved_common, verify_checkpoint
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from megatron_ext.checkpoint.identity import RunIdentity
+from megatron_ext.checkpoint.run_identity import RunIdentity
 from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.training import checkpointing, distributed
 from megatron_ext.training.progress_log import ProgressLog

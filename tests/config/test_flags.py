@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from megatron_ext.cli.calculator import build_parser as calculator_parser
+from megatron_ext.cli.layout_args import build_parser as calculator_parser
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.flags import flag_of, options, to_argv
 from megatron_ext.config.presets import PRESETS

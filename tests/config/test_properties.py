@@ -22,11 +22,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatron_ext.cli.calculator import main as calculator
+from megatron_ext.cli.layout import main as layout_tool
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.training_config import parse_args
-from megatron_ext.estimate import plan
+from megatron_ext.estimate import derived_numbers
 from megatron_ext.parallel.layout import LayoutError
 
 pytestmark = pytest.mark.unit
@@ -110,9 +110,9 @@ def test_pretrain_dry_run_is_sane_or_a_named_error(argv: list[str]) -> None:
     assert layout.dp >= 1 and layout.num_microbatches >= 1 and layout.layers_per_virtual_stage >= 1
     assert layout.global_batch_size * cfg.model.seq_length > 0
     assert 0 <= (layout.pp - 1) / (layout.vp * layout.num_microbatches + layout.pp - 1) < 1
-    counts = plan.parameter_counts(cfg)
+    counts = derived_numbers.parameter_counts(cfg)
     assert counts.total > 0 and counts.max_per_rank > 0
-    assert plan.describe(cfg)
+    assert derived_numbers.describe(cfg)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -121,7 +121,7 @@ def test_calculator_is_sane_or_a_named_error(argv: list[str]) -> None:
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            code = calculator([*argv, "--json", "--top", "3"], stdout=out, stderr=err)
+            code = layout_tool([*argv, "--json", "--top", "3"], stdout=out, stderr=err)
     except SystemExit as exc:  # argparse refusing a value: one line, exit code 2
         code = int(exc.code or 0)
     assert code in (ExitCode.OK, ExitCode.INVALID, ExitCode.DOES_NOT_FIT), err.getvalue()

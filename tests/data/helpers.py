@@ -58,7 +58,7 @@ def shared_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.getbasetemp() / "shared-indexed-data"
     corpus, model = root / "corpus.jsonl", root / "sp1k.model"
     if not model.exists():
-        from megatron_ext.data.corpus import build_corpus
+        from megatron_ext.data.local_corpus import build_corpus
 
         root.mkdir(exist_ok=True)
         build_corpus(corpus, target_mb=1.0, sources=("stdlib",))

@@ -25,14 +25,13 @@ from hypothesis import strategies as st
 
 from megatron_ext.data.cut_rules import GPT2_PATTERN, LLAMA3_PATTERN
 from megatron_ext.data.preprocess_worker import LONG_DOCUMENT_CHARS
+from megatron_ext.data.tokenizer_base import PIECE_CHARS, Tokenizer
 from megatron_ext.data.tokenizers import (
-    PIECE_CHARS,
     GPT2BPETokenizer,
     GPTSentencePieceTokenizer,
     HuggingFaceTokenizer,
     NullTokenizer,
     SentencePieceTokenizer,
-    Tokenizer,
 )
 from tests import waits
 from tests.conftest import REPO

@@ -11,7 +11,8 @@ import pytest
 
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.training_config import parse_args
-from megatron_ext.data.tokenizers import TokenizerError, build_tokenizer
+from megatron_ext.data.tokenizer_base import TokenizerError
+from megatron_ext.data.tokenizers import build_tokenizer
 from tests.data.helpers import TIKTOKEN_MERGES, preprocess, reference_dataset, same_files, shared_data, tiktoken_vocab
 
 pytestmark = pytest.mark.unit

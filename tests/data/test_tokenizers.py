@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from megatron_ext.data.cut_rules import GPT2_PATTERN, gpt2_pattern
+from megatron_ext.data.tokenizer_base import TokenizerError
 from megatron_ext.data.tokenizers import (
     GPT2BPETokenizer,
     GPTSentencePieceTokenizer,
     HuggingFaceTokenizer,
     NullTokenizer,
     SentencePieceTokenizer,
-    TokenizerError,
     build_tokenizer,
     bytes_to_unicode,
 )

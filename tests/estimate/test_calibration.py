@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_ext.cli.calculator import main as layout_main
+from megatron_ext.cli.layout import main as layout_main
 from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate.calibration import (
     RUN_RECORD,
@@ -129,13 +129,13 @@ def test_runs_faster_than_the_base_peak_raise_the_peak() -> None:
     ],
 )
 def test_the_run_record_rebuilds_the_runs_layout_and_workload(flags: list[str], world_size: int) -> None:
-    from megatron_ext.cli import calibrate
+    from megatron_ext.cli import layout_calibrate
 
     cfg = parse_args([*MODEL, *flags], world_size=world_size)
     record = run_record(cfg, gpus_per_node=2, device="cpu", device_memory_bytes=GIB)[RUN_RECORD]
     measured = MeasuredRun(source="r", calculator_flags=tuple(record["calculator_flags"]), world_size=world_size,
                            gpus_per_node=2, device="cpu", device_memory_bytes=GIB, iterations=2, times={})  # fmt: skip
-    case = calibrate._case(measured)
+    case = layout_calibrate._case(measured)
     assert case.layout == dataclasses.replace(cfg.layout, gpus_per_node=2)  # the record's cluster
     assert case.workload.padded_vocab_size(cfg.layout.tp) == cfg.padded_vocab_size  # the null tokenizer's id too
     assert case.workload.recompute_granularity == (cfg.optim.recompute_granularity or "none")

@@ -9,7 +9,7 @@ import pytest
 
 from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate import coverage
-from megatron_ext.estimate.plan import describe
+from megatron_ext.estimate.derived_numbers import describe
 
 pytestmark = pytest.mark.unit
 
@@ -54,9 +54,10 @@ def test_the_calculator_takes_every_approximated_flag_says_how_and_carries_it_in
     import json
     import shlex
 
-    from megatron_ext.cli import calculator
+    from megatron_ext.cli import layout_args
+    from megatron_ext.cli.layout import main as layout_tool
 
-    parser = calculator.build_parser()
+    parser = layout_args.build_parser()
     known = {option for action in parser._actions for option in action.option_strings}
     for group in coverage.STEP_GROUPS:
         for field in dataclasses.fields(group):
@@ -66,7 +67,7 @@ def test_the_calculator_takes_every_approximated_flag_says_how_and_carries_it_in
     argv = ["--model", "gpt3-1.3b", "--gpus", "16", "--global-batch-size", "64", "--bf16", "--tp", "2",
             "--squared-relu", "--optimizer", "sgd", "--no-bias-gelu-fusion", "--rampup-batch-size", "16", "16", "1000",
             "--json"]  # fmt: skip
-    assert calculator.main(argv, stdout=out, stderr=io.StringIO()) == 0
+    assert layout_tool(argv, stdout=out, stderr=io.StringIO()) == 0
     doc = json.loads(out.getvalue())
     assert doc["approximations"] == [
         f"--squared-relu: {coverage.APPROXIMATED['squared_relu']}",

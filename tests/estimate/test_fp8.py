@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from megatron_ext.cli import calculator
+from megatron_ext.cli.layout import main as layout_tool
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.layout_flags import model_layout_facts
 from megatron_ext.config.training_config import parse_args
@@ -79,7 +79,7 @@ def test_only_the_layer_gemms_move_to_the_fp8_peak(recompute: str) -> None:
 def test_a_gpu_without_fp8_is_refused_and_the_flag_is_emitted_for_pretrain_gpt() -> None:
     base = ["--model", "llama3.1-8b", "--gpus", "64", "--global-batch-size", "128", "--bf16", "--fp8-format", "hybrid"]
     err = io.StringIO()
-    assert calculator.main([*base, "--gpu", "a100-80g"], stdout=io.StringIO(), stderr=err) == 2
+    assert layout_tool([*base, "--gpu", "a100-80g"], stdout=io.StringIO(), stderr=err) == 2
     assert "--fp8-format hybrid: the a100-80g profile has no FP8 tensor cores" in err.getvalue()
     workload = Workload(model=LLAMA, precision="bf16", fp8_format="hybrid")
     layout = layout_of(tp=2, pp=2, world=4)
@@ -92,9 +92,9 @@ def test_a_gpu_without_fp8_is_refused_and_the_flag_is_emitted_for_pretrain_gpt()
 def test_fp8_ranks_layouts_faster_where_the_gemms_dominate() -> None:
     out = io.StringIO()
     flags = ["--model", "llama3.1-70b", "--gpus", "256", "--global-batch-size", "512", "--bf16", "--json"]
-    assert calculator.main([*flags, "--gpu", "h100-sxm", "--top", "1"], stdout=out, stderr=io.StringIO()) == 0
+    assert layout_tool([*flags, "--gpu", "h100-sxm", "--top", "1"], stdout=out, stderr=io.StringIO()) == 0
     fp8 = io.StringIO()
-    assert calculator.main([*flags, "--gpu", "h100-sxm", "--top", "1", "--fp8-format", "e4m3"], stdout=fp8) == 0
+    assert layout_tool([*flags, "--gpu", "h100-sxm", "--top", "1", "--fp8-format", "e4m3"], stdout=fp8) == 0
     bf16_step = json.loads(out.getvalue())["layouts"][0]["step_time_s"]
     fp8_step = json.loads(fp8.getvalue())["layouts"][0]["step_time_s"]
     assert 1.2 < bf16_step / fp8_step < 2.0

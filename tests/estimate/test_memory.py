@@ -8,13 +8,13 @@ import pytest
 
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.training_config import make_config
+from megatron_ext.estimate.derived_numbers import parameter_counts
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.memory import (
     bytes_per_parameter,
     estimate_memory,
     layer_activations,
 )
-from megatron_ext.estimate.plan import parameter_counts
 from megatron_ext.estimate.search import Cluster, evaluate
 from megatron_ext.estimate.step_time import estimate_step_time, ring_latency
 from megatron_ext.estimate.workload import Workload

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from megatron_ext.cli import calculator
+from megatron_ext.cli.layout import main as layout_tool
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.presets import get_preset
 from megatron_ext.estimate.hardware import GpuProfile, get_profile
@@ -207,7 +207,7 @@ def test_the_tightest_published_run_is_tight_with_its_margin_named() -> None:
         "--tp", "8", "--pp", "8", "--vp", "12", "--micro-batch-size", "1", "--sequence-parallel",
         "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--explain",
     ]  # fmt: skip
-    assert calculator.main(argv, stdout=out, stderr=err) == 0, err.getvalue()
+    assert layout_tool(argv, stdout=out, stderr=err) == 0, err.getvalue()
     total = next(line for line in out.getvalue().splitlines() if line.strip().startswith("total"))
     assert "of 79.6 GiB: tight, 0.2 GiB to spare" in total and "reserved for what the estimate does not count" in total
     assert "  8   8  12     2   1    16     79.4 tight" in out.getvalue()

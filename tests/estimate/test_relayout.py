@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from megatron_ext.cli.calculator import main as calculator
+from megatron_ext.cli.layout import main as layout_tool
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.layout_flags import model_layout_facts
@@ -87,7 +87,7 @@ def test_dp_policy_refuses_what_it_cannot_keep_and_says_what_would_work() -> Non
 
 def _run(args: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = calculator(args.split(), stdout=out, stderr=err)
+    code = layout_tool(args.split(), stdout=out, stderr=err)
     return code, out.getvalue(), err.getvalue()
 
 

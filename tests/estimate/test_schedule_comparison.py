@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from megatron_ext.cli.calculator import main as layout_tool
+from megatron_ext.cli.layout import main as layout_tool
 from megatron_ext.cli.plot_schedule import main as plot_tool
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.exit_codes import ExitCode

@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from megatron_ext.cli.calculator import main as calculator
+from megatron_ext.cli.layout import main as layout_tool
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate.hardware import get_profile
@@ -94,12 +94,12 @@ def test_the_calculator_table_and_json_name_the_schedule() -> None:
     args = ("--gpus 16 --num-layers 16 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --vocab-size "
             "50257 --global-batch-size 64 --transformer-impl local --bf16 --even-stages-only --top 400")  # fmt: skip
     out = io.StringIO()
-    assert calculator([*args.split(), "--json"], stdout=out, stderr=io.StringIO()) == 0
+    assert layout_tool([*args.split(), "--json"], stdout=out, stderr=io.StringIO()) == 0
     report = json.loads(out.getvalue())
     schedules = {record["schedule"] for record in report["layouts"]}
     assert {"none", "1f1b", "zb-h1", "interleaved-1f1b", "zb-interleaved"} <= schedules
     for record in report["layouts"]:
         assert ("--enable-zero-bubble" in record["pretrain_flags"]) == record["schedule"].startswith("zb-")
     table = io.StringIO()
-    assert calculator(args.split(), stdout=table, stderr=io.StringIO()) == 0
+    assert layout_tool(args.split(), stdout=table, stderr=io.StringIO()) == 0
     assert ", zero-bubble" in table.getvalue()

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from megatron_ext.cli.calculator import main as calculator
+from megatron_ext.cli.layout import main as layout_tool
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.memory import estimate_memory
@@ -47,7 +47,7 @@ def test_the_bubble_formula_bounds_the_simulated_schedule(p: int, v: int, m: int
 
 def run_calculator(*argv: str) -> dict:
     out = io.StringIO()
-    code = calculator([*BIG_VOCAB, *argv, "--json"], stdout=out, stderr=io.StringIO())
+    code = layout_tool([*BIG_VOCAB, *argv, "--json"], stdout=out, stderr=io.StringIO())
     assert code == 0
     return json.loads(out.getvalue())
 

@@ -54,7 +54,7 @@ def build(job: dict[str, Any], directory: Path) -> Any:
 
 
 def logits(ckpt_dir: Path, hf: Any, seq: int) -> dict[str, Any]:
-    from megatron_ext.estimate.plan import parameter_counts
+    from megatron_ext.estimate.derived_numbers import parameter_counts
     from megatron_ext.inference.checkpoint import forward_logits, load_model, one_process, open_checkpoint
     from megatron_ext.inference.generate import Sampling, generate
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_ext.data.corpus_job import load_plan
+from megatron_ext.data.preprocess_job import load_plan
 from tests import waits
 from tests.conftest import REPO, train_losses
 from tests.data.helpers import preprocess, same_files, shared_data, write_as

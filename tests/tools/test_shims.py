@@ -134,6 +134,10 @@ def test_a_shim_is_its_console_scripts_main_and_nothing_else(tool: Path) -> None
     scripts = [name for name, target in SCRIPTS.items() if target == f"{imp.module}:main"]
     assert scripts, f"{where} calls {imp.module}:main, which no [project.scripts] entry of pyproject.toml names"
     assert any(f"``{name}``" in docstring for name in scripts), f"{where}'s docstring names none of {scripts}"
+    # One name per tool: tools/NAME.py, megatron_ext/cli/NAME.py and mcore-NAME (dashes for underscores).
+    assert imp.module == f"megatron_ext.cli.{tool.stem}", f"{where} runs {imp.module}: name them alike"
+    script = f"mcore-{tool.stem.replace('_', '-')}"
+    assert script in scripts, f"{where}'s console script is {scripts}, not {script}: name them alike"
 
 
 def test_every_non_shim_is_still_there() -> None:

@@ -26,7 +26,7 @@ from megatron_ext.checkpoint.on_disk import (
 )
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.training_config import parse_args
-from megatron_ext.estimate.plan import checkpoint_bytes
+from megatron_ext.estimate.derived_numbers import checkpoint_bytes
 from tests import waits
 from tests.conftest import REPO, _env, launch_command, run_pretrain, run_script, train_losses
 from tests.filesystems import read_only_filesystem, small_filesystem

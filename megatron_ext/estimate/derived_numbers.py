@@ -42,7 +42,8 @@ def _kept_padding(cfg: TrainingConfig) -> str:
 
 
 def describe(cfg: TrainingConfig) -> list[str]:
-    """The plan: layout, batch, tokens per step, parameters."""
+    """The derived numbers as lines (``--dry-run`` and the start of every run): layout, batch, schedule, tokens per
+    step, vocabulary, parameters, training length, and what the estimates approximate."""
     counts = parameter_counts(cfg)
     layout = cfg.layout
     tokens = layout.global_batch_size * cfg.model.seq_length

@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
-from megatron_ext.cli.calculator import main as run
+from megatron_ext.cli.layout import main as run
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.presets import PRESETS
 from megatron_ext.config.training_config import parse_args
-from megatron_ext.estimate import plan
+from megatron_ext.estimate import derived_numbers
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.search import Cluster, pretrain_flags, search
 from megatron_ext.estimate.workload import Workload
@@ -490,6 +490,6 @@ def test_the_calculator_counts_the_parameters_the_dry_run_counts(tokenizer: list
     cfg = parse_args([*shape.split(), "--bf16", "--mock-data", "--world-size", "8"])
     if tokenizer:  # what the run's preflight fills in from its tokenizer
         cfg = dataclasses.replace(cfg, tokenizer_vocab_size=int(tokenizer[1]))
-    dry_run = plan.parameter_counts(cfg).max_per_rank
+    dry_run = derived_numbers.parameter_counts(cfg).max_per_rank
     assert record["memory"]["parameters"] == dry_run
-    assert f"{dry_run:,} on the most loaded rank" in "\n".join(plan.describe(cfg))
+    assert f"{dry_run:,} on the most loaded rank" in "\n".join(derived_numbers.describe(cfg))

@@ -23,7 +23,7 @@ from typing import Any
 
 from megatron_ext.config.data_args import parse_split
 from megatron_ext.data.sources import parse_blend
-from megatron_ext.data.tokenizers import Tokenizer
+from megatron_ext.data.tokenizer_base import Tokenizer
 
 TOKENIZER_FLAG = "--accept-tokenizer-change"
 DATA_FLAG = "--accept-data-change"

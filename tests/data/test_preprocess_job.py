@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from megatron_ext.cli import preprocess_job
-from megatron_ext.data.corpus_job import balanced_shares, load_plan
+from megatron_ext.data.preprocess_job import balanced_shares, load_plan
 from tests import waits
 from tests.conftest import REPO
 from tests.data.helpers import preprocess, same_files, shared_data, write_as

@@ -1,4 +1,4 @@
-"""A real-text English corpus built at run time from what every machine with Python has.
+"""A real-text English corpus built at run time from what every machine with Python has (the demo's, the benchmarks' and the tests').
 
 Sources, in order, until the target size is reached:
 

@@ -1,4 +1,4 @@
-"""What the layout calculator (``megatron_ext.cli.calculator``) prints: the inputs, the table of layouts,
+"""What the layout calculator (``megatron_ext.cli.layout``) prints: the inputs, the table of layouts,
 one layout explained (memory, time, stages, the schedules compared), and why a layout does not fit with what
 would make it fit. Text and JSON; nothing here decides anything."""
 
@@ -224,10 +224,12 @@ def verdict_line(e: LayoutEstimate) -> str:
 
 
 def does_not_fit_message(e: LayoutEstimate, workload: Workload, alternatives: SearchResult | None) -> str:
+    """Why a valid layout does not fit, and what would make it fit on the same GPUs (the lines after an
+    ``error:`` prefix)."""
     cluster = e.cluster
     over = -e.memory_margin_bytes
     lines = [
-        f"error: the layout is valid but needs an estimated {gib(e.memory.total_bytes)} GiB per GPU "
+        f"the layout is valid but needs an estimated {gib(e.memory.total_bytes)} GiB per GPU "
         f"({e.memory.most_loaded.stage} pipeline stage), {gib(over)} GiB more than the "
         f"{gib(cluster.gpu.memory_bytes)} GiB of {cluster.gpu.name}"
     ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_ext.checkpoint.identity import (
+from megatron_ext.checkpoint.run_identity import (
     RunIdentity,
     data_differences,
     data_identity,

@@ -14,8 +14,9 @@ import tempfile
 import typing
 from pathlib import Path
 
+from megatron_ext.cli import layout_args
 from megatron_ext.config.arguments import ConfigError
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.estimate.calibration import (
     Calibration,
     CalibrationError,
@@ -28,23 +29,6 @@ from megatron_ext.estimate.calibration import (
 from megatron_ext.estimate.hardware import GpuProfile, get_profile, profile_document
 from megatron_ext.estimate.search import Cluster
 from megatron_ext.parallel.layout import LayoutError
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group(
-        "calibration (fit a profile to your own runs; then --gpu FILE.json predicts with it)"
-    )
-    group.add_argument(
-        "--calibrate",
-        nargs="+",
-        type=Path,
-        metavar="METRICS",
-        help="The --metrics-file of one or more short pretrain_gpt.py runs on your hardware (--timing-log-level 2, "
-        "a few logged iterations; two layouts, e.g. one with TP and one with PP, constrain the most): fit the "
-        "profile's rates to them (--gpu: the profile to start from; default the runs' GPU's).",
-    )
-    group.add_argument("--profile-out", type=Path, metavar="FILE.json", help="Where --calibrate writes the profile.")
-    group.add_argument("--profile-name", help="The calibrated profile's name (default: --profile-out's stem).")
 
 
 def run(args: argparse.Namespace, out: typing.TextIO, err: typing.TextIO) -> int:
@@ -62,8 +46,7 @@ def run(args: argparse.Namespace, out: typing.TextIO, err: typing.TextIO) -> int
         cases = [_case(r) for r in runs]
         calibration = fit_profile(base, cases, name=args.profile_name or output.stem)
     except (CalibrationError, ValueError, ConfigError, LayoutError) as exc:
-        print(f"error: {exc}", file=err)
-        return ExitCode.INVALID
+        return fail(exc, ExitCode.INVALID, file=err)
     _write(output, profile_document(calibration.profile, **calibration.document()))
     print("\n".join([*report(calibration), "", f"wrote {output}: use it with --gpu {output}"]), file=out)
     return ExitCode.OK
@@ -83,8 +66,6 @@ def _output_path(path: Path | None) -> Path:
 
 def _case(measured: MeasuredRun) -> Case:
     """The model and layout of a run, rebuilt from its record's flags as the calculator builds them."""
-    from megatron_ext.cli import calculator
-
     flags = [
         *measured.calculator_flags,
         "--gpus",
@@ -93,12 +74,12 @@ def _case(measured: MeasuredRun) -> Case:
         str(measured.gpus_per_node),
     ]
     try:
-        args = calculator.build_parser().parse_args(flags)
+        args = layout_args.build_parser().parse_args(flags)
     except SystemExit:
         raise CalibrationError(f"{measured.source}: its run record's flags are not the calculator's: {flags}") from None
-    workload, _ = calculator.workload_of(args)
+    workload, _ = layout_args.workload_of(args)
     cluster = Cluster(gpus=measured.world_size, gpus_per_node=measured.gpus_per_node, gpu=_ANY_PROFILE)
-    layout, _ = calculator.evaluate_layout_from_flags(args, workload, cluster, args.global_batch_size)
+    layout, _ = layout_args.evaluate_layout_from_flags(args, workload, cluster, args.global_batch_size)
     return Case(run=measured, workload=workload, layout=layout)
 
 
