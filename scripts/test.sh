@@ -32,9 +32,9 @@ fi
 # - the SLURM tests, which mostly wait on the scheduler's clock (time limits,
 #   requeues), in a pytest of their own beside the rest, on two workers with a
 #   cluster each (a test file per worker); their report follows;
-# - everything else on two pytest workers, a test file per worker at a time
-#   (a file's tests share its fixtures: runs, checkpoints), the files with the
-#   most tests first.
+# - everything else on two pytest workers, each starting on half of the tests
+#   in file order (so a file's tests mostly share its fixtures: runs,
+#   checkpoints) and taking work from the other when it runs out.
 # The soak (-m soak) is long and runs only when asked.
 slurm_log="$(mktemp)"
 "${py}" -m pytest -m "slurm and not soak" -n 2 --dist loadfile -p no:cacheprovider >"${slurm_log}" 2>&1 &
@@ -42,7 +42,7 @@ slurm_pid=$!
 # Interrupted: the SLURM tests stop too (their fixtures stop the cluster).
 trap 'kill -INT "${slurm_pid}" 2>/dev/null; wait "${slurm_pid}"; rm -f "${slurm_log}"; exit 130' INT TERM
 status=0
-"${py}" -m pytest -m "not slurm and not soak" -n 2 --dist loadfile || status=$?
+"${py}" -m pytest -m "not slurm and not soak" -n 2 --dist worksteal || status=$?
 wait "${slurm_pid}" || status=$?
 echo "--- the SLURM tests (run beside the others) ---"
 cat "${slurm_log}"

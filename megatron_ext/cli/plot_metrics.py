@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.data.atomic_files import WriteError, stage_file
 from megatron_ext.estimate.metrics_file import (
     TRAINING_LOSS,
@@ -129,8 +129,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         png = draw(curves, throughput_key=key, width=args.width, height=args.height)
         _publish(args.output, png)
     except (MetricsFileError, PlotError, WriteError) as exc:
-        print(f"error: {exc}", file=err)
-        return exc.code if isinstance(exc, PlotError) else ExitCode.ERROR
+        return fail(exc, exc.code if isinstance(exc, PlotError) else ExitCode.ERROR, file=err)
     print(f"wrote {args.output}", file=out)
     for f, c in zip(files, curves, strict=True):
         print(f"  {c.label}: {_summary(f, c)}", file=out)
