@@ -227,7 +227,7 @@ def _interpreter(path: Path, name: str, *, runs: bool = True) -> None:
     """An interpreter at ``path`` that says it was chosen (``interpreter: NAME`` on stderr), then runs this one
     (``runs``) or ends there with 0."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    then = f"PYTHONPATH={REPO} exec {sys.executable} \"$@\"" if runs else "exit 0"
+    then = f'PYTHONPATH={REPO} exec {sys.executable} "$@"' if runs else "exit 0"
     path.write_text(f'#!/bin/sh\necho "interpreter: {name}" >&2\n{then}\n')
     path.chmod(0o755)
 
