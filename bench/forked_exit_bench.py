@@ -5,10 +5,10 @@ then ``os._exit``, without freeing every module's objects).
 
     python bench/forked_exit_bench.py --rounds 5
 
-The parent imports torch and Megatron-Core's model, optimizer and checkpointing modules once, freezes them out
-of the collector (as the rank server does), then, alternating the two ways over ``--rounds`` rounds, forks
-``--children`` processes at once that each do a little work with torch and end. It prints the median and the
-range of the wall time from the fork to the last child's end, per way. A normally ending child frees every
+The parent imports what a training rank imports once and freezes it out of the collector (as the rank server
+does), then, alternating the two ways over ``--rounds`` rounds, forks ``--children`` ranks at once that each run
+``pretrain_gpt.py`` (a tiny GPT on mock data, on CPU, pipeline-parallel over the ranks, ``--iters``) and end.
+It prints the median and the range of the wall time from the fork to the last child's end, per way. A normally ending child frees every
 module's objects, which writes to each page it shares with its parent, so each such page is copied first.
 """
 
@@ -19,28 +19,71 @@ import atexit
 import gc
 import importlib
 import os
+import runpy
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
+
+from megatron_ext.training.ports import free_port
 
 IMPORTED = (
-    "torch",
+    "megatron_ext.training.entry",
+    "megatron_ext.training.loop",
+    "megatron_ext.training.model",
     "megatron.core.models.gpt",
     "megatron.core.optimizer",
     "megatron.core.distributed",
+    "megatron.core.pipeline_parallel.schedules",
     "megatron.core.dist_checkpointing.serialization",
+    "megatron.core.datasets.gpt_dataset",
+    "torch.utils.tensorboard",
+    "torch._dynamo",
 )
-"""What the parent imports before it forks (a subset of the rank server's ``PREIMPORTED``)."""
+"""What the parent imports before it forks (most of the rank server's ``PREIMPORTED``)."""
 
 WAYS = ("normal exit", "atexit, then os._exit")
 
 
-def _child(way: str) -> None:
-    import torch
+REPO = Path(__file__).resolve().parent.parent
+TINY = [
+    "--mock-data",
+    "--device",
+    "cpu",
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--vocab-size",
+    "255",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "8",
+    "--lr",
+    "1e-3",
+]
 
-    torch.ones(64, 64) @ torch.ones(64, 64)  # a little work, as a rank would do
+
+def _child(way: str, rank: int, ranks: int, port: int, iters: int) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    sys.argv = [str(REPO / "pretrain_gpt.py"), *TINY, "--pipeline-model-parallel-size", str(ranks)]
+    sys.argv += ["--train-iters", str(iters)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as exc:
+        if exc.code:
+            os._exit(1)
     if way == WAYS[0]:
         sys.exit(0)
     threading._shutdown()  # type: ignore[attr-defined]
@@ -50,14 +93,15 @@ def _child(way: str) -> None:
     os._exit(0)
 
 
-def one_round(way: str, children: int) -> float:
+def one_round(way: str, children: int, iters: int) -> float:
     """Wall seconds from the first fork to the last child's end."""
+    port = free_port()
     started = time.perf_counter()
     pids = []
-    for _ in range(children):
+    for rank in range(children):
         pid = os.fork()
         if pid == 0:
-            _child(way)
+            _child(way, rank, children, port, iters)
         pids.append(pid)
     for pid in pids:
         _, status = os.waitpid(pid, 0)
@@ -69,17 +113,19 @@ def one_round(way: str, children: int) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="Rounds per way, alternating.")
-    parser.add_argument("--children", type=int, default=2, help="Processes forked at once (a run's ranks).")
+    parser.add_argument("--children", type=int, default=2, help="Ranks forked at once (the pipeline's stages).")
+    parser.add_argument("--iters", type=int, default=2, help="Training iterations per run.")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     for name in IMPORTED:
         importlib.import_module(name)
     gc.freeze()
-    print(f"forked from a process that imported {', '.join(IMPORTED)}; {args.children} children at once")
+    print(f"{args.children} ranks of pretrain_gpt.py ({args.iters} iterations) forked at once from a process that "
+          f"imported {', '.join(IMPORTED)}")  # fmt: skip
     times: dict[str, list[float]] = {way: [] for way in WAYS}
     for _ in range(args.rounds):
         for way in WAYS:
-            times[way].append(one_round(way, args.children))
+            times[way].append(one_round(way, args.children, args.iters))
     for way, values in times.items():
         print(
             f"{way:24s} median {statistics.median(values):.2f} s, {min(values):.2f}–{max(values):.2f} s "
