@@ -20,10 +20,8 @@ nothing is left at that path unless the whole picture is.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import math
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from megatron_ext.config.exit_codes import ExitCode, fail
-from megatron_ext.data.atomic_files import WriteError, stage_file
+from megatron_ext.data.atomic_files import WriteError, replace_file
 from megatron_ext.estimate.metrics_file import (
     TRAINING_LOSS,
     VALIDATION_LOSS,
@@ -297,13 +295,7 @@ def _crosses(ax: Any, points: Points, colour: str, label: str) -> None:
 
 def _publish(path: Path, png: bytes) -> None:
     """``png`` at ``path``, written to a temporary beside it and renamed (WriteError: nothing left)."""
-    staged = stage_file(path, png)
-    try:
-        os.replace(staged, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            staged.unlink()
-        raise WriteError(path, exc) from None
+    replace_file(path, png)
 
 
 def _summary(metrics: MetricsFile, curves: Curves) -> str:

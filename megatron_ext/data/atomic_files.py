@@ -291,3 +291,18 @@ def stage_file(final: Path, data: bytes) -> Path:
             staged.unlink()
         raise
     return staged
+
+
+def replace_file(final: Path, data: bytes) -> None:
+    """``data`` at ``final`` in one step: staged beside it (:func:`stage_file`) and renamed over it.
+
+    A refusal of the filesystem is a :class:`WriteError` naming ``final``; ``final`` is then as it was and
+    nothing is left behind.
+    """
+    staged = stage_file(final, data)
+    try:
+        os.replace(staged, final)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            staged.unlink()
+        raise WriteError(final, exc) from None

@@ -45,7 +45,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from megatron_ext.data import formats
-from megatron_ext.data.atomic_files import HELD_SIGNALS, WriteError, stage_file
+from megatron_ext.data.atomic_files import HELD_SIGNALS, WriteError, replace_file, stage_file
 from megatron_ext.data.formats import Chunk, InputError, InputFile
 from megatron_ext.data.indexed import IndexedWriter, optimal_dtype, publish_all, stage_all
 from megatron_ext.data.preprocess_worker import (
@@ -562,13 +562,7 @@ def write_report(summary: Summary, path: Path) -> None:
 
     A refusal of the filesystem is a :class:`~megatron_ext.data.atomic_files.WriteError`; nothing is left behind.
     """
-    staged = stage_file(path, (json.dumps(summary.to_json(), indent=2) + "\n").encode())
-    try:
-        os.replace(staged, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            staged.unlink()
-        raise WriteError(path, exc) from None
+    replace_file(path, (json.dumps(summary.to_json(), indent=2) + "\n").encode())
 
 
 def report_path(output_prefix: str) -> Path:
