@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megatron_ext.config.emerging_optimizer_args import EMERGING, OPTIMIZERS, EmergingOptimizerArgs
 from megatron_ext.config.flags import bound_problems, opt
 
 
@@ -505,8 +506,13 @@ class BatchArgs(_Options):
 
 
 @dataclass(frozen=True, kw_only=True)
-class OptimizerArgs(_Options):
-    optimizer: str = opt("adam", "Optimizer.", choices=["adam", "sgd"])
+class OptimizerArgs(EmergingOptimizerArgs, _Options):
+    optimizer: str = opt(
+        "adam",
+        "Optimizer: Megatron-Core's Adam(W) or SGD, or its emerging optimizers Muon, Adaptive Muon, Lion and SOAP "
+        "(the emerging-optimizers package).",
+        choices=list(OPTIMIZERS),
+    )
     lr: float = opt(1e-4, "Peak learning rate.", above=0)
     min_lr: float = opt(0.0, "Learning rate at the end of decay.", minimum=0)
     lr_warmup_iters: int = opt(0, "Iterations of linear warm-up.", minimum=0)
@@ -609,6 +615,20 @@ class OptimizerArgs(_Options):
     def _relations(self) -> None:
         if self.bf16 and self.fp16:
             raise ConfigError("--bf16 and --fp16 are mutually exclusive; choose one")
+        if self.optimizer == "dist_muon":
+            raise ConfigError(
+                "--optimizer dist_muon is Megatron-LM's deprecated spelling of Muon with its layer-wise distributed "
+                "optimizer; give --optimizer muon --use-distributed-optimizer"
+            )
+        if self.optimizer == "adaptive_muon":
+            raise ConfigError(
+                "--optimizer adaptive_muon fails at its first step in Megatron-Core 0.19.2 with emerging-optimizers "
+                "0.3.0 (its TensorParallelAdaptiveMuon never sets the scale_mode that AdaptiveMuon.step reads); use "
+                "--optimizer muon"
+            )
+        if self.fp16 and self.optimizer in EMERGING:
+            # Megatron-Core's _get_megatron_emerging_optimizer raises on fp16 (no loss-scaled emerging optimizer).
+            raise ConfigError(f"--optimizer {self.optimizer} does not train with --fp16 in Megatron-Core; use --bf16")
         fp8_only = [flag for flag, on in (("--fp8-param-gather", self.fp8_param_gather), ("--no-fp8-wgrad",
                     self.no_fp8_wgrad)) if on]  # fmt: skip
         if fp8_only and self.fp8_format is None:

@@ -277,12 +277,6 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     # ---- optimizer and schedules
     _r(
-        "Megatron-Core's emerging optimizers (Muon, Lion, SOAP) and their layer-wise distributed optimizer are not "
-        "offered: --optimizer adam or sgd",
-        "--lion-beta1 --lion-beta2 --no-use-layer-wise-param-layout",
-        prefixes=("--muon-",),
-    ),
-    _r(
         "step batch-size schedules are not taken: give a linear ramp with --rampup-batch-size START INCREMENT SAMPLES "
         "and --train-samples (run here as Megatron-Core's step schedule), or a constant --global-batch-size",
         "--step-batch-size-schedule",

@@ -335,7 +335,9 @@ REMOVED: dict[str, Removed] = {
         ("--moe-extended-tp", "--moe-use-legacy-grouped-gemm"),
         Removed("core_v0.17.0", "mixture-of-experts models are not supported by this project (dense GPT only)"),
     ),
-    "--muon-use-nesterov": Removed("core_v0.18.0", "the Muon optimizer is not offered (--optimizer adam|sgd)"),
+    "--muon-use-nesterov": Removed(
+        "core_v0.18.0", "taken as --muon-nesterov, its new name", taken=Accepted("", stands_for=("--muon-nesterov",))
+    ),
     **dict.fromkeys(
         (
             "--langrl-external-server",

@@ -13,6 +13,7 @@ from megatron_ext.config import iterations
 from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs
 from megatron_ext.config.checkpoint_args import with_checkpoint_args
 from megatron_ext.config.data_args import DataArgs
+from megatron_ext.config.emerging_optimizer_args import EMERGING
 from megatron_ext.config.flags import Parser, add_options, to_argv
 from megatron_ext.config.layout_flags import (
     build_layout,
@@ -230,6 +231,19 @@ def make_config(
     if run.distrib_optim_fully_reshardable_mem_efficient and not run.dist_ckpt_optim_fully_reshardable:
         raise ConfigError(
             "--distrib-optim-fully-reshardable-mem-efficient only applies with --dist-ckpt-optim-fully-reshardable"
+        )
+    if parallel.use_distributed_optimizer and optim.optimizer in EMERGING and not optim.bf16:
+        # Megatron-Core 0.19.2's LayerWiseDistributedOptimizer wraps its optimizers in its mixed-precision one for
+        # bf16 only; in fp32 it chains them raw and fails before the first step.
+        raise ConfigError(
+            f"--optimizer {optim.optimizer} with --use-distributed-optimizer (Megatron-Core's layer-wise distributed "
+            "optimizer) trains with --bf16 only in Megatron-Core 0.19.2; add --bf16, or drop --use-distributed-optimizer"
+        )
+    if optim.optimizer == "soap" and run.save and not run.no_save_optim:
+        raise ConfigError(
+            "--optimizer soap with --save: Megatron-Core 0.19.2 cannot checkpoint SOAP's preconditioners (its sharded "
+            "optimizer state takes every state tensor to be its weight's shape); add --no-save-optim (a resume then "
+            "starts SOAP afresh) or drop --save"
         )
     problems = iterations.unit_problems(optim, run, batch, train_iters_given="train_iters" in groups.get("run", {}))
     if problems:

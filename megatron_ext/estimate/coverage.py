@@ -38,7 +38,12 @@ APPROXIMATED: dict[str, str] = {
     "no_rope_fusion": _KERNEL,
     "no_gradient_accumulation_fusion": "the bf16 weight gradient it materialises before adding it to the fp32 "
     "buffer is transient and not counted",
-    "optimizer": "optimizer memory is Adam's (two fp32 moments); SGD keeps one or none, less than estimated",
+    "optimizer": "optimizer memory is Adam's (two fp32 moments); SGD keeps one or none, Muon and Lion one on most "
+    "weights, less than estimated; SOAP also keeps preconditioners, more; Muon's Newton-Schulz is not timed",
+    "muon_num_ns_steps": "Muon's Newton-Schulz iterations (a few matrix products per weight and step) are not timed",
+    "muon_tp_mode": "Muon's gathers of tensor-parallel weights and its Newton-Schulz iterations are not timed",
+    "no_use_layer_wise_param_layout": "the layer-wise distributed optimizer's memory and all-gathers are counted as "
+    "the distributed optimizer's",
     "fp8_param_gather": f"{_FP8}; the parameter all-gather is counted in bf16",
     **dict.fromkeys(
         (
@@ -73,6 +78,21 @@ _LOSS_SCALE = "fp16's loss scaling: one multiply and a check per step"
 _FP8_DETAIL = "a detail of --fp8-format's recipe (see there)"
 
 NO_EFFECT: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "muon_momentum",
+            "muon_no_split_qkv",
+            "muon_nesterov",
+            "muon_scale_mode",
+            "muon_fp32_matmul_prec",
+            "muon_coefficient_type",
+            "muon_extra_scale_factor",
+            "muon_scalar_optimizer",
+            "lion_beta1",
+            "lion_beta2",
+        ),
+        "a coefficient or choice inside the optimizer's update (--optimizer is what is approximated)",
+    ),
     **dict.fromkeys(("rotary_base", "use_rope_scaling", "rope_scaling_factor"), "the rotary frequencies"),
     "rotary_percent": "the rotary embedding's element-wise cost is not counted at any share of the head",
     "attention_softmax_in_fp32": "the fp32 scores are transient; the kept probabilities are in the training precision",

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.emerging_optimizer_args import EMERGING
 from megatron_ext.config.layout_flags import context_parallel_refusal, gloo_problem
 from megatron_ext.config.training_config import (
     TrainingConfig,
@@ -365,6 +366,7 @@ def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: 
         chunk.to(device)
         chunks.append(in_training_precision(chunk, cfg))
     ddp = ddp_config(cfg, num_parameters=sum(p.nelement() for chunk in chunks for p in chunk.parameters()))
+    layouts = layer_wise_param_layouts(chunks, cfg=cfg, ddp=ddp, device=device)
     return [
         DistributedDataParallel(
             config=chunk.config,
@@ -372,6 +374,51 @@ def build_model_chunks(provider: ModelProvider, *, cfg: TrainingConfig, device: 
             module=chunk,
             # Megatron-LM: only the first chunk's buffers are bucketed for overlap.
             disable_bucketing=index > 0,
+            full_param_layout=layout,
+        )
+        for index, (chunk, layout) in enumerate(zip(chunks, layouts, strict=True))
+    ]
+
+
+def layer_wise_param_layouts(chunks: list[Any], *, cfg: TrainingConfig, ddp: Any, device: torch.device) -> list[Any]:
+    """Each chunk's DDP buffer layout for Megatron-Core's layer-wise distributed optimizer, as Megatron-LM's
+    ``wrap_model_chunks_with_ddp`` makes it (None each: DDP's own layout).
+
+    An emerging optimizer (Muon, Lion, SOAP) with --use-distributed-optimizer gives each DP rank whole weights
+    (Newton-Schulz needs a whole matrix): the matrices Muon orthogonalizes go to shard-aligned buffers of their
+    own, the rest to the distributed optimizer's byte-level ones. With --no-use-layer-wise-param-layout, plain
+    DDP buffers, and the optimizer all-gathers the updated weights itself (Megatron-Core's legacy path).
+    """
+    from megatron.core import parallel_state
+    from megatron.core.optimizer.layer_wise_optimizer import (
+        LayerWiseDistributedOptimizer,
+        tag_params_for_buffer_routing,
+    )
+
+    if not (cfg.layout.use_distributed_optimizer and cfg.optim.optimizer in EMERGING):
+        return [None] * len(chunks)
+    if cfg.optim.no_use_layer_wise_param_layout:
+        if device.type == "cpu":
+            raise ConfigError(
+                "--no-use-layer-wise-param-layout: Megatron-Core's legacy layer-wise path all-gathers weights of "
+                "unequal sizes, which gloo (the CPU backend) cannot; drop the flag on CPU"
+            )
+        ddp.use_distributed_optimizer = False
+        return [None] * len(chunks)
+    # Routes each parameter to its buffer (read by Megatron-Core's group_params_for_buffers).
+    tag_params_for_buffer_routing(chunks)
+    dp = parallel_state.get_data_parallel_world_size(with_context_parallel=True, partial_data_parallel=True)
+    first_stage = parallel_state.get_pipeline_model_parallel_rank() == 0
+    # DDP's default bucket size when none is given (DistributedDataParallel.__init__).
+    bucket = ddp.bucket_size or max(40_000_000, 1_000_000 * parallel_state.get_data_parallel_world_size())
+    return [
+        LayerWiseDistributedOptimizer.compute_full_param_layout(
+            [p for p in chunk.parameters() if p.requires_grad],
+            # DDP's own bucket size for the chunk: buckets only with overlap, on the first chunk of the first stage.
+            bucket if ddp.overlap_grad_reduce and index == 0 and first_stage else None,
+            dp,
+            ddp,
+            expert_data_parallel_world_size=dp,
         )
         for index, chunk in enumerate(chunks)
     ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron_ext.config.emerging_optimizer_args import EMERGING
 from megatron_ext.config.iterations import lr_steps
 from megatron_ext.config.training_config import TrainingConfig
 
@@ -65,6 +66,7 @@ def optimizer_config_of(cfg: TrainingConfig, *, params_dtype: Any, timers: Any) 
     from megatron.core.optimizer import OptimizerConfig
 
     o = cfg.optim
+    emerging = o.optimizer in EMERGING
     return OptimizerConfig(
         optimizer=o.optimizer,
         lr=o.lr,
@@ -77,6 +79,18 @@ def optimizer_config_of(cfg: TrainingConfig, *, params_dtype: Any, timers: Any) 
         adam_beta2=o.adam_beta2,
         adam_eps=o.adam_eps,
         sgd_momentum=o.sgd_momentum,
+        muon_momentum=o.muon_momentum,
+        muon_split_qkv=not o.muon_no_split_qkv,
+        muon_nesterov=o.muon_nesterov,
+        muon_scale_mode=o.muon_scale_mode,
+        muon_fp32_matmul_prec=o.muon_fp32_matmul_prec,
+        muon_coefficient_type=o.muon_coefficient_type,
+        muon_num_ns_steps=o.muon_num_ns_steps,
+        muon_tp_mode=o.muon_tp_mode,
+        muon_extra_scale_factor=o.muon_extra_scale_factor,
+        muon_scalar_optimizer=o.muon_scalar_optimizer,
+        lion_beta1=o.lion_beta1,
+        lion_beta2=o.lion_beta2,
         clip_grad=o.clip_grad,
         bf16=o.bf16,
         fp16=o.fp16,
@@ -86,7 +100,10 @@ def optimizer_config_of(cfg: TrainingConfig, *, params_dtype: Any, timers: Any) 
         min_loss_scale=o.min_loss_scale,
         loss_scale_window=o.loss_scale_window,
         hysteresis=o.hysteresis,
-        use_distributed_optimizer=cfg.layout.use_distributed_optimizer,
+        # Megatron-LM (validate_args): an emerging optimizer with --use-distributed-optimizer runs Megatron-Core's
+        # layer-wise distributed optimizer instead, whose non-Muon groups it builds as distributed ones itself.
+        use_distributed_optimizer=cfg.layout.use_distributed_optimizer and not emerging,
+        use_layer_wise_distributed_optimizer=cfg.layout.use_distributed_optimizer and emerging,
         overlap_param_gather_with_optimizer_step=False,
         log_num_zeros_in_grad=o.log_num_zeros_in_grad,
         timers=timers,

@@ -43,7 +43,8 @@ def test_the_dry_run_names_each_approximation_in_use() -> None:
         "the memory and time estimates approximate --squared-relu: memory and time as GeLU's (the MLP keeps its "
         "input either way)",
         "the memory and time estimates approximate --optimizer: optimizer memory is Adam's (two fp32 moments); SGD "
-        "keeps one or none, less than estimated",
+        "keeps one or none, Muon and Lion one on most weights, less than estimated; SOAP also keeps preconditioners, "
+        "more; Muon's Newton-Schulz is not timed",
     ]
 
 

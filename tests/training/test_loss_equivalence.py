@@ -195,9 +195,27 @@ VARIANT_LAYOUTS = {
 }
 
 
+MUON = "--optimizer muon --muon-tp-mode duplicated --muon-fp32-matmul-prec high".split()
+"""Megatron-Core's Muon (emerging-optimizers), in the mode that is exact across layouts: each TP rank gathers the
+whole matrix and orthogonalizes it as TP 1 does (the default, blockwise, orthogonalizes each shard alone and
+differs from TP 1 by design), in fp32 (medium, the default, runs Newton-Schulz in bf16, whose rounding would turn
+TP's reordered sums into differences above the tolerance)."""
+MUON_LAYOUTS = {
+    "muon-tp2": (2, ["--tensor-model-parallel-size", "2"]),
+    "muon-tp2-distributed-newton-schulz": (
+        2,
+        "--tensor-model-parallel-size 2 --muon-tp-mode distributed".split(),
+    ),
+    "muon-pp2-vp2-dp2": (
+        4,
+        "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2".split(),
+    ),
+}
+
 FAMILIES = {
     "7-layers": (ODD_LAYERS, ODD_LAYOUTS),
     "variant": (VARIANT, VARIANT_LAYOUTS),
+    "muon": (MUON, MUON_LAYOUTS),
 }
 """Models other than TINY_MODEL, each with its own seed and TP1·PP1 baseline, and the layouts that must match."""
 
