@@ -51,7 +51,7 @@ from multiprocessing.managers import SyncManager
 from typing import Any
 
 from megatron_ext.config.exit_codes import ExitCode
-from megatron_ext.training.resilience import HANDLED_SIGNALS
+from megatron_ext.training.stop_signals import HANDLED_SIGNALS
 
 log = logging.getLogger(__name__)
 

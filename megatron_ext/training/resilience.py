@@ -34,7 +34,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+from megatron_ext.training.stop_signals import HANDLED_SIGNALS
 
 
 class NonFiniteLossError(RuntimeError):
