@@ -34,7 +34,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from megatron_ext.training.stop_signals import HANDLED_SIGNALS
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class NonFiniteLossError(RuntimeError):
