@@ -145,7 +145,7 @@ def run(args: list[str], *, nproc: int, log: Path, times_dir: Path | None = None
         cmd = local_command(Path(__file__).resolve(), [WORKER, str(times_dir), *args], nproc=nproc)
     else:
         cmd = local_command(PRETRAIN, args, nproc=nproc)
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     with open(log, "w") as out:
         return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
 

@@ -264,7 +264,7 @@ def kernels(plan: Plan, out: Path) -> dict[str, Any]:
 
 
 def _pretrain(args: Sequence[str], *, log: Path, expect: int) -> None:
-    env = child_env(PYTHONWARNINGS="ignore")
+    env = child_env()
     with open(log, "w") as stream:
         code = subprocess.run(
             pretrain_command(args, nproc=1), stdout=stream, stderr=subprocess.STDOUT,

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     prepare(corpus, corpus_mb=args.corpus_mb, model=model, vocab_size=args.vocab_size)
     document, control = long_document(corpus, args.document_mb, work / f"long-{args.document_mb:g}mb.jsonl")
 
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     trees = {"after (working tree)": REPO}
     if args.baseline:
         trees = {f"before ({args.baseline})": baseline_tree(args.baseline, work), **trees}

@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(args.tokenizer_model) if args.tokenizer_model else work / f"sp{args.vocab_size}.model"
     prepare(corpus, corpus_mb=args.corpus_mb, model=model, vocab_size=args.vocab_size)
     size = corpus.stat().st_size
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     common = [
         "--json-keys",
         "text",

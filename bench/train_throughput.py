@@ -122,7 +122,7 @@ def run_variant(
         ],
         nproc=nproc,
     )
-    env = child_env(PYTHONWARNINGS="ignore")
+    env = child_env()
     with open(log, "w") as out:
         code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
     if code != 0:

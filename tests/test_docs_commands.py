@@ -171,7 +171,6 @@ def _environment(root: Path) -> dict[str, str]:
         "PATH": path,
         # This checkout's package, not another checkout's editable install.
         "PYTHONPATH": str(REPO),
-        "PYTHONWARNINGS": "ignore",
         "OMP_NUM_THREADS": "1",
     }
 
@@ -319,7 +318,7 @@ def known_flags(tool: str, subcommand: str = "") -> frozenset[str]:
         [sys.executable, *program, *([subcommand] if subcommand else []), "--help"],
         timeout=QUICK_S,
         cwd=REPO,
-        env=os.environ | {"PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"},
+        env=os.environ | {"PYTHONPATH": str(REPO)},
     )
     assert proc.returncode == 0, f"{tool} {subcommand} --help exited {proc.returncode}: {waits.tail(proc.stderr)}"
     flags = set(re.findall(r"(?<![\w-])--[A-Za-z][\w-]*", proc.stdout))

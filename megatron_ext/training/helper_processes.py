@@ -17,7 +17,9 @@ iteration, saves and exits 75 (``resilience``).
 the process that started it ends, however it ends (``PR_SET_PDEATHSIG``;
 kill -9 included), and leaves at once if that process is already gone.
 Without it a killed rank's results-queue server lived on (about 280 MB) on
-nodes without SLURM's cgroup cleanup.
+nodes without SLURM's cgroup cleanup. (That server imports torch whatever it
+imports itself: the write results it unpickles are
+``torch.distributed.checkpoint`` objects.)
 
 How each kind is reached:
 

@@ -209,7 +209,7 @@ def _launch_script(name: str, *args: str, **env: str) -> subprocess.CompletedPro
         capture_output=True,
         text=True,
         timeout=QUICK_S,
-        env=os.environ | {"DRY_RUN": "1", "PYTHON": sys.executable, "PYTHONWARNINGS": "ignore", **env},
+        env=os.environ | {"DRY_RUN": "1", "PYTHON": sys.executable, **env},
     )
 
 
@@ -243,7 +243,7 @@ def test_launch_scripts_take_the_projects_environment_unless_python_names_anothe
     (clone / "pretrain_gpt.py").symlink_to(REPO / "pretrain_gpt.py")
     _interpreter(clone / ".venv" / "bin" / "python", "the clone's .venv")
     _interpreter(tmp_path / "other" / "python", "PYTHON", runs=False)  # the dry run itself: once is enough
-    plain = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DRY_RUN": "1", "PYTHONWARNINGS": "ignore"}
+    plain = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DRY_RUN": "1"}
     command = ["bash", str(clone / "examples" / "megatron-lm" / script), str(tmp_path / "ckpt")]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=QUICK_S, env=plain)
     assert proc.returncode == 0, proc.stderr

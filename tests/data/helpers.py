@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import waits
-from tests.conftest import REPO
+from tests.conftest import REPO, _env
 from tests.waits import RUN_S
 
 TOOLS = REPO / "tools"
@@ -20,7 +19,7 @@ TOOLS = REPO / "tools"
 
 def tool(name: str, *args: str, timeout: float = RUN_S, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run tools/NAME.py as a process; raise with its output when ``check`` and it fails."""
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env = _env()
     proc = waits.run([sys.executable, str(TOOLS / f"{name}.py"), *args], timeout=timeout, env=env, cwd=REPO)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")

@@ -4,7 +4,6 @@ tools/merge_datasets.py --write-blend writes from a directory of datasets (by to
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from megatron_ext.config.training_config import parse_args
 from megatron_ext.data.indexed import IndexedWriter
 from megatron_ext.data.preflight import preflight
 from tests import waits
-from tests.conftest import MODEL, REPO, run_script
+from tests.conftest import MODEL, _env, run_script
 from tests.waits import QUICK_S
 
 pytestmark = pytest.mark.unit
@@ -144,7 +143,7 @@ def test_a_blend_of_many_datasets_gets_the_open_files_megatron_core_keeps(tmp_pa
         dataset(root / f"s{i:02d}_text_document", tokens_per_doc=10 + i)
     assert merge_datasets.main(["--input", str(root), "--write-blend", str(tmp_path / "blend.txt")]) == 0
     argv = [*MODEL, *NULL, "--data-args-path", str(tmp_path / "blend.txt"), "--split", "90,5,5", "--eval-iters", "1"]
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+    env = _env()
 
     def child(soft: int, hard: int) -> str:
         proc = waits.run([sys.executable, "-c", CHILD, str(soft), str(hard), *argv], timeout=QUICK_S, env=env)

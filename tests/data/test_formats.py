@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import lzma
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ from hypothesis import strategies as st
 from megatron_ext.data import formats
 from megatron_ext.data.tokenizers import GPTSentencePieceTokenizer
 from tests import waits
-from tests.conftest import REPO
+from tests.conftest import REPO, _env
 from tests.data.helpers import leftovers, preprocess, reference_dataset, same_files, shared_data, tool, write_as
 from tests.waits import READY_S, RUN_S, STOP_S
 
@@ -267,7 +266,7 @@ def _peak_rss_mb(*args: str) -> tuple[float, float]:
         "print(r(resource.RUSAGE_SELF).ru_maxrss / 1024, r(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)\n"
         "sys.exit(code)\n"
     )
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env = _env()
     proc = waits.run([sys.executable, "-c", code, *args], timeout=RUN_S, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     parent, worker = proc.stdout.split()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import string
 import sys
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from megatron_ext.data.tokenizers import (
     SentencePieceTokenizer,
 )
 from tests import waits
-from tests.conftest import REPO
+from tests.conftest import REPO, _env
 from tests.data.helpers import reference_dataset, same_files, shared_data, tool
 from tests.waits import RUN_S
 
@@ -423,7 +422,7 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 
 def _peak_rss_mb(inp: Path, prefix: Path, model: Path) -> float:
     """Peak RSS of the tool's largest process (parent or worker), in MB, run in a fresh process."""
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env = _env()
     cmd = [sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", str(inp), "--output-prefix",
            str(prefix), "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", str(model),
            "--workers", "1", "--quiet"]  # fmt: skip

@@ -17,7 +17,7 @@ import pytest
 
 from megatron_ext.data.tokenizers import GPTSentencePieceTokenizer, NullTokenizer, SentencePieceTokenizer
 from tests import waits
-from tests.conftest import REPO
+from tests.conftest import REPO, _env
 from tests.data.helpers import leftovers, preprocess, reference_dataset, same_files, shared_data, tool, write_as
 from tests.waits import READY_S, STOP_S
 
@@ -268,7 +268,7 @@ def _start_slow_run(
         write_as(lines * (30 // files), tmp_path / (f"big.{fmt}" if files == 1 else f"big-{i:02d}.{fmt}"), fmt)
     out = tmp_path / "out"
     out.mkdir()
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(REPO))
+    env = _env()
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -5,7 +5,6 @@ byte for byte. tests/recipes/test_preprocess_recipe.py runs the recipe on the SL
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from megatron_ext.cli import preprocess_job
 from megatron_ext.data.preprocess_job import balanced_shares, load_plan
 from tests import waits
-from tests.conftest import REPO
+from tests.conftest import REPO, _env
 from tests.data.helpers import preprocess, same_files, shared_data, write_as
 from tests.waits import RUN_S
 
@@ -46,7 +45,7 @@ def test_shares_are_contiguous_and_as_even_as_they_can_be() -> None:
 
 
 def job(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env = _env()
     return waits.run([sys.executable, "-m", "megatron_ext.cli.preprocess_job", *args], timeout=RUN_S, env=env, cwd=REPO)
 
 

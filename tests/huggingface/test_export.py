@@ -14,7 +14,6 @@ rest runs in one comparing process (tests/huggingface/compare.py). The README de
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests import waits
-from tests.conftest import REPO, SavedRun, read_metrics
+from tests.conftest import REPO, SavedRun, _env, read_metrics
 from tests.data.helpers import tool
 from tests.waits import RUN_S
 
@@ -33,7 +32,7 @@ def compare(jobs: list[dict[str, str]], tmp_path: Path) -> list[dict[str, Any]]:
     """tests/huggingface/compare.py's findings, one per job (a process of its own: Megatron-Core's state is
     per process)."""
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env = _env()
     proc = waits.run(
         [sys.executable, "-m", "tests.huggingface.compare", str(tmp_path / "jobs.json")],
         timeout=RUN_S,

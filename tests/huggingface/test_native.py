@@ -14,7 +14,6 @@ under torchrun, with the flags the import printed.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests import waits
-from tests.conftest import REPO, read_metrics, run_pretrain
+from tests.conftest import REPO, _env, read_metrics, run_pretrain
 from tests.data.helpers import shared_data, tool
 from tests.waits import RUN_S
 
@@ -101,7 +100,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
         for name, spec in JOBS.items()
     ]
     (work / "jobs.json").write_text(json.dumps(jobs))
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env = _env()
     proc = waits.run(
         [sys.executable, "-m", "tests.huggingface.native", str(work / "jobs.json")], timeout=RUN_S, env=env, cwd=REPO
     )

@@ -87,7 +87,7 @@ def recipe_env(tmp_path: Path, **overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
     for name in SETTINGS:
         env.pop(name, None)
-    env |= {"RUN_DIR": str(tmp_path / "run"), "PYTHON": sys.executable, "PYTHONWARNINGS": "ignore"}
+    env |= {"RUN_DIR": str(tmp_path / "run"), "PYTHON": sys.executable}
     return env | overrides
 
 

@@ -71,7 +71,6 @@ def helps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Help]]
         pytest.skip("the package is not installed in this interpreter (bash scripts/setup.sh installs it)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
         "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
     }
     root = tmp_path_factory.mktemp("shims")
     procs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
