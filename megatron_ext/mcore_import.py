@@ -8,6 +8,9 @@ process's start-up, for fusions that pay off on GPUs only. ``install()``
 arranges that, on a machine with no CUDA device, Megatron-Core's own
 ``disable_jit_fuser`` runs right after ``megatron.core.jit`` is executed, before
 any module takes ``jit_fuser``: the functions compute the same thing eagerly.
+Modules that decorate with a bare ``@torch.compile`` when they execute (the
+MoE router's inference routing, the emerging optimizers' update functions)
+execute, on such a machine, with ``torch.compile`` returning what it is given.
 With a GPU, nothing changes. Installing costs nothing: it acts only when (and
 if) Megatron-Core is imported.
 
@@ -27,6 +30,13 @@ JIT_MODULE = "megatron.core.jit"
 ROUTER_MODULE = "megatron.core.transformer.moe.router"
 """Megatron-Core >= 0.19 decorates InferenceTopKRouter._compiled_topk_routing with a bare ``@torch.compile``
 at class definition (router.py:918), which imports TorchDynamo whatever jit_fuser is."""
+EAGER_PACKAGE = "emerging_optimizers"
+"""NVIDIA's emerging optimizers (Muon, Lion, SOAP), which ``megatron.core.optimizer`` imports when installed,
+decorate their update functions with a bare ``@torch.compile`` in a dozen modules (emerging-optimizers 0.3.0)."""
+
+
+def _compiles_at_import(fullname: str) -> bool:
+    return fullname in (ROUTER_MODULE, EAGER_PACKAGE) or fullname.startswith(EAGER_PACKAGE + ".")
 
 
 def _disable_without_cuda(module: ModuleType) -> None:
@@ -43,17 +53,12 @@ def _eager_compile(model=None, **kwargs):
 class _PlainFusionsWithoutCuda(importlib.abc.MetaPathFinder):
     """Finds ``megatron.core.jit`` as usual, and disables its fuser right after it runs when there is no CUDA."""
 
-    def __init__(self) -> None:
-        self.pending = {JIT_MODULE, ROUTER_MODULE}
-
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in self.pending:
+        # Stays installed: the emerging optimizers' modules may be imported at any time, one by one.
+        if fullname != JIT_MODULE and not _compiles_at_import(fullname):
             return None
-        self.pending.discard(fullname)
-        if not self.pending:
-            sys.meta_path.remove(self)  # once each
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         loader = spec.loader if spec is not None else None
         if loader is None or not hasattr(loader, "exec_module"):
