@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron_ext.config import iterations
-from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, ParallelArgs
 from megatron_ext.config.checkpoint_args import with_checkpoint_args
 from megatron_ext.config.data_args import DataArgs
 from megatron_ext.config.flags import Parser, add_options, to_argv
@@ -24,6 +24,7 @@ from megatron_ext.config.layout_flags import (
 )
 from megatron_ext.config.megatron_lm import split_unknown, unknown_flags_note
 from megatron_ext.config.megatron_lm_accepted import ACCEPTED, translate
+from megatron_ext.config.optimizer_args import OptimizerArgs
 from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.config.run_args import RunArgs
 from megatron_ext.config.zero_bubble_fork import FORK_FLAGS

@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from megatron_ext.config.arguments import BatchArgs, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.arguments import BatchArgs, ModelArgs, ParallelArgs
 from megatron_ext.config.flags import flag_of
+from megatron_ext.config.optimizer_args import OptimizerArgs
 
 STEP_GROUPS: tuple[type, ...] = (ModelArgs, ParallelArgs, BatchArgs, OptimizerArgs)
 """The argument groups whose flags can change a step's memory or time."""
