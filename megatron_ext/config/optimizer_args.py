@@ -9,6 +9,15 @@ from dataclasses import dataclass
 from megatron_ext.config.arguments import ConfigError, _Options
 from megatron_ext.config.flags import opt
 
+PRECISION_AWARE_DTYPES: dict[str, tuple[str, ...]] = {
+    "main_grads_dtype": ("fp32", "bf16"),
+    "main_params_dtype": ("fp32", "fp16"),
+    "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
+    "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"),
+}
+"""The precision-aware optimizer's dtype flags (``OptimizerConfig``'s fields of the same names) and the values
+Megatron-LM's parser offers for each (fp8: ``torch.uint8``, as Megatron-LM maps it)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerArgs(_Options):
@@ -105,6 +114,41 @@ class OptimizerArgs(_Options):
     fp8_param_gather: bool = opt(
         False, "With --fp8-format: keep the compute weights in FP8 and all-gather them in FP8 (distributed optimizer)."
     )
+    fp16_lm_cross_entropy: bool = opt(
+        False,
+        "With --fp16: Megatron-LM's switch for the loss in fp16, passed to Megatron-Core's GPTModel as Megatron-LM "
+        "passes it. Megatron-Core 0.19's vocabulary-parallel cross entropy casts the logits to fp32 either way, so "
+        "the loss is the same as without it.",
+    )
+    use_precision_aware_optimizer: bool = opt(
+        False,
+        "Transformer Engine's FusedAdam keeps the main weights, main gradients and Adam's moments in the dtypes "
+        "below (Megatron-Core's precision-aware optimizer); needs Transformer Engine on GPUs, --optimizer adam and "
+        "--use-distributed-optimizer.",
+    )
+    main_grads_dtype: str = opt(
+        "fp32",
+        "With --use-precision-aware-optimizer: the main gradients' dtype (bf16: with --bf16, gradients are also "
+        "accumulated and reduced in bf16, as Megatron-LM does).",
+        choices=PRECISION_AWARE_DTYPES["main_grads_dtype"],
+    )
+    main_params_dtype: str = opt(
+        "fp32",
+        "With --use-precision-aware-optimizer: the main weights' dtype.",
+        choices=PRECISION_AWARE_DTYPES["main_params_dtype"],
+    )
+    exp_avg_dtype: str = opt(
+        "fp32",
+        "With --use-precision-aware-optimizer: the dtype Adam's first moment is stored in (the kernel computes in "
+        "fp32).",
+        choices=PRECISION_AWARE_DTYPES["exp_avg_dtype"],
+    )
+    exp_avg_sq_dtype: str = opt(
+        "fp32",
+        "With --use-precision-aware-optimizer: the dtype Adam's second moment is stored in (the kernel computes in "
+        "fp32).",
+        choices=PRECISION_AWARE_DTYPES["exp_avg_sq_dtype"],
+    )
     log_num_zeros_in_grad: bool = opt(
         False, "Count the zero gradients at every step (Megatron-Core's optimizer): the log line and 'num-zeros'."
     )
@@ -112,9 +156,27 @@ class OptimizerArgs(_Options):
         False, "Average the loss over all tokens of the step instead of per microbatch."
     )
 
+    @property
+    def precision_aware_dtypes(self) -> dict[str, str]:
+        """The precision-aware optimizer's dtype flags given other than fp32 (field name → value)."""
+        return {name: getattr(self, name) for name in PRECISION_AWARE_DTYPES if getattr(self, name) != "fp32"}
+
     def _relations(self) -> None:
         if self.bf16 and self.fp16:
             raise ConfigError("--bf16 and --fp16 are mutually exclusive; choose one")
+        if self.fp16_lm_cross_entropy and not self.fp16:
+            raise ConfigError("--fp16-lm-cross-entropy applies with --fp16 only (as Megatron-LM requires); give --fp16")
+        lower = [f"--{name.replace('_', '-')} {value}" for name, value in self.precision_aware_dtypes.items()]
+        if lower and not self.use_precision_aware_optimizer:
+            raise ConfigError(
+                f"{' and '.join(lower)} need --use-precision-aware-optimizer (without it Megatron-Core keeps the "
+                "optimizer's tensors in fp32); give it, or drop them"
+            )
+        if self.use_precision_aware_optimizer and self.optimizer != "adam":
+            raise ConfigError(
+                f"--use-precision-aware-optimizer is Transformer Engine's FusedAdam: give --optimizer adam, not "
+                f"{self.optimizer}"
+            )
         fp8_only = [flag for flag, on in (("--fp8-param-gather", self.fp8_param_gather), ("--no-fp8-wgrad",
                     self.no_fp8_wgrad)) if on]  # fmt: skip
         if fp8_only and self.fp8_format is None:
