@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, ParallelArgs
 from megatron_ext.config.flags import Parser, add_options, options
 from megatron_ext.config.layout_flags import (
     build_layout,
@@ -19,6 +19,7 @@ from megatron_ext.config.layout_flags import (
     pipeline_p2p_problems,
     zero_bubble_problems,
 )
+from megatron_ext.config.optimizer_args import OptimizerArgs
 from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.estimate.coverage import APPROXIMATED
 from megatron_ext.estimate.hardware import PROFILES, get_profile

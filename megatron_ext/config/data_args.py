@@ -1,5 +1,5 @@
 """The data group of ``pretrain_gpt.py``'s flags (``DataArgs``: datasets, blends, split, tokenizer) and the
-``--split`` reader; the other groups are in ``arguments.py``."""
+``--split`` reader; the other groups are in ``arguments.py``, ``optimizer_args.py`` and ``run_args.py``."""
 
 from __future__ import annotations
 

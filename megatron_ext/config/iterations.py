@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from megatron_ext.parallel.layout import LayoutError, ParallelLayout
 
 if TYPE_CHECKING:
-    from megatron_ext.config.arguments import BatchArgs, OptimizerArgs
+    from megatron_ext.config.arguments import BatchArgs
+    from megatron_ext.config.optimizer_args import OptimizerArgs
     from megatron_ext.config.run_args import RunArgs
 
 RAMPUP = "--rampup-batch-size"

@@ -89,6 +89,13 @@ NOTES: dict[str, str] = {
     "--num-workers": "default 0 here (2 in Megatron-LM): the data loader runs in the training process",
     "--distributed-backend": "checked against the device: nccl on GPU, gloo on CPU; another is refused with the reason",
     "--dataloader-type": "single (Megatron-LM's default for GPT) and cyclic; external is refused with the reason",
+    "--fp16-lm-cross-entropy": "passed to Megatron-Core's GPTModel as Megatron-LM passes it; Megatron-Core 0.19 "
+    "computes the cross entropy in fp32 either way (its vocabulary-parallel cross entropy casts the logits), so the "
+    "loss does not change",
+    "--no-check-for-nan-in-loss-and-grad": "turns off the non-finite-loss guard, which stands in for Megatron-LM's "
+    "check: a step with a NaN or infinite loss is then taken (docs/training.md, 'Non-finite losses')",
+    "--use-precision-aware-optimizer": "with Transformer Engine's FusedAdam (GPUs); refused before launch without it, "
+    "naming it; with its dtype flags, reaches Megatron-Core's OptimizerConfig as Megatron-LM passes it",
 }
 """What to know about some honoured flags (the docs table's "why" column)."""
 
@@ -207,10 +214,6 @@ REFUSALS: tuple[Refusal, ...] = (
         "--fine-grained-offloading-max-inflight-offloads",
     ),
     _r(
-        "the precision-aware optimizer needs Transformer Engine's FusedAdam; optimizer states are fp32 here",
-        "--use-precision-aware-optimizer --exp-avg-dtype --exp-avg-sq-dtype --main-grads-dtype --main-params-dtype",
-    ),
-    _r(
         "Megatron-Core's 'te' cross-entropy needs Transformer Engine; --cross-entropy-loss-fusion uses the native "
         "fused kernel",
         "--cross-entropy-fusion-impl",
@@ -288,10 +291,6 @@ REFUSALS: tuple[Refusal, ...] = (
         "--ckpt-step --override-ckpt-iteration",
     ),
     _r(
-        "the loss is computed in fp32 whatever the training precision (the numerically safe choice); not configurable",
-        "--fp16-lm-cross-entropy",
-    ),
-    _r(
         "a determinism or matmul-precision switch of Megatron-LM that this project does not expose: GPU runs use "
         "PyTorch's and cuBLAS's defaults (the CPU rehearsals are deterministic)",
         "--disable-bf16-reduced-precision-matmul --deterministic-mode",
@@ -316,9 +315,10 @@ REFUSALS: tuple[Refusal, ...] = (
         "--eval-micro-batch-size --start-eval-at-iter --validation-set-names",
     ),
     _r(
-        "non-finite losses are found on every step and stop the run after --max-consecutive-skipped; Megatron-"
-        "Core's gradient checks are left at their defaults",
-        "--no-check-for-nan-in-loss-and-grad --check-for-large-grads",
+        "the check for unexpectedly large gradients (Megatron-Core's DDP, feeding Megatron-LM's rerun state "
+        "machine) is not offered; non-finite losses are found on every step and stop the run after "
+        "--max-consecutive-skipped",
+        "--check-for-large-grads",
     ),
     # ---- distribution and runtime
     _r(

@@ -151,6 +151,11 @@ ACCEPTED: dict[str, Accepted] = {
     ),
     **_ignored("--openai-gelu --onnx-safe --apply-residual-connection-post-layernorm", LEGACY),
     **_ignored(
+        "--no-one-logger",
+        "NVIDIA's one-logger telemetry (an internal tool, Megatron-LM's help says) is never started here, so there is "
+        "nothing to switch off; --metrics-file, --tensorboard-dir and --wandb-project record the run",
+    ),
+    **_ignored(
         "--chat-template",
         "read only by the tokenizer's apply_chat_template (supervised fine-tuning, chat inference); GPT "
         "pretraining never formats a conversation",

@@ -67,6 +67,13 @@ class RunArgs(_Options):
         "stops the run with an error (exit code 4).",
         minimum=0,
     )
+    no_check_for_nan_in_loss_and_grad: bool = opt(
+        False,
+        "Megatron-LM's switch that stops checking the loss for NaN and infinity: the non-finite-loss guard is off, so "
+        "a step whose loss is not finite is taken, not skipped (with --fp16 the loss scaler still skips a step whose "
+        "gradients overflowed; with bf16 or fp32 the NaN reaches the weights), and non-finite losses never stop the "
+        "run (--max-consecutive-skipped then counts fp16 overflows at the minimum loss scale only).",
+    )
     use_checkpoint_args: bool = opt(
         False,
         "Take the model's shape from the checkpoint under --load, as Megatron-LM does: sizes not given here come "

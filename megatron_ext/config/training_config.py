@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron_ext.config import iterations
-from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, ParallelArgs
 from megatron_ext.config.checkpoint_args import with_checkpoint_args
 from megatron_ext.config.data_args import DataArgs
 from megatron_ext.config.emerging_optimizer_args import EMERGING
@@ -25,6 +25,7 @@ from megatron_ext.config.layout_flags import (
 )
 from megatron_ext.config.megatron_lm import split_unknown, unknown_flags_note
 from megatron_ext.config.megatron_lm_accepted import ACCEPTED, translate
+from megatron_ext.config.optimizer_args import OptimizerArgs
 from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.config.run_args import RunArgs
 from megatron_ext.config.zero_bubble_fork import FORK_FLAGS
@@ -262,6 +263,11 @@ def make_config(
         asked = transformer_engine_features(optim, parallel)
         if asked:
             raise ConfigError(transformer_engine_refusal(asked, f"which {no_te} does not build"))
+    if optim.use_precision_aware_optimizer and not parallel.use_distributed_optimizer:
+        raise ConfigError("--use-precision-aware-optimizer needs --use-distributed-optimizer (as Megatron-Core "
+                          "requires): its states are the distributed optimizer's shards; give it")  # fmt: skip
+    if optim.use_precision_aware_optimizer and run.device == "cpu":
+        raise ConfigError(precision_aware_refusal("this run is on CPU (--device cpu)"))
     if run.device == "cpu" and (problem := gloo_problem(parallel)):
         raise ConfigError(problem)
     if optim.fp8_param_gather and not parallel.use_distributed_optimizer:
@@ -305,4 +311,13 @@ def transformer_engine_refusal(features: list[str], why: str) -> str:
     return (
         f"{' and '.join(features)} need Transformer Engine's layers, {why}; run on GPUs with Transformer Engine "
         "(--transformer-impl auto or transformer_engine), or drop them"
+    )
+
+
+def precision_aware_refusal(why: str) -> str:
+    """One line: the precision-aware optimizer needs Transformer Engine's FusedAdam, ``why`` this run lacks it."""
+    return (
+        f"--use-precision-aware-optimizer needs Transformer Engine's FusedAdam (CUDA), and {why}; run on GPUs with "
+        "Transformer Engine installed, or drop it and its --main-grads-dtype, --main-params-dtype, --exp-avg-dtype "
+        "and --exp-avg-sq-dtype"
     )

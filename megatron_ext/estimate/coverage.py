@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from megatron_ext.config.arguments import BatchArgs, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.arguments import BatchArgs, ModelArgs, ParallelArgs
 from megatron_ext.config.flags import flag_of
+from megatron_ext.config.optimizer_args import OptimizerArgs
 
 STEP_GROUPS: tuple[type, ...] = (ModelArgs, ParallelArgs, BatchArgs, OptimizerArgs)
 """The argument groups whose flags can change a step's memory or time."""
@@ -45,6 +46,11 @@ APPROXIMATED: dict[str, str] = {
     "no_use_layer_wise_param_layout": "the layer-wise distributed optimizer's memory and all-gathers are counted as "
     "the distributed optimizer's",
     "fp8_param_gather": f"{_FP8}; the parameter all-gather is counted in bf16",
+    **dict.fromkeys(
+        ("use_precision_aware_optimizer", "main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"),
+        "the main weights, main gradients and Adam's moments are counted in fp32; lower dtypes keep less, and bf16 "
+        "main gradients also halve the data-parallel reduction",
+    ),
     **dict.fromkeys(
         (
             "tp_comm_overlap_rs_dgrad",
@@ -132,6 +138,7 @@ NO_EFFECT: dict[str, str] = {
         ("loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis"), _LOSS_SCALE
     ),
     "seed": "the random numbers",
+    "fp16_lm_cross_entropy": "Megatron-Core 0.19 computes the cross entropy in fp32 with or without it",
     **dict.fromkeys(
         ("fp8_recipe", "fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo", "no_fp8_wgrad"),
         _FP8_DETAIL,

@@ -25,9 +25,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_ext.config.arguments import BatchArgs, OptimizerArgs
+from megatron_ext.config.arguments import BatchArgs
 from megatron_ext.config.flags import options, to_argv
 from megatron_ext.config.layout_flags import layout_args, model_layout_facts
+from megatron_ext.config.optimizer_args import OptimizerArgs
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.memory import MemoryEstimate, estimate_memory
 from megatron_ext.estimate.step_time import StepTimeEstimate, estimate_step_time, unit_times

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_ext.config.arguments import BatchArgs, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.arguments import BatchArgs, ModelArgs, ParallelArgs
 from megatron_ext.config.flags import to_argv
+from megatron_ext.config.optimizer_args import OptimizerArgs
 from megatron_ext.config.training_config import TrainingConfig, pad_vocab_size, unpadded_vocab_size
 from megatron_ext.estimate.coverage import APPROXIMATED, approximations
 from megatron_ext.estimate.shapes import ParameterCounts, parameter_counts

@@ -339,7 +339,7 @@ class Trainer:
         loss = self._reduce_loss(losses)
         self.stage_timer.end_step()
         lr, decoupled_lr = self._learning_rates()
-        if not math.isfinite(loss):
+        if not math.isfinite(loss) and not self.cfg.run.no_check_for_nan_in_loss_and_grad:
             # Every rank sees the same value, so all skip together.
             return StepResult(loss=loss, grad_norm=None, skipped=True, lr=lr, decoupled_lr=decoupled_lr)
         self.timers("optimizer", 1).start(barrier=False)
@@ -520,7 +520,8 @@ class Trainer:
             self.housekeeping.after_iteration(self.iteration)
             # fp16 overflows are the loss scaler searching downwards; they count
             # against the run only once the scale cannot go lower.
-            if result.non_finite or (result.skipped and self._loss_scale_at_minimum()):
+            guarded = result.non_finite and not run.no_check_for_nan_in_loss_and_grad
+            if guarded or (result.skipped and self._loss_scale_at_minimum()):
                 consecutive_skipped += 1
             else:
                 consecutive_skipped = 0

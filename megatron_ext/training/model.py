@@ -16,6 +16,7 @@ from megatron_ext.config.emerging_optimizer_args import EMERGING
 from megatron_ext.config.layout_flags import context_parallel_refusal, gloo_problem
 from megatron_ext.config.training_config import (
     TrainingConfig,
+    precision_aware_refusal,
     transformer_engine_features,
     transformer_engine_refusal,
 )
@@ -50,7 +51,16 @@ def use_transformer_engine(cfg: TrainingConfig, device: torch.device) -> bool:
 def check_transformer_engine(cfg: TrainingConfig, device: torch.device) -> None:
     """ConfigError unless this run builds Transformer Engine's layers where the flags need them: context
     parallelism (Megatron-Core's own attention asserts CP 1), FP8 and TP communication overlap; and, where it
-    builds them for a zero-bubble schedule, one that defers their weight gradients."""
+    builds them for a zero-bubble schedule, one that defers their weight gradients. The precision-aware optimizer
+    needs Transformer Engine installed (its FusedAdam), whatever the layers."""
+    if cfg.optim.use_precision_aware_optimizer and (
+        device.type != "cuda" or importlib.util.find_spec("transformer_engine") is None
+    ):
+        raise ConfigError(
+            precision_aware_refusal(
+                "this run is on CPU" if device.type != "cuda" else "Transformer Engine is not installed"
+            )
+        )
     if cfg.parallel.enable_zero_bubble and use_transformer_engine(cfg, device):
         from megatron.core.utils import get_te_version, is_te_min_version
 
@@ -330,6 +340,7 @@ def gpt_model(
         rotary_base=m.rotary_base,
         rope_scaling=m.use_rope_scaling,
         rope_scaling_factor=m.rope_scaling_factor,
+        fp16_lm_cross_entropy=cfg.optim.fp16_lm_cross_entropy,
         vp_stage=vp_stage,
     )
 
@@ -435,7 +446,8 @@ def ddp_config(cfg: TrainingConfig, *, num_parameters: int = 0) -> Any:
     return DistributedDataParallelConfig(
         # Megatron-LM: gradients of half-precision models are accumulated and reduced in fp32, unless
         # --grad-reduce-in-bf16 (bf16 only).
-        grad_reduce_in_fp32=half and not cfg.optim.grad_reduce_in_bf16,
+        # --main-grads-dtype bf16 (the precision-aware optimizer) keeps them in bf16 too, as in Megatron-LM.
+        grad_reduce_in_fp32=half and not cfg.optim.grad_reduce_in_bf16 and cfg.optim.main_grads_dtype == "fp32",
         overlap_grad_reduce=p.overlap_grad_reduce,
         overlap_param_gather=p.overlap_param_gather,
         align_param_gather=aligned_param_gather(cfg),

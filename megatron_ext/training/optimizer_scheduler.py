@@ -14,6 +14,7 @@ from typing import Any
 
 from megatron_ext.config.emerging_optimizer_args import EMERGING
 from megatron_ext.config.iterations import lr_steps
+from megatron_ext.config.optimizer_args import PRECISION_AWARE_DTYPES
 from megatron_ext.config.training_config import TrainingConfig
 
 
@@ -107,4 +108,14 @@ def optimizer_config_of(cfg: TrainingConfig, *, params_dtype: Any, timers: Any) 
         overlap_param_gather_with_optimizer_step=False,
         log_num_zeros_in_grad=o.log_num_zeros_in_grad,
         timers=timers,
+        use_precision_aware_optimizer=o.use_precision_aware_optimizer,
+        **{name: precision_aware_dtype(getattr(o, name)) for name in PRECISION_AWARE_DTYPES},
     )
+
+
+def precision_aware_dtype(name: str) -> Any:
+    """The torch dtype of a precision-aware optimizer's dtype flag, as Megatron-LM maps it (fp8: uint8, the
+    storage Transformer Engine's FusedAdam scales its moments into)."""
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.uint8}[name]

@@ -8,8 +8,9 @@ import typing
 
 import pytest
 
-from megatron_ext.config.arguments import ConfigError, OptimizerArgs
+from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.emerging_optimizer_args import NS_COEFFICIENTS, EmergingOptimizerArgs
+from megatron_ext.config.optimizer_args import OptimizerArgs
 from megatron_ext.config.training_config import parse_args
 
 pytestmark = pytest.mark.unit

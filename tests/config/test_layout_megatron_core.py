@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from megatron_ext.config.arguments import ConfigError, ModelArgs, OptimizerArgs, ParallelArgs
+from megatron_ext.config.arguments import ConfigError, ModelArgs, ParallelArgs
+from megatron_ext.config.optimizer_args import OptimizerArgs
 from megatron_ext.config.training_config import pad_vocab_size, parse_args
 from megatron_ext.parallel.layout import LayoutError, ParallelLayout
 

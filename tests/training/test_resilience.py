@@ -352,6 +352,16 @@ def test_repeated_non_finite_losses_stop_the_run(tmp_path: Path) -> None:
     assert "3 consecutive iterations (up to 3) had a non-finite loss" in proc.stdout
 
 
+def test_without_the_nan_check_a_non_finite_step_is_taken_and_the_run_goes_on(tmp_path: Path) -> None:
+    """--no-check-for-nan-in-loss-and-grad, as in Megatron-LM: nothing checks the loss, the optimizer steps on
+    (fp32 here: no loss scaler to skip it) and the run ends normally, past --max-consecutive-skipped."""
+    metrics = tmp_path / "m.jsonl"
+    flags = ["--init-method-std", "1e30", "--train-iters", "3", "--max-consecutive-skipped", "0"]
+    run_pretrain([*TINY_MODEL, *flags, "--no-check-for-nan-in-loss-and-grad", "--metrics-file", str(metrics)])
+    steps = [r for r in read_metrics(metrics) if "lm_loss" in r]
+    assert [(r["iteration"], r["lm_loss"], r["skipped"]) for r in steps] == [(1, None, 0), (2, None, 0), (3, None, 0)]
+
+
 def test_vocabulary_mismatch_is_refused_before_anything_is_built(saved: Path) -> None:
     """By --dry-run, and so by every rank before it starts torch.distributed (resume.preflight_resume)."""
     # The embedding's padded rows may differ with TP, so the shapes alone cannot tell.
