@@ -66,8 +66,9 @@ PRIVATE_NAMES = (
     PrivateName(
         module="megatron.core.dist_checkpointing.strategies.filesystem_async",
         name="_results_queue",
-        use="training/helper_processes.py sets it to a results queue whose server ignores the planned-stop "
-        "signals; get_write_results_queue() then returns it.",
+        use="training/helper_processes.py sets it to a thread queue for a synchronous save, and for --async-save "
+        "to a manager's queue whose server ignores the planned-stop signals; get_write_results_queue() then returns "
+        "it.",
     ),
     PrivateName(
         module="megatron.core.dist_checkpointing.strategies.filesystem_async",

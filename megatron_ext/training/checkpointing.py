@@ -348,7 +348,7 @@ def save_checkpoint(
     state.update(records.common_state(cfg, iteration=iteration, consumed_samples=consumed_samples, identity=identity))
 
     strategy = _save_strategy()
-    helper_processes.start_checkpoint_results_queue()
+    helper_processes.start_checkpoint_results_queue(across_processes=async_queue is not None)
     save_faults.fault_point("before-shards", iteration)
     if async_queue is not None:
         try:

@@ -27,7 +27,9 @@ How each kind is reached:
   workers): ``os.register_at_fork`` (Python's public hook) runs
   :func:`become_helper` in every child the rank forks;
 * the results-queue server, which Megatron-Core spawns (a new interpreter,
-  where no fork hook runs) on its first save: the rank starts it itself,
+  where no fork hook runs) on its first save, and which only an
+  ``--async-save`` needs (a synchronous save's results stay in the rank: a
+  thread queue): the rank starts it itself,
   with the stop signals blocked until :func:`become_helper`, its
   initializer, ignores them, and hands its queue to
   Megatron-Core (:func:`start_checkpoint_results_queue`; the one private
@@ -45,6 +47,7 @@ import ctypes
 import logging
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
@@ -124,13 +127,22 @@ def install() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def start_checkpoint_results_queue() -> Any:
-    """Start the server of Megatron-Core's checkpoint write-results queue as a helper of this rank (once, before
-    the first save) and give its queue to Megatron-Core, which would otherwise spawn an unguarded one."""
+def start_checkpoint_results_queue(*, across_processes: bool) -> Any:
+    """Give Megatron-Core's checkpoint writer its write-results queue before a save, and return it.
+
+    A synchronous save writes in this rank (Megatron-Core's writer threads), so a thread queue carries its
+    results (``across_processes=False``): no server process, no second interpreter importing torch. An
+    ``--async-save`` writes in a forked process: its results cross processes through a manager's queue, whose
+    server (a spawned interpreter) is started as a helper of this rank, once; Megatron-Core would otherwise
+    spawn an unguarded one. A thread queue set by an earlier synchronous save is replaced then."""
     global _results_manager
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    if filesystem_async._results_queue is None:
+    current = filesystem_async._results_queue
+    if not across_processes:
+        if current is None:
+            filesystem_async._results_queue = queue.Queue()
+    elif current is None or isinstance(current, queue.Queue):
         manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
         # A new interpreter takes a second or more to reach its initializer: it starts with the stop signals
         # blocked (a spawned process keeps the signal mask), so one that comes meanwhile cannot kill it.

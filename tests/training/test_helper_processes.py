@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import queue
 import signal
 import subprocess
 import sys
@@ -27,8 +28,9 @@ if sys.argv[1] == "forked":
     helper = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
     helper.start()
     pid = helper.pid
-else:
-    helper_processes.start_checkpoint_results_queue()
+else:  # a synchronous save first (a thread queue), then an --async-save's: the server replaces it
+    first = helper_processes.start_checkpoint_results_queue(across_processes=False)
+    assert helper_processes.start_checkpoint_results_queue(across_processes=True) is not first
     pid = helper_processes._results_manager._process.pid
 print(pid, flush=True)
 time.sleep(600)
@@ -59,6 +61,20 @@ def _alive(process: psutil.Process) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_synchronous_save_keeps_its_results_in_the_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No server process for a save that writes in the rank: a thread queue, kept for the next sync save."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from megatron_ext.training import helper_processes
+
+    monkeypatch.setattr(filesystem_async, "_results_queue", None)
+    children = psutil.Process().children()
+    given = helper_processes.start_checkpoint_results_queue(across_processes=False)
+    assert isinstance(given, queue.Queue) and filesystem_async.get_write_results_queue() is given
+    assert helper_processes.start_checkpoint_results_queue(across_processes=False) is given
+    assert psutil.Process().children() == children
 
 
 def test_megatron_core_takes_the_results_queue_it_is_given() -> None:
