@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from train_throughput import child_env  # bench/ is sys.path[0]
+
 from megatron_ext.cli.launch import local_command
 
 REPO = Path(__file__).resolve().parent.parent
@@ -145,7 +147,7 @@ def run(args: list[str], *, nproc: int, log: Path, times_dir: Path | None = None
         cmd = local_command(Path(__file__).resolve(), [WORKER, str(times_dir), *args], nproc=nproc)
     else:
         cmd = local_command(PRETRAIN, args, nproc=nproc)
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = child_env(OMP_NUM_THREADS="1")
     with open(log, "w") as out:
         return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
 
