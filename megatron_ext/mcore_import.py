@@ -11,7 +11,8 @@ any module takes ``jit_fuser``: the functions compute the same thing eagerly.
 Modules that decorate with a bare ``@torch.compile`` when they execute (the
 MoE router's inference routing, the emerging optimizers' update functions)
 execute, on such a machine, with ``torch.compile`` returning what it is given.
-With a GPU, nothing changes. Installing costs nothing: it acts only when (and
+With a GPU, nothing changes (but for ``megatron.core.timers``'s wandb import,
+skipped on every machine: see ``TIMERS_MODULE``). Installing costs nothing: it acts only when (and
 if) Megatron-Core is imported.
 
 ``megatron_ext.training`` and ``megatron_ext.inference`` install it when they
@@ -33,6 +34,11 @@ at class definition (router.py:918), which imports TorchDynamo whatever jit_fuse
 EAGER_PACKAGE = "emerging_optimizers"
 """NVIDIA's emerging optimizers (Muon, Lion, SOAP), which ``megatron.core.optimizer`` imports when installed,
 decorate their update functions with a bare ``@torch.compile`` in a dozen modules (emerging-optimizers 0.3.0)."""
+TIMERS_MODULE = "megatron.core.timers"
+"""``import megatron.core`` imports it, and it tries ``import wandb`` (about 0.5 s and 100 MB where wandb is
+installed), only so that ``Timers.write(writer=wandb)`` can tell a W&B writer: nothing here calls it (the
+tracker writes W&B, importing wandb only for ``--wandb-project``). It runs with wandb unimportable, so that
+``timers.wandb`` is None, as where wandb is not installed."""
 
 
 def _compiles_at_import(fullname: str) -> bool:
@@ -51,13 +57,15 @@ def _eager_compile(model=None, **kwargs):
 
 
 class _PlainFusionsWithoutCuda(importlib.abc.MetaPathFinder):
-    """Finds ``megatron.core.jit`` as usual, and disables its fuser right after it runs when there is no CUDA."""
+    """Finds ``megatron.core.jit`` as usual, and disables its fuser right after it runs when there is no CUDA;
+    runs the modules that compile at import with ``torch.compile`` eager there, and ``megatron.core.timers``
+    without wandb."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         # Stays installed: the emerging optimizers' modules may be imported at any time, one by one.
-        if fullname != JIT_MODULE and not _compiles_at_import(fullname):
+        if fullname not in (JIT_MODULE, TIMERS_MODULE) and not _compiles_at_import(fullname):
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         loader = spec.loader if spec is not None else None
@@ -69,6 +77,16 @@ class _PlainFusionsWithoutCuda(importlib.abc.MetaPathFinder):
             if fullname == JIT_MODULE:
                 run(module)
                 _disable_without_cuda(module)
+                return
+            if fullname == TIMERS_MODULE:
+                hidden = "wandb" not in sys.modules
+                if hidden:
+                    sys.modules["wandb"] = None  # type: ignore[assignment]  # import wandb raises ImportError
+                try:
+                    run(module)
+                finally:
+                    if hidden:
+                        del sys.modules["wandb"]
                 return
             import torch
 

@@ -1,6 +1,6 @@
 """pretrain_gpt.py's ranks forked from one process that has already imported what a rank imports.
 
-A rank spends about 3 s of CPU importing torch, Megatron-Core (which imports wandb, TensorBoard and Triton) and
+A rank spends about 3 s of CPU importing torch, Megatron-Core (which imports TensorBoard and Triton) and
 this package before its first line of work, and the suite starts some 300 of them: on 2 cores that is most of
 its time. ``RankServer`` starts ``python -m tests.rank_server`` once per pytest process; the server imports those
 modules (``PREIMPORTED``) and waits. For each rank it forks: the child takes the rank's stdout and stderr (file

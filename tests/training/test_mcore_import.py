@@ -48,3 +48,17 @@ def test_installing_imports_nothing() -> None:
         capture_output=True, text=True, cwd=REPO, timeout=QUICK_S, check=True,
     )  # fmt: skip
     assert proc.stdout.split() == ["False"]
+
+
+def test_megatron_core_no_longer_imports_wandb_and_wandb_still_imports() -> None:
+    """``import megatron.core`` tried ``import wandb`` (in its timers) on every start; it is not imported until the
+    tracker asks for it (``--wandb-project``), and then it is the real package."""
+    code = (
+        "import sys, megatron_ext.training.model, megatron.core.timers as t\n"
+        "print(t.wandb is None, 'wandb' in sys.modules)\n"
+        "import wandb; print(hasattr(wandb, 'init'))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, cwd=REPO, timeout=QUICK_S, check=True
+    )  # fmt: skip
+    assert proc.stdout.split() == ["True", "False", "True"]
