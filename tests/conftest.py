@@ -18,6 +18,7 @@ from megatron_ext import notices
 from megatron_ext.cli.launch import chosen_exit_code, local_command
 from megatron_ext.training.ports import free_port as _free_port
 from tests import rank_server, waits
+from tests.once import once_per_run
 from tests.waits import QUICK_S, RUN_S, STOP_S, tail
 
 REPO = Path(__file__).resolve().parent.parent
@@ -153,9 +154,11 @@ def grad_norms(path: Path) -> dict[int, float]:
 @pytest.fixture(scope="session")
 def seed_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Initial weights of the tiny GPT, saved once (TP1·PP1) and loaded by every layout."""
-    root = tmp_path_factory.mktemp("seed") / "ckpt"
-    run_pretrain([*TINY_MODEL, "--train-iters", "0", "--save", str(root)])
-    return root
+    return once_per_run(tmp_path_factory, "seed", _save_seed) / "ckpt"
+
+
+def _save_seed(directory: Path) -> None:
+    run_pretrain([*TINY_MODEL, "--train-iters", "0", "--save", str(directory / "ckpt")])
 
 
 ITERS = 10
@@ -191,8 +194,15 @@ def train_from_seed(
 @pytest.fixture(scope="session")
 def baseline_metrics(seed_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Metrics of TP1·PP1·DP1 trained from the seed checkpoint."""
-    metrics = tmp_path_factory.mktemp("baseline") / "m.jsonl"
-    losses = train_from_seed(seed_checkpoint, metrics, 1, [])
+    metrics = (
+        once_per_run(
+            tmp_path_factory,
+            "baseline",
+            lambda directory: train_from_seed(seed_checkpoint, directory / "m.jsonl", 1, []),
+        )
+        / "m.jsonl"
+    )
+    losses = train_losses(metrics)
     assert sorted(losses) == list(range(1, ITERS + 1))
     # The mock data is learnable: the baseline itself must be training.
     assert losses[ITERS] < losses[1] - 0.1
@@ -342,8 +352,17 @@ def pipeline_run(indexed_datasets: dict[str, Path], tmp_path_factory: pytest.Tem
 def tp2_run(seed_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> SavedRun:
     """The tiny (GPT-2-style) GPT trained from the seed checkpoint under TP2, saved at the end
     (tests/training/test_loss_equivalence.py checks its losses, tests/huggingface what it saved)."""
-    root = tmp_path_factory.mktemp("tp2-run")
-    run = SavedRun(root / "m.jsonl", root / "checkpoints")
-    flags = ["--tensor-model-parallel-size", "2", "--save", str(run.checkpoint), "--save-interval", str(ITERS)]
-    train_from_seed(seed_checkpoint, run.metrics, 2, flags)
-    return run
+
+    def train(root: Path) -> None:
+        flags = [
+            "--tensor-model-parallel-size",
+            "2",
+            "--save",
+            str(root / "checkpoints"),
+            "--save-interval",
+            str(ITERS),
+        ]
+        train_from_seed(seed_checkpoint, root / "m.jsonl", 2, flags)
+
+    root = once_per_run(tmp_path_factory, "tp2-run", train)
+    return SavedRun(root / "m.jsonl", root / "checkpoints")

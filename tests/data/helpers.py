@@ -12,6 +12,7 @@ import pytest
 
 from tests import waits
 from tests.conftest import REPO, _env
+from tests.once import once_per_run
 from tests.waits import RUN_S
 
 TOOLS = REPO / "tools"
@@ -54,26 +55,27 @@ def preprocess(
 
 def shared_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A ~1 MB stdlib-docstring corpus and a 1,000-piece BPE model, built once per session."""
-    root = tmp_path_factory.getbasetemp() / "shared-indexed-data"
-    corpus, model = root / "corpus.jsonl", root / "sp1k.model"
-    if not model.exists():
-        from megatron_ext.data.local_corpus import build_corpus
+    root = once_per_run(tmp_path_factory, "indexed-data", _build_corpus_and_tokenizer)
+    return {"root": root, "corpus": root / "corpus.jsonl", "model": root / "sp1k.model"}
 
-        root.mkdir(exist_ok=True)
-        build_corpus(corpus, target_mb=1.0, sources=("stdlib",))
-        tool(
-            "train_tokenizer",
-            "--input",
-            str(corpus),
-            "--model-prefix",
-            str(root / "sp1k"),
-            "--vocab-size",
-            "1000",
-            "--byte-fallback",
-            "--user-defined-symbols",
-            "<special>",
-        )
-    return {"root": root, "corpus": corpus, "model": model}
+
+def _build_corpus_and_tokenizer(root: Path) -> None:
+    from megatron_ext.data.local_corpus import build_corpus
+
+    corpus = root / "corpus.jsonl"
+    build_corpus(corpus, target_mb=1.0, sources=("stdlib",))
+    tool(
+        "train_tokenizer",
+        "--input",
+        str(corpus),
+        "--model-prefix",
+        str(root / "sp1k"),
+        "--vocab-size",
+        "1000",
+        "--byte-fallback",
+        "--user-defined-symbols",
+        "<special>",
+    )
 
 
 TIKTOKEN_MERGES = 200
@@ -82,29 +84,27 @@ TIKTOKEN_MERGES = 200
 def tiktoken_vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A TikTokenizer vocabulary (Megatron-LM's JSON list of ranks) of 256 bytes + ``TIKTOKEN_MERGES`` merges
     learned from the shared corpus by tiktoken's reference trainer (v2 pattern), built once per session."""
-    path = tmp_path_factory.getbasetemp() / "shared-tiktoken" / "vocab.json"
-    if not path.exists():
-        import base64
-        import json
+    corpus = shared_data(tmp_path_factory)["corpus"]
+    return (
+        once_per_run(tmp_path_factory, "tiktoken", lambda directory: _train_tiktoken(corpus, directory)) / "vocab.json"
+    )
 
-        from tiktoken._educational import bpe_train
 
-        from megatron_ext.data.tiktokenizer import PATTERNS
+def _train_tiktoken(corpus: Path, directory: Path) -> None:
+    import base64
 
-        lines = shared_data(tmp_path_factory)["corpus"].read_text(encoding="utf-8").splitlines()
-        text = "\n".join(json.loads(line)["text"] for line in lines)[:40_000]
-        ranks = bpe_train(text, 256 + TIKTOKEN_MERGES, PATTERNS["v2"])
-        entries = [
-            {
-                "rank": rank,
-                "token_bytes": base64.b64encode(token).decode(),
-                "token_str": token.decode("utf-8", "replace"),
-            }
-            for token, rank in sorted(ranks.items(), key=lambda item: item[1])
-        ]
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps(entries), encoding="utf-8")
-    return path
+    from tiktoken._educational import bpe_train
+
+    from megatron_ext.data.tiktokenizer import PATTERNS
+
+    lines = corpus.read_text(encoding="utf-8").splitlines()
+    text = "\n".join(json.loads(line)["text"] for line in lines)[:40_000]
+    ranks = bpe_train(text, 256 + TIKTOKEN_MERGES, PATTERNS["v2"])
+    entries = [
+        {"rank": rank, "token_bytes": base64.b64encode(token).decode(), "token_str": token.decode("utf-8", "replace")}
+        for token, rank in sorted(ranks.items(), key=lambda item: item[1])
+    ]
+    (directory / "vocab.json").write_text(json.dumps(entries), encoding="utf-8")
 
 
 def reference_dataset(

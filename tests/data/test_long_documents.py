@@ -94,7 +94,8 @@ def _several_faults(tok: Tokenizer, text: str) -> bool:
 # ------------------------------------------------------------------ tokenizers under test
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return shared_data(tmp_path_factory)
+    """The shared corpus and tokenizer, with a directory of this module's own for what it trains (``root``)."""
+    return shared_data(tmp_path_factory) | {"root": tmp_path_factory.mktemp("long-documents")}
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import pytest
 
 from megatron_ext.config.exit_codes import ExitCode
 from tests.conftest import TINY_MODEL, _free_port, run_pretrain
+from tests.once import once_per_run
 
 ITERS = 40
 RUN = [
@@ -36,7 +37,9 @@ def saved_run(tmp_path: Path, *extra: str) -> Path:
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """RUN stopped at iteration 3 with a checkpoint of every iteration (1, 2, 3), shared: tests that damage
     or might write it take a ``copy_of`` it."""
-    return saved_run(tmp_path_factory.mktemp("saved"), "--save-interval", "1")
+    return (
+        once_per_run(tmp_path_factory, "saved", lambda directory: saved_run(directory, "--save-interval", "1")) / "ckpt"
+    )
 
 
 def copy_of(saved: Path, tmp_path: Path) -> Path:

@@ -44,6 +44,7 @@ from tests.conftest import (
     run_script,
     train_losses,
 )
+from tests.once import once_per_run
 from tests.training.conftest import ITERS, RUN, copy_of, saved_run
 from tests.waits import READY_S, STOP_S
 
@@ -52,8 +53,14 @@ pytestmark = pytest.mark.distributed
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
-    metrics = tmp_path_factory.mktemp("uninterrupted") / "m.jsonl"
-    run_pretrain([*RUN, "--metrics-file", str(metrics)], nproc=2)
+    metrics = (
+        once_per_run(
+            tmp_path_factory,
+            "uninterrupted",
+            lambda d: run_pretrain([*RUN, "--metrics-file", str(d / "m.jsonl")], nproc=2),
+        )
+        / "m.jsonl"
+    )
     losses = train_losses(metrics)
     assert sorted(losses) == list(range(1, ITERS + 1))
     return losses
