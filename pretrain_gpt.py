@@ -65,7 +65,8 @@ def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tens
 
     chunk = unwrap(model)
     batch: Any = None
-    if chunk.pre_process or chunk.post_process:
+    # Middle chunks read the batch only for its per-document attention mask (--reset-attention-mask).
+    if data_iterator is not None:
         # Context parallelism: this rank's two of the sequence's 2·CP chunks (a no-op without).
         # Megatron-Core 0.19: is_hybrid_cp is required, and cp_group=None means the WORLD group (0.16: parallel_state's).
         batch = get_batch_on_this_cp_rank(
@@ -75,8 +76,10 @@ def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tens
     tokens = batch["tokens"].to(device, non_blocking=True) if chunk.pre_process else None
     position_ids = batch["position_ids"].to(device, non_blocking=True) if chunk.pre_process else None
     labels = batch["labels"].to(device, non_blocking=True) if chunk.post_process else None
+    mask = batch.get("attention_mask") if batch is not None else None  # (b, 1, s, s), True: not attended
+    attention_mask = mask.to(device, non_blocking=True) if mask is not None else None
     # (b, s) token ids in; on the last stage (b, s) per-token losses out.
-    output = model(tokens, position_ids, None, labels=labels)
+    output = model(tokens, position_ids, attention_mask, labels=labels)
     loss_mask: Any = batch["loss_mask"].to(device, non_blocking=True) if chunk.post_process else None
     return output, partial(loss_func, loss_mask)
 

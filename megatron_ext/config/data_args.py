@@ -143,6 +143,22 @@ class DataArgs(_Options):
     reset_position_ids: bool = opt(
         False, "Restart position ids at 0 after every end-of-document token (learned absolute positions)."
     )
+    reset_attention_mask: bool = opt(
+        False,
+        "Documents packed into one sequence do not attend to each other: each sample's attention mask (Megatron-"
+        "Core's GPTDataset builds it) is causal within each document, restarting after every end-of-document "
+        "token. Every pipeline stage reads it. Needs Megatron-Core's own attention (the local spec).",
+    )
+    no_create_attention_mask_in_dataloader: bool = opt(
+        False,
+        "Megatron-LM's switch that keeps the dataset from building attention masks: attention is then causal over "
+        "the whole sequence, and --reset-attention-mask has no effect (as in Megatron-LM).",
+    )
+
+    @property
+    def document_attention_mask(self) -> bool:
+        """Whether each sample carries a per-document attention mask that the model applies."""
+        return self.reset_attention_mask and not self.no_create_attention_mask_in_dataloader
 
     def _relations(self) -> None:
         parse_split(self.split)  # raises, naming --split

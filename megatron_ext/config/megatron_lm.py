@@ -60,8 +60,6 @@ ALREADY: dict[str, str] = {
     "--log-throughput": "tokens/s and TFLOP/s per GPU are always in the log line and the metrics file",
     "--ckpt-fully-parallel-save": "checkpoints are always saved with Megatron-Core's fully parallel save (tensors "
     "replicated over the data-parallel ranks are spread over them; Megatron-LM's default)",
-    "--no-create-attention-mask-in-dataloader": "no attention mask is built: attention is causal over the whole "
-    "sequence",
     "--accumulate-allreduce-grads-in-fp32": "gradients are accumulated and reduced in fp32 (with bf16 and fp16 in "
     "the DDP's fp32 buffer) unless --grad-reduce-in-bf16, which wins as in Megatron-LM",
     "--verify-integrity": "every checkpoint file's CRC-32 is recorded in checksums.json at save and checked at each "
@@ -81,6 +79,9 @@ ALREADY: dict[str, str] = {
 
 
 NOTES: dict[str, str] = {
+    "--reset-attention-mask": "Megatron-Core's GPTDataset builds each sample's per-document mask; every pipeline "
+    "stage reads and applies it; Megatron-Core's own attention only (--transformer-impl local): Transformer "
+    "Engine's causal attention ignores a mask tensor",
     "--sequence-parallel": "with TP 1 it is turned off with a note, as Megatron-LM does",
     "--exit-on-missing-checkpoint": "the same as --strict-load",
     "--ckpt-format": "torch_dist only; torch, torch_dcp and fsdp_dtensor are refused with the reason",
@@ -239,10 +240,9 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     _r("batch-invariant kernels (for deterministic inference) are not used by this project", "--batch-invariant-mode"),
     _r(
-        "documents packed into one sequence attend to each other here (Megatron-LM's default): attention is causal "
-        "over the whole sequence, without per-document attention (a mask tensor per sample, or document boundaries "
-        "for THD attention); not supported: remove the flag",
-        "--reset-attention-mask --dataloader-inter-document-masking",
+        "document boundaries as cu_seqlens for Transformer Engine's packed-sequence (THD) attention are not "
+        "offered; --reset-attention-mask keeps packed documents apart with a mask per sample (local spec)",
+        "--dataloader-inter-document-masking",
     ),
     # ---- model variants
     _r(

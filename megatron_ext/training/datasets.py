@@ -57,10 +57,10 @@ def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:
         path_to_cache=cfg.data.data_cache_path,
         tokenizer=tokenizer,
         reset_position_ids=cfg.data.reset_position_ids,
-        reset_attention_mask=False,
+        reset_attention_mask=cfg.data.document_attention_mask,
         eod_mask_loss=cfg.data.eod_mask_loss,
-        # Attention is causal over the whole sequence: no mask tensor is built or passed.
-        create_attention_mask=False,
+        # Without --reset-attention-mask attention is causal over the whole sequence: no mask tensor is built.
+        create_attention_mask=cfg.data.document_attention_mask,
         mmap_bin_files=not cfg.data.no_mmap_bin_files,
         num_dataset_builder_threads=cfg.data.num_dataset_builder_threads,
         mid_level_dataset_surplus=cfg.data.mid_level_dataset_surplus,

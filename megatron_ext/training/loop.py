@@ -246,7 +246,11 @@ class Trainer:
                 log.info("loaded checkpoint %s (iteration %d)", state.path, state.iteration)
 
         self.datasets = datasets_provider(cfg, tokenizer)
-        self.needs_data = [self._unwrapped(c).pre_process or self._unwrapped(c).post_process for c in self.chunks]
+        # A per-document attention mask is applied in every layer: middle chunks read the batch for it.
+        self.needs_data = [
+            cfg.data.document_attention_mask or self._unwrapped(c).pre_process or self._unwrapped(c).post_process
+            for c in self.chunks
+        ]
         self.metrics = MetricsWriter(enabled=ctx.is_logging_rank, metrics_file=cfg.run.metrics_file)
         self.tracker = Tracker(cfg, enabled=ctx.is_logging_rank, world_size=ctx.world_size)
         self.flops_per_sample = flops_per_step(cfg.model, batch_size=1, padded_vocab_size=cfg.padded_vocab_size)

@@ -52,7 +52,14 @@ def check_transformer_engine(cfg: TrainingConfig, device: torch.device) -> None:
     """ConfigError unless this run builds Transformer Engine's layers where the flags need them: context
     parallelism (Megatron-Core's own attention asserts CP 1), FP8 and TP communication overlap; and, where it
     builds them for a zero-bubble schedule, one that defers their weight gradients. The precision-aware optimizer
-    needs Transformer Engine installed (its FusedAdam), whatever the layers."""
+    needs Transformer Engine installed (its FusedAdam), whatever the layers. A per-document attention mask needs
+    Megatron-Core's own attention: Transformer Engine's, built with the causal mask type, ignores a mask tensor."""
+    if cfg.data.document_attention_mask and use_transformer_engine(cfg, device):
+        raise ConfigError(
+            "--reset-attention-mask: Transformer Engine's attention (causal mask type) ignores the per-document mask "
+            "tensor, so packed documents would attend to each other; give --transformer-impl local (Megatron-Core's "
+            "own attention applies it)"
+        )
     if cfg.optim.use_precision_aware_optimizer and (
         device.type != "cuda" or importlib.util.find_spec("transformer_engine") is None
     ):

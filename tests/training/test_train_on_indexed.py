@@ -249,3 +249,36 @@ def test_per_token_loss_weighs_every_token_of_the_step_alike(tmp_path: Path) -> 
     # fp32 on CPU: the same sum in another order (about 1e-7); the default differs by about 5e-4.
     assert first_grad_norm(1, "--calculate-per-token-loss") == pytest.approx(whole_batch, rel=1e-6)
     assert abs(first_grad_norm(1) - whole_batch) > 1e-4 * whole_batch
+
+
+@pytest.mark.distributed
+def test_document_masking_trains_alike_on_every_pipeline_stage(tmp_path: Path) -> None:
+    """--reset-attention-mask on documents of 1 to 19 tokens (several per 64-token sample): PP2 × VP2, whose
+    middle chunks read the batch for its mask only, gives the losses and gradient norms of one process; without
+    the mask they differ, so the mask reaches the layers (tests/training/test_document_masking.py: per token)."""
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 20, size=600)
+    tokens = rng.integers(0, 999, size=int(lengths.sum()))
+    tokens[np.cumsum(lengths) - 1] = 999  # NullTokenizer(1000)'s end of document
+    writer = IndexedWriter(tmp_path / "short", np.uint16)
+    writer.add_documents(tokens, lengths)
+    writer.commit()
+    flags = [*MODEL, "--data-path", str(tmp_path / "short"), "--tokenizer-type", "NullTokenizer", "--vocab-size",
+             "1000", "--lr", "1e-3", "--train-iters", "4"]  # fmt: skip
+    seed = tmp_path / "seed"
+    run_pretrain([*flags, "--train-iters", "0", "--save", str(seed)])
+
+    def train(name: str, nproc: int, *extra: str) -> list[tuple[float, float]]:
+        metrics = tmp_path / f"{name}.jsonl"
+        run_pretrain([*flags, "--load", str(seed), "--metrics-file", str(metrics), *extra], nproc=nproc)
+        return [(r["lm_loss"], r["grad_norm"]) for r in read_metrics(metrics) if "lm_loss" in r]
+
+    masked = ["--reset-attention-mask", "--reset-position-ids"]
+    one = train("one", 1, *masked)
+    pipeline = train("pp2-vp2", 2, *masked, "--pipeline-model-parallel-size", "2",
+                     "--num-layers-per-virtual-pipeline-stage", "1")  # fmt: skip
+    assert len(one) == 4
+    for (loss, norm), (pp_loss, pp_norm) in zip(one, pipeline, strict=True):
+        assert pp_loss == pytest.approx(loss, rel=1e-5) and pp_norm == pytest.approx(norm, rel=1e-5)
+    unmasked = train("unmasked", 1, "--reset-position-ids")
+    assert abs(unmasked[0][0] - one[0][0]) > 1e-3
