@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from megatron_ext.config.arguments import ConfigError, _Options
+from megatron_ext.config.fim_args import FimArgs
 from megatron_ext.config.flags import opt
 from megatron_ext.config.tokenizer_types import TOKENIZER_TYPES, VOCAB_FILE_TOKENIZERS, tokenizer_type_problem
 
@@ -56,7 +57,7 @@ DATALOADER_REFUSALS = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class DataArgs(_Options):
+class DataArgs(FimArgs, _Options):
     """Training data (Megatron indexed datasets, made by tools/preprocess_data.py) and the tokenizer."""
 
     mock_data: bool = opt(False, "Train on Megatron-Core's mock GPT dataset (no files).")
@@ -192,3 +193,6 @@ class DataArgs(_Options):
             raise ConfigError("--no-data-sharding applies to --dataloader-type cyclic only (as in Megatron-LM)")
         if self.dataloader_type in DATALOADER_REFUSALS:
             raise ConfigError(f"--dataloader-type {self.dataloader_type}: {DATALOADER_REFUSALS[self.dataloader_type]}")
+        fim = self.fim_problem(mock_data=self.mock_data, tokenizer_type=self.tokenizer_type)
+        if fim is not None:
+            raise ConfigError(fim)

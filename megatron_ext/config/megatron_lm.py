@@ -79,6 +79,9 @@ ALREADY: dict[str, str] = {
 
 
 NOTES: dict[str, str] = {
+    "--fim-data": "samples are Megatron-LM's own GPTFIMDataset's (the megatron-core wheel ships it); its text goes "
+    "through Megatron-Core's tokenizer of the same files, as in Megatron-LM 0.19; Hugging Face tokenizers (the "
+    "code models') only: another --tokenizer-type is refused with the reason",
     "--reset-attention-mask": "Megatron-Core's GPTDataset builds each sample's per-document mask; every pipeline "
     "stage reads and applies it; Megatron-Core's own attention only (--transformer-impl local): Transformer "
     "Engine's causal attention ignores a mask tensor",
@@ -183,10 +186,6 @@ REFUSALS: tuple[Refusal, ...] = (
         "--inference-grouped-gemm-backend --inference-moe-disable-fused-quant-kernels "
         "--inference-moe-token-dispatcher-type",
         groups=("inference",),
-    ),
-    _r(
-        "fill-in-the-middle samples (code models) are not made by Megatron-Core's GPTDataset, which this project uses",
-        prefixes=("--fim-",),
     ),
     # ---- low precision and Transformer Engine features
     _r(

@@ -51,6 +51,9 @@ def preflight(cfg: TrainingConfig, *, full: bool) -> Checked:
     except sources.DataError as exc:
         text = str(exc) if blend_file is None or blend_file in str(exc) else f"{exc} (a dataset of {blend_file})"
         raise ConfigError(text) from exc
+    fim = fim_token_problem(cfg, tokenizer)
+    if fim is not None:
+        raise ConfigError(fim)
     problems = empty_split_problems(cfg)
     if problems:
         raise ConfigError("; ".join(problems))
@@ -108,3 +111,21 @@ def empty_split_problems(cfg: TrainingConfig) -> list[str]:
             f"{share:.2%} of its {documents:,} documents; give it a larger share{instead}"
         )
     return problems
+
+
+def fim_token_problem(cfg: TrainingConfig, tokenizer: Tokenizer) -> str | None:
+    """With --fim-data: the first sentinel (or --fim-split-sample) that is not one token of the tokenizer, named
+    with its flag and the fix; Megatron-LM would take the unknown token's id and train on it."""
+    if not cfg.data.fim_data:
+        return None
+    named = {f"--fim-{role}-token": token for role, token in cfg.data.fim_tokens.items()}
+    if cfg.data.fim_split_sample is not None:
+        named["--fim-split-sample"] = cfg.data.fim_split_sample
+    token_id = getattr(tokenizer, "token_id", None)
+    for flag, token in named.items():
+        if token_id is None or token_id(token) is None:
+            return (
+                f"{flag} {token!r} is not a token of the tokenizer {cfg.data.tokenizer_model}: add it to the "
+                f"tokenizer (a special token of tokenizer.json) or name one it has with {flag}"
+            )
+    return None

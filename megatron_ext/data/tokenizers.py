@@ -505,6 +505,14 @@ class HuggingFaceTokenizer(Tokenizer):
         before, after = found.pop()
         return list(before), list(after)
 
+    def token_id(self, token: str) -> int | None:
+        """The id of ``token`` as one token of the vocabulary (an added special token included), or None."""
+        if self._hf is not None:
+            found = self._hf.convert_tokens_to_ids(token)
+            return int(found) if found is not None and self._hf.convert_ids_to_tokens(found) == token else None
+        found = self._fast.token_to_id(token)
+        return int(found) if found is not None else None
+
     @staticmethod
     def _eos_token_from_config(directory: Path) -> str | None:
         for name in ("tokenizer_config.json", "special_tokens_map.json"):

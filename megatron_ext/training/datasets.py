@@ -3,7 +3,8 @@
 Datasets come from Megatron-Core's ``BlendedMegatronDatasetBuilder``:
 ``GPTDataset`` over the indexed datasets of ``--data-path`` (a weighted blend
 split by ``--split``, or ``--train/valid/test-data-path``), or
-``MockGPTDataset`` for ``--mock-data``. The sampler is position-based
+``MockGPTDataset`` for ``--mock-data``, or Megatron-LM's ``GPTFIMDataset`` for
+``--fim-data``. The sampler is position-based
 (``consumed_samples``) like Megatron-LM's, so a resumed run continues with
 exactly the samples an uninterrupted one would have seen, for any DP size:
 every step takes the next global batch of samples in order (``[k·B, (k+1)·B)``
@@ -48,7 +49,24 @@ def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:
         else:
             blend_per_split = [b.as_megatron() if b is not None else None for b in sources.values()]
             split = None
-    config = GPTDatasetConfig(
+    config_class: Any = GPTDatasetConfig
+    fim: dict[str, Any] = {}
+    if cfg.data.fim_data:
+        from megatron.training.datasets.fim_dataset import GPTFIMDatasetConfig
+
+        config_class = GPTFIMDatasetConfig
+        tokenizer = megatron_core_tokenizer(cfg, tokenizer)
+        d = cfg.data
+        fim = {
+            "fim_rate": d.fim_rate,
+            "fim_spm_rate": d.fim_spm_rate,
+            "fim_extra_tokens": d.fim_tokens,
+            "fim_split_sample": d.fim_split_sample,
+            "fim_fragment_rate": d.fim_fragment_rate,
+            "fim_no_prefix": d.fim_no_prefix,
+        }
+    config = config_class(
+        **fim,
         random_seed=cfg.optim.seed,
         sequence_length=cfg.model.seq_length,
         blend=blend,
@@ -77,6 +95,40 @@ def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:
     return config
 
 
+def megatron_core_tokenizer(cfg: TrainingConfig, ours: Tokenizer) -> Any:
+    """Megatron-Core's own tokenizer of the run's tokenizer files, built by Megatron-Core's ``build_tokenizer`` from
+    Megatron-LM's arguments and defaults, as Megatron-LM 0.19 builds it: GPTFIMDataset re-tokenizes text through its
+    library tokenizer. It must agree with ours on the vocabulary and the end of document, which the datasets were
+    made and checked with."""
+    import argparse
+
+    from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
+
+    from megatron_ext.config.arguments import ConfigError
+
+    args = argparse.Namespace(
+        tokenizer_type=cfg.data.tokenizer_type,
+        tokenizer_model=cfg.data.tokenizer_model,
+        vocab_file=cfg.data.vocab_file,
+        merge_file=cfg.data.merge_file,
+        chat_template=None,
+        special_tokens=None,  # Megatron-LM's --special-tokens: none added
+        tokenizer_hf_no_use_fast=False,
+        tokenizer_hf_no_include_special_tokens=False,
+        trust_remote_code=False,
+        metadata_path=None,
+        pad_vocab_size=False,
+    )
+    theirs = build_tokenizer(args)
+    if (theirs.vocab_size, theirs.eod) != (ours.vocab_size, ours.eod):
+        raise ConfigError(
+            f"--fim-data: Megatron-Core's tokenizer of {cfg.data.tokenizer_model} has {theirs.vocab_size} tokens and "
+            f"end of document {theirs.eod}, ours {ours.vocab_size} and {ours.eod}: the FIM samples would not match the "
+            "dataset; use a tokenizer directory both read alike"
+        )
+    return theirs
+
+
 def build_datasets(cfg: TrainingConfig, tokenizer: Tokenizer) -> Datasets:
     """Train / valid / test datasets from Megatron-Core's ``BlendedMegatronDatasetBuilder``.
 
@@ -89,7 +141,11 @@ def build_datasets(cfg: TrainingConfig, tokenizer: Tokenizer) -> Datasets:
     from megatron.core.datasets.gpt_dataset import GPTDataset, MockGPTDataset
 
     config = dataset_config(cfg, tokenizer)
-    cls = MockGPTDataset if cfg.data.mock_data else GPTDataset
+    cls: Any = MockGPTDataset if cfg.data.mock_data else GPTDataset
+    if cfg.data.fim_data:
+        from megatron.training.datasets.fim_dataset import GPTFIMDataset
+
+        cls = GPTFIMDataset
     train, valid, test = BlendedMegatronDatasetBuilder(
         cls, iterations.split_samples(cfg.run, cfg.batch, cfg.layout), lambda: True, config
     ).build()
