@@ -38,6 +38,7 @@ from megatron_ext.cli.layout_args import (
 from megatron_ext.config.arguments import BatchArgs, ConfigError, ParallelArgs
 from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.config.flags import options, value_type
+from megatron_ext.estimate.derived_numbers import zero_bubble_line
 from megatron_ext.estimate.relayout import RelayoutError, describe, relayout
 from megatron_ext.estimate.schedule_comparison import compare_schedules
 from megatron_ext.estimate.search import Cluster, better_split, evaluate, search_like, search_with_savers
@@ -117,7 +118,8 @@ def _evaluate_mode(
         print(json.dumps(doc, indent=2), file=out)
     else:
         lines = report.describe_inputs(workload, cluster, layout.global_batch_size)
-        lines += ["", *layout.describe(), "", *report.table([estimate])]
+        zb = [zero_bubble_line(layout)] if workload.zero_bubble else []
+        lines += ["", *layout.describe(), *zb, "", *report.table([estimate])]
         if args.explain:
             lines += ["", *report.explain(estimate, workload)]
         if args.compare_schedules:

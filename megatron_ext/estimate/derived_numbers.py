@@ -12,6 +12,26 @@ from megatron_ext.estimate.memory import checkpoint_bytes_per_parameter
 from megatron_ext.estimate.shapes import ParameterCounts
 from megatron_ext.estimate.shapes import parameter_counts as model_parameter_counts
 from megatron_ext.estimate.zero_bubble import simulate_zero_bubble, zb_h1_bubble_fraction
+from megatron_ext.parallel.layout import ParallelLayout
+
+
+def zero_bubble_line(layout: ParallelLayout) -> str:
+    """The pipeline bubble of ``--enable-zero-bubble`` on this layout (ZB-H1, or ZB interleaved with virtual
+    stages), with equal F, B and W passes, beside 1F1B's that ``ParallelLayout.describe`` prints."""
+    if layout.interleaved:
+        zb = simulate_zero_bubble(
+            "zb-interleaved", pp=layout.pp, vp=layout.vp, num_microbatches=layout.num_microbatches
+        )
+        return (
+            f"schedule: ZB interleaved (--enable-zero-bubble, {layout.vp} virtual stages): pipeline bubble "
+            f"{zb.bubble_of_ideal:.3f} of the compute, simulated with equal F, B and W passes (interleaved 1F1B's: "
+            f"(p-1)/(v*m) = {layout.bubble_fraction:.3f})"
+        )
+    fraction = zb_h1_bubble_fraction(pp=layout.pp, num_microbatches=layout.num_microbatches)
+    return (
+        f"schedule: ZB-H1 (--enable-zero-bubble): pipeline bubble (p-1)/(3*m) = {fraction:.3f} with equal F, B "
+        "and W passes, a third of 1F1B's"
+    )
 
 
 def parameter_counts(cfg: TrainingConfig) -> ParameterCounts:
@@ -49,21 +69,8 @@ def describe(cfg: TrainingConfig) -> list[str]:
     tokens = layout.global_batch_size * cfg.model.seq_length
     lines = [f"note: {change}" for change in cfg.adjustments]
     lines += layout.describe()
-    if cfg.parallel.enable_zero_bubble and layout.interleaved:
-        zb = simulate_zero_bubble(
-            "zb-interleaved", pp=layout.pp, vp=layout.vp, num_microbatches=layout.num_microbatches
-        )
-        lines.append(
-            f"schedule: ZB interleaved (--enable-zero-bubble, {layout.vp} virtual stages): pipeline bubble "
-            f"{zb.bubble_of_ideal:.3f} of the compute, simulated with equal F, B and W passes (interleaved 1F1B's: "
-            f"(p-1)/(v*m) = {layout.bubble_fraction:.3f})"
-        )
-    elif cfg.parallel.enable_zero_bubble:
-        fraction = zb_h1_bubble_fraction(pp=layout.pp, num_microbatches=layout.num_microbatches)
-        lines.append(
-            f"schedule: ZB-H1 (--enable-zero-bubble): pipeline bubble (p-1)/(3*m) = {fraction:.3f} with equal F, B "
-            "and W passes, a third of 1F1B's"
-        )
+    if cfg.parallel.enable_zero_bubble:
+        lines.append(zero_bubble_line(layout))
     lines += [
         f"tokens per step: {tokens:,} ({layout.global_batch_size} sequences × {cfg.model.seq_length})",
         f"padded vocabulary: {cfg.padded_vocab_size:,}" + _kept_padding(cfg),

@@ -303,6 +303,10 @@ def test_a_zero_bubble_layout_evaluated_alone_is_priced_as_zero_bubble() -> None
     overlapped = [*args.split(), "--enable-zero-bubble", "--sequence-parallel", "--tp-comm-overlap"]
     assert layout_tool(overlapped, stdout=io.StringIO(), stderr=err) == ExitCode.INVALID
     assert "add --disable-tp-comm-bulk-wgrad" in err.getvalue()
+    # The text names the zero-bubble schedule's own bubble, as pretrain_gpt.py --dry-run does, beside 1F1B's.
+    out = io.StringIO()
+    assert layout_tool([*args.split()[:-1], "--enable-zero-bubble"], stdout=out, stderr=io.StringIO()) == 0
+    assert "schedule: ZB-H1 (--enable-zero-bubble): pipeline bubble (p-1)/(3*m) = " in out.getvalue()
 
 
 def test_a_stage_of_embedding_only_is_simulated_pass_by_pass_like_any_other() -> None:
