@@ -8,8 +8,10 @@ Layout on disk (Megatron-LM's, plus two files of ours)::
         checksums.json                       # CRC-32 of every file, written once they all are
         save_in_progress.json                # from a save's first byte until it is published
 
-A save is published in this order: every rank's files, ``checksums.json``,
-the tracker (atomically), then the marker is removed. So a directory is in
+A save's directory appears with its marker inside (made as ``.iter_….starting``
+and renamed), then it is published in this order: every rank's files,
+``checksums.json``, the tracker (atomically), then the marker is removed. So a
+directory is in
 one of three states (``state_of``):
 
 * **complete**: it has ``checksums.json`` and no marker, or the tracker names
@@ -225,6 +227,10 @@ def complete_iterations(root: str | Path) -> list[int]:
 
 
 # --------------------------------------------------------------------------- saving
+STARTING_SUFFIX = ".starting"
+"""A save's directory is made as ``.<name>.starting`` and renamed once its in-progress marker is in it."""
+
+
 def start_save(root: Path, iteration: int, *, overwrite: bool) -> Path:
     """Create the directory of a new save with its in-progress marker (rank 0). A directory already there is
     removed only when it is a partial save, or when the user asked with ``--overwrite-checkpoints``."""
@@ -243,9 +249,16 @@ def start_save(root: Path, iteration: int, *, overwrite: bool) -> Path:
             "a save that never finished" if state is DirState.PARTIAL else f"{OVERWRITE_FLAG} was given",
         )
         remove_directory(target, keep_tracked=not overwrite)
-    target.mkdir()
+    # The directory appears with its marker already inside (made aside, then renamed): created empty and the
+    # marker written after, a kill in between left a directory holding only the marker's temporary file, which
+    # read as a finished save of an older version.
+    staging = target.with_name(f".{target.name}{STARTING_SUFFIX}")
+    if staging.exists():
+        shutil.rmtree(staging)  # a start cut short
+    staging.mkdir()
     marker = {"iteration": iteration, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-    write_atomically(target / SAVING_FILENAME, json.dumps(marker))
+    write_atomically(staging / SAVING_FILENAME, json.dumps(marker))
+    os.rename(staging, target)
     return target
 
 
@@ -301,9 +314,10 @@ def remove_partial_saves(root: Path) -> list[Path]:
     published)."""
     tracked = _tracked_or_none(root)
     removed = []
-    for leftover in Path(root).glob(f".iter_*{REMOVING_SUFFIX}"):
-        shutil.rmtree(leftover)
-        removed.append(leftover)
+    for suffix in (REMOVING_SUFFIX, STARTING_SUFFIX):
+        for leftover in Path(root).glob(f".iter_*{suffix}"):
+            shutil.rmtree(leftover)
+            removed.append(leftover)
     for iteration, path in iteration_dirs(root).items():
         if iteration == tracked:
             if (path / CHECKSUMS_FILENAME).is_file():

@@ -113,6 +113,28 @@ def test_publishing_order(tmp_path: Path) -> None:
     assert on_disk.files_to_hash(target) == ["__0_0.distcp"]
 
 
+def test_a_save_killed_as_it_starts_leaves_no_checkpoint_lookalike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the directory was made empty and its marker written after, through a temporary file; a kill
+    between the two left ``iter_*`` holding only ``.saving.json.tmp``, which read as a finished (unverified) save,
+    and the next save of that iteration refused to replace it (a kill -9 test on a loaded machine found it)."""
+    root = tmp_path / "ckpt"
+
+    def killed(path: Path, text: str) -> None:
+        path.with_name(f".{path.name}.tmp").write_text(text[:5])
+        raise KeyboardInterrupt  # stands for the SIGKILL: nothing after this line runs
+
+    monkeypatch.setattr(on_disk, "write_atomically", killed)
+    with pytest.raises(KeyboardInterrupt):
+        on_disk.start_save(root, 7, overwrite=False)
+    monkeypatch.undo()
+    assert on_disk.iteration_dirs(root) == {}  # no iter_* directory at all
+    assert on_disk.remove_partial_saves(root) == [root / f".iter_0000007{on_disk.STARTING_SUFFIX}"]
+    assert on_disk.state_of(on_disk.start_save(root, 7, overwrite=False)) is DirState.PARTIAL
+    assert sorted(p.name for p in root.iterdir()) == ["iter_0000007"]
+
+
 def test_prune_keeps_unverified_and_newer_than_tracked(run_dir: Path) -> None:
     on_disk.write_tracker(run_dir, 6)
     _finished(run_dir, 9)  # beyond the tracker: not this pruning's business
