@@ -89,6 +89,10 @@ NOTES: dict[str, str] = {
     "--num-workers": "default 0 here (2 in Megatron-LM): the data loader runs in the training process",
     "--distributed-backend": "checked against the device: nccl on GPU, gloo on CPU; another is refused with the reason",
     "--dataloader-type": "single (Megatron-LM's default for GPT) and cyclic; external is refused with the reason",
+    "--openai-gelu": "Megatron-LM reads it in its legacy models only (its Megatron-Core models ignore it); here, as "
+    "there, the tanh approximation of GeLU (Megatron-Core's openai_gelu), and the exact GeLU without it on any device",
+    "--no-bias-gelu-fusion": "Megatron-Core's fused bias-GeLU is the tanh approximation: it runs with --openai-gelu "
+    "only, and the exact GeLU is never fused (Megatron-LM fuses it on GPU, computing the approximation)",
 }
 """What to know about some honoured flags (the docs table's "why" column)."""
 
@@ -254,9 +258,9 @@ REFUSALS: tuple[Refusal, ...] = (
         "--softmax-type --window-attn-skip-freq",
     ),
     _r(
-        VARIANT + " (rotary embeddings: --rotary-base, --rotary-percent and --use-rope-scaling, without interleaving, "
-        "YaRN or position interpolation)",
-        "--rotary-interleaved --mrope-section --no-rope-freq --rope-type --rotary-seq-len-interpolation-factor "
+        VARIANT + " (rotary embeddings: --rotary-base, --rotary-percent, --use-rope-scaling and "
+        "--rotary-seq-len-interpolation-factor, without interleaving or YaRN)",
+        "--rotary-interleaved --mrope-section --no-rope-freq --rope-type "
         "--yarn-beta-fast --yarn-beta-slow --yarn-correction-range-round-to-int "
         "--no-yarn-correction-range-round-to-int --yarn-original-max-position-embeddings",
     ),

@@ -149,7 +149,7 @@ ACCEPTED: dict[str, Accepted] = {
     **_ignored(
         "--dist-ckpt-save-pre-mcore-014 --exit-signal-handler-for-dataloader", "nothing in Megatron-LM reads it"
     ),
-    **_ignored("--openai-gelu --onnx-safe --apply-residual-connection-post-layernorm", LEGACY),
+    **_ignored("--onnx-safe --apply-residual-connection-post-layernorm", LEGACY),
     **_ignored(
         "--chat-template",
         "read only by the tokenizer's apply_chat_template (supervised fine-tuning, chat inference); GPT "
