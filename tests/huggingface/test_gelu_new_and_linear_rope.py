@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -153,6 +154,41 @@ def test_linear_rope_scaling_is_the_same_angles_in_megatron_core_and_transformer
     assert torch.allclose(ours.get_freqs_non_repeated(256), angles, rtol=1e-6, atol=1e-6)
     plain = RotaryEmbedding(m.effective_kv_channels, rotary_percent=1.0, use_cpu_initialization=True)
     assert not torch.allclose(plain.get_freqs_non_repeated(256), angles)  # the scaling does change the angles
+
+
+GPT2_PUBLISHED = {
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1, "bos_token_id": 50256,
+    "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05,
+    "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
+    "resid_pdrop": 0.1, "summary_activation": None, "summary_first_dropout": 0.1, "summary_proj_to_labels": True,
+    "summary_type": "cls_index", "summary_use_proj": True,
+    "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}}, "vocab_size": 50257,
+}  # fmt: skip
+"""openai-community/gpt2's config.json as published on the Hugging Face Hub."""
+
+
+@pytest.mark.unit
+def test_the_published_gpt2_config_imports_with_openai_gelu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The import's dry run of GPT-2 124M's own config.json prints --openai-gelu among the flags that continue it,
+    and pretrain_gpt.py takes them."""
+    from megatron_ext.cli import convert_checkpoint
+    from tests.huggingface.test_real_shapes import printed_command
+
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps(GPT2_PUBLISHED))
+    argv = ["from-hf", "--input", str(tmp_path / "gpt2"), "--save", str(tmp_path / "ckpt"), "--dry-run"]
+    assert convert_checkpoint.main(argv) == 0
+    command = printed_command(capsys.readouterr().out)
+    assert "--openai-gelu" in command, command
+    cfg = parse_args([*command[3:], "--mock-data"], world_size=1)
+    m = cfg.model
+    assert m.openai_gelu and (m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length) == (12, 768, 12, 1024)
+    assert (m.position_embedding_type, m.normalization, m.disable_bias_linear) == (
+        "learned_absolute",
+        "LayerNorm",
+        False,
+    )
+    assert not m.untie_embeddings_and_output_weights and m.vocab_size == 50257
 
 
 @pytest.fixture(scope="module")
