@@ -86,8 +86,19 @@ class ModelArgs(_Options):
         "embedding, as Megatron-LM after 0.16.1 does (0.16.1's GPT builder left it at 8).",
         above=0,
     )
+    rotary_seq_len_interpolation_factor: int | None = opt(
+        None,
+        "Linear position interpolation of the rotary embedding: every position divided by this factor (Megatron-Core's "
+        "seq_len_interpolation_factor, transformers' linear rope scaling); with --position-embedding-type rope.",
+        minimum=1,
+    )
     swiglu: bool = opt(False, "Use a SwiGLU MLP (gated SiLU) instead of GeLU.", estimate=True)
     squared_relu: bool = opt(False, "MLP activation relu(x)² instead of GeLU (not with --swiglu).")
+    openai_gelu: bool = opt(
+        False,
+        "The GeLU MLP's activation is the tanh approximation (Megatron-Core's openai_gelu, GPT-2's gelu_new) instead "
+        "of the exact (erf) GeLU; not with --swiglu or --squared-relu. Megatron-LM reads it in its legacy models only.",
+    )
     qk_layernorm: bool = opt(
         False, "Normalize each head's queries and keys (the --normalization type) before the attention scores."
     )
@@ -153,7 +164,11 @@ class ModelArgs(_Options):
         estimate=True,
     )
     cross_entropy_loss_fusion: bool = opt(False, "Fused vocabulary-parallel cross entropy (GPU).")
-    no_bias_gelu_fusion: bool = opt(False, "Do not fuse bias and GeLU (fused on GPU by default).")
+    no_bias_gelu_fusion: bool = opt(
+        False,
+        "Do not fuse bias and GeLU (fused on GPU by default, as in Megatron-LM). Megatron-Core's fused bias-GeLU is "
+        "the tanh approximation: without it GeLU on GPU is exact, as on CPU.",
+    )
     no_bias_swiglu_fusion: bool = opt(False, "Do not fuse bias and SwiGLU (fused on GPU by default).")
     no_bias_dropout_fusion: bool = opt(False, "Do not fuse bias, dropout and residual add (fused on GPU by default).")
     no_masked_softmax_fusion: bool = opt(
@@ -221,6 +236,9 @@ class ModelArgs(_Options):
             )
         if self.squared_relu and self.swiglu:
             raise ConfigError("--squared-relu and --swiglu each set the MLP's activation; give one (as Megatron-LM)")
+        if self.openai_gelu and (self.swiglu or self.squared_relu):
+            other = "--swiglu" if self.swiglu else "--squared-relu"
+            raise ConfigError(f"--openai-gelu approximates a GeLU MLP's activation and {other} replaces it; give one")
         if self.window_size is not None:
             left = parse_window(self.window_size)[0]  # ConfigError for text that is no window
             if 0 <= left < self.seq_length - 1:
@@ -230,8 +248,10 @@ class ModelArgs(_Options):
                     "(its mask is built on CUDA only, and its fused softmax ignores it); train at --seq-length "
                     f"{left + 1} or less, where the window covers every sequence"
                 )
-        if self.use_rope_scaling and self.position_embedding_type != "rope":
-            raise ConfigError("--use-rope-scaling scales the rotary embedding: give --position-embedding-type rope")
+        for name in ("use_rope_scaling", "rotary_seq_len_interpolation_factor"):
+            if getattr(self, name) not in (False, None) and self.position_embedding_type != "rope":
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} scales the rotary embedding: give --position-embedding-type rope")
         if self.transformer_impl == "transformer_engine" and self.attention_backend == "local":
             raise ConfigError(
                 "--attention-backend local is Megatron-Core's attention of the local spec and contradicts "

@@ -100,6 +100,11 @@ NOTES: dict[str, str] = {
     "check: a step with a NaN or infinite loss is then taken (docs/training.md, 'Non-finite losses')",
     "--use-precision-aware-optimizer": "with Transformer Engine's FusedAdam (GPUs); refused before launch without it, "
     "naming it; with its dtype flags, reaches Megatron-Core's OptimizerConfig as Megatron-LM passes it",
+    "--openai-gelu": "Megatron-LM reads it in its legacy models only (its Megatron-Core models ignore it); here, as "
+    "there, the tanh approximation of GeLU (Megatron-Core's openai_gelu, or its fused bias-GeLU kernel on GPU, the "
+    "same function)",
+    "--no-bias-gelu-fusion": "Megatron-Core's fused bias-GeLU is the tanh approximation: on GPU with biases it runs "
+    "unless this flag is given, as in Megatron-LM, so GeLU there is the approximation; on CPU it is exact (erf)",
 }
 """What to know about some honoured flags (the docs table's "why" column)."""
 
@@ -256,9 +261,9 @@ REFUSALS: tuple[Refusal, ...] = (
         "--softmax-type --window-attn-skip-freq",
     ),
     _r(
-        VARIANT + " (rotary embeddings: --rotary-base, --rotary-percent and --use-rope-scaling, without interleaving, "
-        "YaRN or position interpolation)",
-        "--rotary-interleaved --mrope-section --no-rope-freq --rope-type --rotary-seq-len-interpolation-factor "
+        VARIANT + " (rotary embeddings: --rotary-base, --rotary-percent, --use-rope-scaling and "
+        "--rotary-seq-len-interpolation-factor, without interleaving or YaRN)",
+        "--rotary-interleaved --mrope-section --no-rope-freq --rope-type "
         "--yarn-beta-fast --yarn-beta-slow --yarn-correction-range-round-to-int "
         "--no-yarn-correction-range-round-to-int --yarn-original-max-position-embeddings",
     ),

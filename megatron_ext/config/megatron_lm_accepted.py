@@ -149,7 +149,7 @@ ACCEPTED: dict[str, Accepted] = {
     **_ignored(
         "--dist-ckpt-save-pre-mcore-014 --exit-signal-handler-for-dataloader", "nothing in Megatron-LM reads it"
     ),
-    **_ignored("--openai-gelu --onnx-safe --apply-residual-connection-post-layernorm", LEGACY),
+    **_ignored("--onnx-safe --apply-residual-connection-post-layernorm", LEGACY),
     **_ignored(
         "--no-one-logger",
         "NVIDIA's one-logger telemetry (an internal tool, Megatron-LM's help says) is never started here, so there is "

@@ -29,6 +29,8 @@ _FP8 = "memory: FP8 weight copies, transposes and scaling state are not counted,
 
 APPROXIMATED: dict[str, str] = {
     "squared_relu": "memory and time as GeLU's (the MLP keeps its input either way)",
+    "openai_gelu": "memory and time as the exact GeLU's (an element-wise function of the same tensor; unfused, its "
+    "intermediates are not counted)",
     "qk_layernorm": "its parameters are counted, not the normalized queries and keys kept for the backward pass",
     "cross_entropy_loss_fusion": "the output logits are counted as the unfused loss keeps them (the fused one "
     "keeps less)",
@@ -99,7 +101,10 @@ NO_EFFECT: dict[str, str] = {
         ),
         "a coefficient or choice inside the optimizer's update (--optimizer is what is approximated)",
     ),
-    **dict.fromkeys(("rotary_base", "use_rope_scaling", "rope_scaling_factor"), "the rotary frequencies"),
+    **dict.fromkeys(
+        ("rotary_base", "use_rope_scaling", "rope_scaling_factor", "rotary_seq_len_interpolation_factor"),
+        "the rotary frequencies",
+    ),
     "rotary_percent": "the rotary embedding's element-wise cost is not counted at any share of the head",
     "attention_softmax_in_fp32": "the fp32 scores are transient; the kept probabilities are in the training precision",
     "apply_query_key_layer_scaling": "a scale inside the softmax",

@@ -2,8 +2,9 @@
 
 Five architectures carry over exactly (same functions, same weights):
 
-- **Llama** (``LlamaForCausalLM``): rotary positions on every head dimension (Llama 3.1's rope scaling
-  included), SwiGLU, RMSNorm, grouped-query attention or not, biases or not, tied or untied output.
+- **Llama** (``LlamaForCausalLM``): rotary positions on every head dimension (Llama 3.1's rope scaling, or
+  linear rope scaling: ``--rotary-seq-len-interpolation-factor``), SwiGLU, RMSNorm, grouped-query attention or
+  not, biases or not, tied or untied output.
   Megatron-Core's rotary embedding (not interleaved) is ``rotate_half`` on the two halves of each head, as
   in ``transformers``' Llama.
 - **Qwen2** (``Qwen2ForCausalLM``, Qwen2.5's too): Llama with biases on the query, key and value projections
@@ -12,9 +13,9 @@ Five architectures carry over exactly (same functions, same weights):
   function where the window covers the sequence (``--window-size``), and refused where it does not.
 - **Qwen3** (``Qwen3ForCausalLM``): Llama without biases, with each head's queries and keys RMS-normalized
   before the rotary embedding (Megatron-Core's ``--qk-layernorm``).
-- **GPT-2** (``GPT2LMHeadModel``): learned absolute positions, GeLU (exact, erf: the ``gelu`` activation;
-  GPT-2's own ``gelu_new`` is the tanh approximation), LayerNorm, biases, as many key/value heads as query
-  heads.
+- **GPT-2** (``GPT2LMHeadModel``): learned absolute positions, GeLU, LayerNorm, biases, as many key/value heads
+  as query heads. The exact (erf) GeLU is the ``gelu`` activation; GPT-2's own ``gelu_new`` (and
+  ``gelu_pytorch_tanh``, the same function) is its tanh approximation, ``--openai-gelu``.
 
 Anything else is refused, naming every feature that does not carry over.
 """
@@ -71,6 +72,9 @@ def architecture(model: ModelArgs) -> str:
             problems.append("rotary positions with LayerNorm (Llama normalizes with RMSNorm)")
         if model.rotary_percent != 1.0:
             problems.append(f"--rotary-percent {model.rotary_percent:g} (Llama rotates every head dimension)")
+        if model.use_rope_scaling and model.rotary_seq_len_interpolation_factor is not None:
+            problems.append("--use-rope-scaling with --rotary-seq-len-interpolation-factor (transformers scales the "
+                            "rotary embedding one way: llama3 or linear)")  # fmt: skip
         if model.window_size is not None and not model.disable_bias_linear:
             problems.append("--window-size with biases (Mistral's linear layers have none)")
         if model.window_size is not None and qkv_bias_only:
@@ -101,8 +105,8 @@ def architecture(model: ModelArgs) -> str:
             + "; ".join(problems)
             + ". Supported: Llama (--position-embedding-type rope --swiglu --normalization RMSNorm), Qwen2 (the "
             "same with --disable-bias-linear --add-qkv-bias), Qwen3 (with --disable-bias-linear --qk-layernorm), "
-            "Mistral (with --disable-bias-linear --window-size) and GPT-2 (learned absolute positions, GeLU, "
-            "LayerNorm, biases)"
+            "Mistral (with --disable-bias-linear --window-size) and GPT-2 (learned absolute positions, GeLU or "
+            "--openai-gelu, LayerNorm, biases)"
         )
     if not rope:
         return GPT2
@@ -150,13 +154,14 @@ def hf_config(model: ModelArgs, *, padded_vocab_size: int, tokens: TokenIds, dty
             "n_layer": model.num_layers,
             "n_head": model.num_attention_heads,
             "n_positions": max_positions,
-            "activation_function": "gelu",
+            "activation_function": GELU_TANH[0] if model.openai_gelu else GELU_EXACT[0],
             "layer_norm_epsilon": model.norm_epsilon,
             "resid_pdrop": model.hidden_dropout,
             "embd_pdrop": model.hidden_dropout,
             "attn_pdrop": model.attention_dropout,
             "scale_attn_weights": True,
         }
+    scaling = rope_scaling(model)
     rotary = common | {
         "hidden_size": model.hidden_size,
         "intermediate_size": model.effective_ffn_hidden_size,
@@ -168,8 +173,8 @@ def hf_config(model: ModelArgs, *, padded_vocab_size: int, tokens: TokenIds, dty
         "max_position_embeddings": max_positions,
         "rms_norm_eps": model.norm_epsilon,
         "rope_theta": float(model.rotary_base),  # transformers 4
-        "rope_parameters": {"rope_theta": float(model.rotary_base), **rope_scaling(model)},  # transformers 5
-        **({"rope_scaling": rope_scaling(model)} if model.use_rope_scaling else {}),  # transformers 4
+        "rope_parameters": {"rope_theta": float(model.rotary_base), **scaling},  # transformers 5
+        **({"rope_scaling": scaling} if scaling["rope_type"] != "default" else {}),  # transformers 4
         "attention_dropout": model.attention_dropout,
     }
     no_window = {"use_sliding_window": False, "sliding_window": None, "max_window_layers": model.num_layers}
@@ -190,10 +195,20 @@ factors and original context) in ``transformers``' terms (``_compute_llama3_para
 
 
 def rope_scaling(model: ModelArgs) -> dict[str, Any]:
-    """The rope type of ``config.json``'s ``rope_parameters`` (without ``rope_theta``)."""
-    if not model.use_rope_scaling:
-        return {"rope_type": "default"}
-    return {"rope_type": "llama3", "factor": model.rope_scaling_factor, **LLAMA3_ROPE}
+    """The rope type of ``config.json``'s ``rope_parameters`` (without ``rope_theta``): Llama 3's, linear position
+    interpolation (``transformers`` divides the frequencies by the factor, Megatron-Core the positions), or none."""
+    if model.use_rope_scaling:
+        return {"rope_type": "llama3", "factor": model.rope_scaling_factor, **LLAMA3_ROPE}
+    if model.rotary_seq_len_interpolation_factor is not None:
+        return {"rope_type": "linear", "factor": float(model.rotary_seq_len_interpolation_factor)}
+    return {"rope_type": "default"}
+
+
+GELU_EXACT = ("gelu", "gelu_python")
+"""``transformers``' names of the exact (erf) GeLU: Megatron-Core's GeLU MLP without ``--openai-gelu``."""
+GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_fast")
+"""``transformers``' names of GeLU's tanh approximation, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))):
+Megatron-Core's ``openai_gelu`` (``--openai-gelu``). The first is GPT-2's own, and the one an export writes."""
 
 
 OTHER_ARCHITECTURES: dict[str, str] = {
@@ -375,8 +390,9 @@ def _expect(
 
 
 def _rope(arch: str, config: dict[str, Any], problems: list[str]) -> dict[str, Any]:
-    """``--rotary-base``, ``--use-rope-scaling`` and ``--rope-scaling-factor`` of ``rope_parameters``
-    (transformers 5) or ``rope_theta`` and ``rope_scaling`` (transformers 4)."""
+    """``--rotary-base``, ``--use-rope-scaling`` and ``--rope-scaling-factor`` (llama3) or
+    ``--rotary-seq-len-interpolation-factor`` (linear) of ``rope_parameters`` (transformers 5) or ``rope_theta``
+    and ``rope_scaling`` (transformers 4)."""
     # transformers' order (``convert_rope_params_to_dict``): rope_scaling over rope_parameters, and a top-level
     # rope_theta or original_max_position_embeddings over the dict's.
     rope = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
@@ -394,9 +410,15 @@ def _rope(arch: str, config: dict[str, Any], problems: list[str]) -> dict[str, A
         if differ:
             problems.append("llama3 rope scaling with " + ", ".join(differ))
         scaling = {"use_rope_scaling": True, "rope_scaling_factor": float(rope["factor"])}
+    elif rope_type == "linear":
+        factor = float(rope["factor"])
+        if factor != int(factor) or factor < 1:
+            problems.append(f"linear rope scaling by {factor:g} (--rotary-seq-len-interpolation-factor is an integer)")
+        scaling = {"rotary_seq_len_interpolation_factor": int(factor)}
     elif rope_type != "default":
         problems.append(
-            f"rope type {rope_type!r} (the plain rotary embedding and Llama 3.x's scaling are implemented here)"
+            f"rope type {rope_type!r} (the plain rotary embedding, Llama 3.x's scaling and linear scaling are "
+            "implemented here)"
         )
     theta = rope.get("rope_theta", TRANSFORMERS_DEFAULTS[arch]["rope_theta"])
     if float(theta) != int(theta):
@@ -473,12 +495,14 @@ def _rotary_flags(arch: str, config: dict[str, Any], problems: list[str], seq_le
 
 
 def _gpt2_flags(config: dict[str, Any], problems: list[str], seq_length: int | None) -> dict[str, Any]:
-    """GPT-2: learned positions, exact GeLU, LayerNorm, biases."""
+    """GPT-2: learned positions, GeLU (exact, or its tanh approximation with ``--openai-gelu``), LayerNorm,
+    biases."""
 
     def expect(key: str, allowed: tuple[Any, ...], why: str) -> None:
         _expect(GPT2, config, problems, key, allowed, why)
 
-    expect("activation_function", ("gelu",), "Megatron's GeLU is the exact one; gelu_new is the tanh approximation")
+    expect("activation_function", GELU_EXACT + GELU_TANH, "Megatron's GPT MLP is GeLU: exact, or its tanh "
+           "approximation with --openai-gelu")  # fmt: skip
     expect("scale_attn_weights", (True,), "Megatron scales attention scores by 1/sqrt(head dim)")
     expect("scale_attn_by_inverse_layer_idx", (False,), "not in Megatron")
     expect("reorder_and_upcast_attn", (False,), "not in Megatron")
@@ -492,6 +516,7 @@ def _gpt2_flags(config: dict[str, Any], problems: list[str], seq_length: int | N
         "max_position_embeddings": int(_value(GPT2, config, "n_positions")),
         "seq_length": seq_length or int(_value(GPT2, config, "n_positions")),
         "position_embedding_type": "learned_absolute",
+        **({"openai_gelu": True} if _value(GPT2, config, "activation_function") in GELU_TANH else {}),
         "normalization": "LayerNorm",
         "norm_epsilon": float(_value(GPT2, config, "layer_norm_epsilon")),
         "hidden_dropout": float(_value(GPT2, config, "resid_pdrop")),

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from megatron_ext.config.arguments import ConfigError
+from megatron_ext.config.arguments import ConfigError, ModelArgs
 from megatron_ext.config.emerging_optimizer_args import EMERGING
 from megatron_ext.config.layout_flags import context_parallel_refusal, gloo_problem
 from megatron_ext.config.training_config import (
@@ -165,7 +165,7 @@ def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> d
         add_bias_linear=not m.disable_bias_linear,
         add_qkv_bias=m.add_qkv_bias,
         gated_linear_unit=m.swiglu,
-        activation_func=activation_function(cfg),
+        **mlp_activation(m, on_gpu=on_gpu),
         qk_layernorm=m.qk_layernorm,
         # FP8 and TP communication overlap: Transformer Engine's layers (check_transformer_engine refuses others).
         fp8=o.fp8_format,
@@ -207,9 +207,6 @@ def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> d
         # Initialise on the CPU there: the weights are then identical for any TP.
         use_cpu_initialization=not on_gpu,
         # Fused kernels (torch.compile'd by Megatron-Core) on GPU; plain torch ops on CPU.
-        # The bias-GeLU kernel needs a bias; the SwiGLU one works with or without.
-        bias_activation_fusion=on_gpu
-        and (not m.no_bias_swiglu_fusion if m.swiglu else not (m.no_bias_gelu_fusion or m.disable_bias_linear)),
         bias_dropout_fusion=on_gpu and not m.no_bias_dropout_fusion,
         # Megatron-Core's own attention softmax kernels come with apex; without them
         # the fused path raises instead of falling back.
@@ -238,15 +235,35 @@ def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> d
     )
 
 
-def activation_function(cfg: TrainingConfig) -> Callable[..., Any]:
-    """The MLP's activation, as Megatron-LM picks it: SiLU gated by SwiGLU, squared ReLU, or exact GeLU."""
-    if cfg.model.swiglu:
-        return F.silu
-    if cfg.model.squared_relu:
+def mlp_activation(m: ModelArgs, *, on_gpu: bool) -> dict[str, Any]:
+    """The TransformerConfig's ``activation_func`` and ``bias_activation_fusion``: each flag's function exactly.
+
+    - ``--swiglu``: SiLU, gated; fused with the bias on GPU unless ``--no-bias-swiglu-fusion``.
+    - ``--squared-relu``: relu(x)², never fused (Megatron-Core fuses GeLU and SwiGLU only).
+    - ``--openai-gelu``: the tanh approximation, Megatron-Core's ``openai_gelu``. On GPU with a bias, unless
+      ``--no-bias-gelu-fusion``, Megatron-Core's fused bias-GeLU computes it instead: that kernel (``bias_gelu``) is
+      the same tanh approximation, and Megatron-Core selects it for ``F.gelu`` only.
+    - otherwise ``F.gelu``, as Megatron-LM builds it: fused with the bias on GPU unless ``--no-bias-gelu-fusion``
+      (Megatron-Core's kernel then computes the tanh approximation, as a Megatron-LM run does), the exact (erf)
+      GeLU elsewhere.
+    """
+    if m.swiglu:
+        return {"activation_func": F.silu, "bias_activation_fusion": on_gpu and not m.no_bias_swiglu_fusion}
+    if m.squared_relu:
         from megatron.core.activations import squared_relu
 
-        return squared_relu
-    return F.gelu
+        return {"activation_func": squared_relu, "bias_activation_fusion": False}
+    if m.openai_gelu:
+        if on_gpu and not (m.no_bias_gelu_fusion or m.disable_bias_linear):  # the fused kernel needs a bias
+            return {"activation_func": F.gelu, "bias_activation_fusion": True}
+        from megatron.core.transformer.utils import openai_gelu
+
+        return {"activation_func": openai_gelu, "bias_activation_fusion": False}
+    # The bias-GeLU kernel needs a bias.
+    return {
+        "activation_func": F.gelu,
+        "bias_activation_fusion": on_gpu and not (m.no_bias_gelu_fusion or m.disable_bias_linear),
+    }
 
 
 def _has_softmax_kernels() -> bool:
@@ -348,6 +365,7 @@ def gpt_model(
         rope_scaling=m.use_rope_scaling,
         rope_scaling_factor=m.rope_scaling_factor,
         fp16_lm_cross_entropy=cfg.optim.fp16_lm_cross_entropy,
+        seq_len_interpolation_factor=m.rotary_seq_len_interpolation_factor,
         vp_stage=vp_stage,
     )
 

@@ -33,7 +33,8 @@ NEW_TOKENS = 12
 
 def build(job: dict[str, Any], directory: Path) -> Any:
     """The ``transformers`` model of ``job``, saved in ``directory`` in its dtype (with a generation config whose
-    fields an export must keep, and the job's SentencePiece model as its tokenizer if it names one)."""
+    fields an export must keep, and the job's SentencePiece model as its tokenizer if it names one); the job's
+    ``drop_keys`` are then left out of ``config.json``, which then says only what transformers takes by default."""
     import transformers
 
     torch.manual_seed(job.get("seed", 0))
@@ -41,13 +42,17 @@ def build(job: dict[str, Any], directory: Path) -> Any:
     model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" in name:
-                param.normal_(1.0, 0.2)
-            elif name.endswith(".bias"):
+            if name.endswith(".bias"):
                 param.normal_(0.0, 0.05)
+            elif "norm" in name or ".ln_" in name:  # GPT-2's LayerNorms are ln_1, ln_2 and ln_f
+                param.normal_(1.0, 0.2)
     model = model.to(getattr(torch, job["dtype"])).eval()
     model.generation_config = transformers.GenerationConfig(**job["generation"])
     model.save_pretrained(str(directory))
+    if job.get("drop_keys"):
+        saved = json.loads((directory / "config.json").read_text())
+        kept = {k: v for k, v in saved.items() if k not in job["drop_keys"]}
+        (directory / "config.json").write_text(json.dumps(kept, indent=2))
     if job.get("tokenizer_model"):
         shutil.copyfile(job["tokenizer_model"], directory / "tokenizer.model")
     return model

@@ -59,27 +59,46 @@ GPT2 = ModelArgs(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length
 GPT2_UNTIED = ModelArgs(
     num_layers=3, hidden_size=48, num_attention_heads=3, seq_length=16, untie_embeddings_and_output_weights=True
 )
+GPT2_TANH = ModelArgs(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, openai_gelu=True)
+LLAMA_LINEAR = ModelArgs(
+    num_layers=2, hidden_size=64, num_attention_heads=4, position_embedding_type="rope", swiglu=True,
+    normalization="RMSNorm", disable_bias_linear=True, seq_length=32, rotary_seq_len_interpolation_factor=4,
+)  # fmt: skip
 SHAPE_FIELDS = (
     "num_layers", "hidden_size", "effective_ffn_hidden_size", "num_attention_heads", "effective_num_query_groups",
     "effective_kv_channels", "position_embedding_type", "swiglu", "normalization", "norm_epsilon",
     "untie_embeddings_and_output_weights", "disable_bias_linear", "add_qkv_bias", "rotary_base", "use_rope_scaling",
-    "rope_scaling_factor", "window_size", "qk_layernorm",
+    "rope_scaling_factor", "window_size", "qk_layernorm", "openai_gelu", "rotary_seq_len_interpolation_factor",
 )  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "model",
-    [LLAMA_GQA, LLAMA_BIAS_TIED, LLAMA_31, LLAMA_32, QWEN2_TIED, QWEN3, MISTRAL, GPT2, GPT2_UNTIED],
+    [
+        LLAMA_GQA,
+        LLAMA_BIAS_TIED,
+        LLAMA_31,
+        LLAMA_32,
+        LLAMA_LINEAR,
+        QWEN2_TIED,
+        QWEN3,
+        MISTRAL,
+        GPT2,
+        GPT2_UNTIED,
+        GPT2_TANH,
+    ],
     ids=[
         "llama-gqa",
         "llama-bias-tied",
         "llama-3.1-rope-scaling",
         "llama-3.2-tied",
+        "llama-linear-rope-scaling",
         "qwen2-tied",
         "qwen3",
         "mistral",
         "gpt2",
         "gpt2-untied",
+        "gpt2-gelu-new",
     ],
 )
 def test_config_round_trip_keeps_the_model(model: ModelArgs) -> None:
@@ -107,6 +126,8 @@ def test_config_round_trip_keeps_the_model(model: ModelArgs) -> None:
         ({"position_embedding_type": "rope", "swiglu": True, "normalization": "RMSNorm", "qk_layernorm": True},
          ["--qk-layernorm with biases or a window"]),
         ({"squared_relu": True}, ["--squared-relu"]),
+        ({"position_embedding_type": "rope", "swiglu": True, "normalization": "RMSNorm", "use_rope_scaling": True,
+          "rotary_seq_len_interpolation_factor": 2}, ["--use-rope-scaling with --rotary-seq-len-interpolation-factor"]),
         ({"window_size": "127,0"}, ["--window-size with learned positions"]),
         ({"position_embedding_type": "rope", "swiglu": True, "normalization": "RMSNorm", "window_size": "127,0"},
          ["--window-size with biases"]),
@@ -123,7 +144,7 @@ def test_models_without_a_transformers_architecture_are_refused_naming_why(chang
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        ({"activation_function": "gelu_new"}, "gelu_new is the tanh approximation"),
+        ({"activation_function": "relu"}, r"activation_function='relu' \(Megatron's GPT MLP is GeLU"),
         (
             {"model_type": "mistral", "sliding_window": 16},
             r"sliding window 16 is shorter than the sequence length 32 \(max_position_embeddings; import with "
@@ -138,6 +159,10 @@ def test_models_without_a_transformers_architecture_are_refused_naming_why(chang
         ({"model_type": "gemma2"}, "logit soft-capping"),
         ({"model_type": "brand_new"}, r"model_type 'brand_new' is not one of the architectures read here"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5}}, "rope type 'yarn'"),
+        (
+            {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.5}},
+            r"linear rope scaling by 2.5 \(--rotary-seq-len-interpolation-factor is an integer\)",
+        ),
         (
             {
                 "rope_parameters": {
@@ -461,7 +486,7 @@ def test_tools_refuse_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFi
 def test_a_missing_config_key_means_transformers_default(arch: str) -> None:
     """Every key the importer reads falls back to what transformers itself uses when config.json lacks it (its
     config class's field default: a Qwen2 without num_key_value_heads has 32, a Mistral 8 and a sliding window of
-    4096; a GPT-2 without activation_function is gelu_new, and is refused, not imported as exact GeLU)."""
+    4096; a GPT-2 without activation_function is gelu_new, imported with --openai-gelu, not as exact GeLU)."""
     import dataclasses
 
     import transformers
@@ -496,13 +521,12 @@ def test_a_missing_config_key_means_transformers_default(arch: str) -> None:
         assert outcomes[0] == outcomes[1], key
 
 
-def test_a_gpt2_config_without_activation_function_is_refused_as_gelu_new() -> None:
+def test_a_gpt2_config_without_activation_function_is_gelu_new_and_imported_with_openai_gelu() -> None:
     config = hf_config(GPT2, padded_vocab_size=128, tokens=TokenIds(None, 0), dtype="float32")
+    assert config["activation_function"] == "gelu"
     del config["activation_function"]
-    with pytest.raises(
-        ConversionError, match=r"activation_function='gelu_new' \(transformers' default: the key is absent\)"
-    ):
-        model_flags(config)
+    assert model_flags(config)[1]["openai_gelu"]
+    assert "openai_gelu" not in model_flags(config | {"activation_function": "gelu"})[1]
 
 
 def test_configs_are_read_as_transformers_reads_them() -> None:
