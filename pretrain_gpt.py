@@ -62,25 +62,31 @@ def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tens
     from megatron.core.utils import get_batch_on_this_cp_rank
 
     from megatron_ext.training.model import unwrap
+    from megatron_ext.training.packed_documents import pack_documents
 
     chunk = unwrap(model)
-    batch: Any = None
-    # Middle chunks read the batch only for its per-document attention mask (--reset-attention-mask).
+    batch: Any = {}
+    packed_seq_params = None
+    # Middle chunks read the batch only for the documents' mask or boundaries (--reset-attention-mask,
+    # --dataloader-inter-document-masking).
     if data_iterator is not None:
+        # Packed documents: the micro-batch as one (1, b·s) sequence and its boundaries (as Megatron-LM).
+        batch, packed_seq_params = pack_documents(next(data_iterator), next(model.parameters()).device)
         # Context parallelism: this rank's two of the sequence's 2·CP chunks (a no-op without).
         # Megatron-Core 0.19: is_hybrid_cp is required, and cp_group=None means the WORLD group (0.16: parallel_state's).
         batch = get_batch_on_this_cp_rank(
-            next(data_iterator), is_hybrid_cp=False, cp_group=parallel_state.get_context_parallel_group()
+            batch,
+            is_hybrid_cp=False,
+            cp_group=parallel_state.get_context_parallel_group(),
+            use_per_sequence_balancing=packed_seq_params is not None,  # as Megatron-LM (CP 1 here: no split)
         )
-    device = next(model.parameters()).device
-    tokens = batch["tokens"].to(device, non_blocking=True) if chunk.pre_process else None
-    position_ids = batch["position_ids"].to(device, non_blocking=True) if chunk.pre_process else None
-    labels = batch["labels"].to(device, non_blocking=True) if chunk.post_process else None
-    mask = batch.get("attention_mask") if batch is not None else None  # (b, 1, s, s), True: not attended
-    attention_mask = mask.to(device, non_blocking=True) if mask is not None else None
+    tokens = batch["tokens"] if chunk.pre_process else None
+    position_ids = batch["position_ids"] if chunk.pre_process else None
+    labels = batch["labels"] if chunk.post_process else None
+    attention_mask = batch.get("attention_mask")  # (b, 1, s, s), True: not attended
     # (b, s) token ids in; on the last stage (b, s) per-token losses out.
-    output = model(tokens, position_ids, attention_mask, labels=labels)
-    loss_mask: Any = batch["loss_mask"].to(device, non_blocking=True) if chunk.post_process else None
+    output = model(tokens, position_ids, attention_mask, labels=labels, packed_seq_params=packed_seq_params)
+    loss_mask: Any = batch["loss_mask"] if chunk.post_process else None
     return output, partial(loss_func, loss_mask)
 
 

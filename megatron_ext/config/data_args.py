@@ -156,10 +156,49 @@ class DataArgs(FimArgs, _Options):
         "the whole sequence, and --reset-attention-mask has no effect (as in Megatron-LM).",
     )
 
+    dataloader_inter_document_masking: bool = opt(
+        False,
+        "Documents packed into one sequence do not attend to each other, as packed sequences: each sample carries "
+        "its documents' boundaries (cu_seqlens, Megatron-Core's GPTDataset), every pipeline stage reads them, and "
+        "attention runs per document in the THD form (Transformer Engine's attention, or PyTorch's SDPA with the "
+        "local spec); positions, rotary ones included, restart at each document. No mask tensor is built (it "
+        "replaces --reset-attention-mask). A fill-in-the-middle sample is one document (as in Megatron-LM).",
+    )
+
     @property
     def document_attention_mask(self) -> bool:
-        """Whether each sample carries a per-document attention mask that the model applies."""
-        return self.reset_attention_mask and not self.no_create_attention_mask_in_dataloader
+        """Whether each sample carries a per-document attention mask that the model applies (Megatron-LM turns
+        the mask off when the boundaries are given as packed sequences)."""
+        return (
+            self.reset_attention_mask
+            and not self.no_create_attention_mask_in_dataloader
+            and not self.dataloader_inter_document_masking
+        )
+
+    @property
+    def reads_every_stage(self) -> bool:
+        """Whether every model chunk, the middle ones included, reads each micro-batch: a per-document mask or
+        the documents' boundaries are applied in every layer."""
+        return self.document_attention_mask or self.dataloader_inter_document_masking
+
+    def packed_documents_problem(self, *, attention_backend: str, cp: int) -> str | None:
+        """Why this run cannot attend per packed document (``--dataloader-inter-document-masking``), or None."""
+        flag = "--dataloader-inter-document-masking"
+        if not self.dataloader_inter_document_masking:
+            return None
+        if attention_backend == "local":  # Megatron-Core's own attention (the local spec)
+            return (
+                f"{flag}: Megatron-Core's DotProductAttention (--attention-backend local) does not take packed "
+                "sequences; give --attention-backend auto (PyTorch's SDPA, per document) or Transformer Engine"
+            )
+        if cp > 1:
+            # Megatron-LM splits each packed row over the CP ranks as one sequence (per-sequence balancing) while
+            # the rotary embedding and Transformer Engine's attention split every document: not run here unchecked.
+            return (
+                f"{flag} with --context-parallel-size {cp}: splitting packed documents over context-parallel ranks "
+                "is not checked here; train with --context-parallel-size 1, or without the flag"
+            )
+        return None
 
     def _relations(self) -> None:
         parse_split(self.split)  # raises, naming --split

@@ -243,11 +243,6 @@ REFUSALS: tuple[Refusal, ...] = (
         "--flash-attention-version",
     ),
     _r("batch-invariant kernels (for deterministic inference) are not used by this project", "--batch-invariant-mode"),
-    _r(
-        "document boundaries as cu_seqlens for Transformer Engine's packed-sequence (THD) attention are not "
-        "offered; --reset-attention-mask keeps packed documents apart with a mask per sample (local spec)",
-        "--dataloader-inter-document-masking",
-    ),
     # ---- model variants
     _r(
         VARIANT + " (activation: GeLU, or SwiGLU with --swiglu)",

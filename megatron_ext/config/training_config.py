@@ -246,6 +246,11 @@ def make_config(
             "optimizer state takes every state tensor to be its weight's shape); add --no-save-optim (a resume then "
             "starts SOAP afresh) or drop --save"
         )
+    packing = data.packed_documents_problem(
+        attention_backend=model.attention_backend, cp=parallel.context_parallel_size
+    )
+    if packing is not None:
+        raise ConfigError(packing)
     problems = iterations.unit_problems(optim, run, batch, train_iters_given="train_iters" in groups.get("run", {}))
     if problems:
         raise ConfigError("; ".join(problems))

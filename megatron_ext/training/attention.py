@@ -17,6 +17,9 @@ masked out) otherwise, grouped-query attention without repeating keys and
 values, and dropout drawn inside the tensor-parallel RNG region (as
 Megatron-Core does) so that tensor-parallel ranks drop different heads.
 
+Packed sequences (``--dataloader-inter-document-masking``) come in Megatron-Core's THD form, ``[t, heads, d]``
+with the documents' ``cu_seqlens``; each document attends within itself, one SDPA call per document.
+
 ``--attention-backend`` picks the kernel: ``auto`` lets PyTorch choose,
 ``flash`` / ``fused`` (memory-efficient) / ``unfused`` (math) restrict it,
 and ``local`` keeps Megatron-Core's own ``DotProductAttention``.
@@ -25,6 +28,7 @@ and ``local`` keeps Megatron-Core's own ``DotProductAttention``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from typing import Any
 
@@ -108,28 +112,61 @@ class SDPAttention(MegatronModule):
         attention_bias: Tensor | None = None,
         packed_seq_params: Any = None,
     ) -> Tensor:
-        from megatron.core import tensor_parallel
         from megatron.core.transformer.enums import AttnMaskType
 
-        if packed_seq_params is not None:
-            raise ValueError("packed sequences need Transformer Engine's attention; use --transformer-impl")
         if attention_bias is not None:
             raise ValueError("SDPAttention does not support an attention bias")
+        mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        if packed_seq_params is not None:
+            return self._packed(query, key, value, attention_mask, mask_type, packed_seq_params)
+        return self._attend(query, key, value, attention_mask, causal=mask_type == AttnMaskType.causal)
+
+    def _packed(
+        self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, mask_type: Any, params: Any
+    ) -> Tensor:
+        """Packed sequences in Megatron-Core's THD form (``--dataloader-inter-document-masking``): query ``[t, np,
+        hn]``, key and value ``[t, ng, hn]`` holding the documents ``cu_seqlens`` bounds; each attends within
+        itself, causally, as Transformer Engine's THD attention does. Output ``[t, 1, np·hn]``."""
+        from megatron.core.transformer.enums import AttnMaskType
+
+        if params.qkv_format != "thd":
+            raise ValueError(f"SDPAttention takes packed sequences in the THD form, not {params.qkv_format!r}")
+        if params.cu_seqlens_q_padded is not None or params.cu_seqlens_kv_padded is not None:
+            raise ValueError("SDPAttention does not support padded packed sequences (cu_seqlens_*_padded)")
+        if not torch.equal(params.cu_seqlens_q, params.cu_seqlens_kv) or attention_mask is not None:
+            raise ValueError("SDPAttention attends packed documents to themselves: one cu_seqlens and no mask")
+        bounds = params.cu_seqlens_q.tolist()
+        if bounds[0] != 0 or bounds[-1] != query.shape[0]:
+            raise ValueError(f"cu_seqlens {bounds[0]}..{bounds[-1]} do not span the {query.shape[0]} packed tokens")
+        causal = mask_type == AttnMaskType.causal
+        # One document at a time, as a batch of one: no t × t mask in memory.
+        parts = [
+            self._attend(query[a:b].unsqueeze(1), key[a:b].unsqueeze(1), value[a:b].unsqueeze(1), None, causal=causal)
+            for a, b in itertools.pairwise(bounds)
+            if b > a
+        ]
+        return torch.cat(parts)
+
+    def _attend(
+        self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, *, causal: bool
+    ) -> Tensor:
+        """Attention over ``[s, b, heads, d]`` inputs; causal (when ``causal`` and no mask) or by Megatron's mask."""
+        from megatron.core import tensor_parallel
+
         sq, b = query.shape[0], query.shape[1]
         sk = key.shape[0]
-        mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
-
         # [s, b, heads, d] -> [b, heads, s, d]: a view; the last dim stays contiguous.
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         mask = None
-        causal = False
         if attention_mask is not None:
             # Megatron: True means "do not attend"; SDPA: True means "attend".
             mask = ~attention_mask if attention_mask.dtype == torch.bool else attention_mask
-        elif mask_type == AttnMaskType.causal and sq > 1:
+            causal = False
+        elif causal and sq > 1:
             if sq != sk:
                 raise ValueError(f"causal self-attention needs equal query and key lengths, got {sq} and {sk}")
-            causal = True
+        else:
+            causal = False
 
         gqa = self.heads_per_partition != self.groups_per_partition
         if gqa and not self.native_gqa(q, mask):

@@ -79,6 +79,8 @@ def dataset_config(cfg: TrainingConfig, tokenizer: Tokenizer) -> Any:
         eod_mask_loss=cfg.data.eod_mask_loss,
         # Without --reset-attention-mask attention is causal over the whole sequence: no mask tensor is built.
         create_attention_mask=cfg.data.document_attention_mask,
+        # --dataloader-inter-document-masking: each sample carries its documents' cu_seqlens (no mask).
+        inter_document_masking=cfg.data.dataloader_inter_document_masking,
         mmap_bin_files=not cfg.data.no_mmap_bin_files,
         num_dataset_builder_threads=cfg.data.num_dataset_builder_threads,
         mid_level_dataset_surplus=cfg.data.mid_level_dataset_surplus,

@@ -246,9 +246,9 @@ class Trainer:
                 log.info("loaded checkpoint %s (iteration %d)", state.path, state.iteration)
 
         self.datasets = datasets_provider(cfg, tokenizer)
-        # A per-document attention mask is applied in every layer: middle chunks read the batch for it.
+        # A per-document mask or the documents' boundaries are applied in every layer: middle chunks read them.
         self.needs_data = [
-            cfg.data.document_attention_mask or self._unwrapped(c).pre_process or self._unwrapped(c).post_process
+            cfg.data.reads_every_stage or self._unwrapped(c).pre_process or self._unwrapped(c).post_process
             for c in self.chunks
         ]
         self.metrics = MetricsWriter(enabled=ctx.is_logging_rank, metrics_file=cfg.run.metrics_file)
@@ -305,13 +305,19 @@ class Trainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         layout = self.cfg.layout
+        seq_length, micro_batch_size = self.cfg.model.seq_length, layout.micro_batch_size
+        if self.cfg.data.dataloader_inter_document_masking:
+            # A packed micro-batch is one sequence of b·s tokens ([b·s, 1, h] between stages): the schedule's
+            # receive buffers must have that shape, not [s, b, h] (same size, so a mismatch would go unnoticed
+            # and permute the activations).
+            seq_length, micro_batch_size = seq_length * micro_batch_size, 1
         return (self.forward_backward_func or get_forward_backward_func())(
             forward_step_func=self.forward_step,
             data_iterator=data_iterator,
             model=self.chunks if layout.interleaved else self.chunks[0],
             num_microbatches=num_microbatches,
-            seq_length=self.cfg.model.seq_length,
-            micro_batch_size=layout.micro_batch_size,
+            seq_length=seq_length,
+            micro_batch_size=micro_batch_size,
             forward_only=forward_only,
         )
 

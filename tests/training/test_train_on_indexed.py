@@ -255,7 +255,8 @@ def test_per_token_loss_weighs_every_token_of_the_step_alike(tmp_path: Path) -> 
 def test_document_masking_trains_alike_on_every_pipeline_stage(tmp_path: Path) -> None:
     """--reset-attention-mask on documents of 1 to 19 tokens (several per 64-token sample): PP2 × VP2, whose
     middle chunks read the batch for its mask only, gives the losses and gradient norms of one process; without
-    the mask they differ, so the mask reaches the layers (tests/training/test_document_masking.py: per token)."""
+    the mask they differ, so the mask reaches the layers (tests/training/test_document_masking.py: per token).
+    --dataloader-inter-document-masking (the documents as packed sequences) under PP2 × VP2 trains alike too."""
     rng = np.random.default_rng(1)
     lengths = rng.integers(1, 20, size=600)
     tokens = rng.integers(0, 999, size=int(lengths.sum()))
@@ -282,3 +283,9 @@ def test_document_masking_trains_alike_on_every_pipeline_stage(tmp_path: Path) -
         assert pp_loss == pytest.approx(loss, rel=1e-5) and pp_norm == pytest.approx(norm, rel=1e-5)
     unmasked = train("unmasked", 1, "--reset-position-ids")
     assert abs(unmasked[0][0] - one[0][0]) > 1e-3
+    # The same boundaries as packed sequences (THD, SDPA per document): each micro-batch's two samples become one
+    # sequence of 128 tokens, also between the stages (fails if the receive buffers keep the [s, b, h] shape).
+    packed = train("packed-pp2-vp2", 2, "--dataloader-inter-document-masking", "--pipeline-model-parallel-size", "2",
+                   "--num-layers-per-virtual-pipeline-stage", "1")  # fmt: skip
+    for (loss, norm), (packed_loss, packed_norm) in zip(one, packed, strict=True):
+        assert packed_loss == pytest.approx(loss, rel=1e-5) and packed_norm == pytest.approx(norm, rel=1e-5)
