@@ -55,6 +55,7 @@ from megatron_ext.estimate.workload import Workload
 from megatron_ext.estimate.zero_bubble import Placement, simulate_zero_bubble
 from megatron_ext.parallel.layout import ParallelLayout
 from megatron_ext.parallel.pipeline import valid_group_sizes
+from megatron_ext.parallel.stages import balanced_layout
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-group")
 """The schedules compared that Megatron-Core's orders give (``run_schedule``)."""
@@ -293,6 +294,20 @@ def _relayout(layout: ParallelLayout, **changes: Any) -> tuple[ParallelLayout | 
     return (None if problems else candidate), problems
 
 
+def _with_vp(workload: Workload, estimate: LayoutEstimate, vp: int | None) -> dict[str, Any]:
+    """The changes that give ``estimate``'s layout ``vp`` model chunks per rank. A layout string sets VP by its
+    length, so it is replaced by the balanced string for ``vp`` chunks, as the search places such a layout
+    (``stages.balanced_splits``: the loss weighing what it costs in layers at this TP and micro-batch)."""
+    layout = estimate.layout
+    changes: dict[str, Any] = {"virtual_pipeline_model_parallel_size": vp}
+    if layout.pipeline_model_parallel_layout is not None:
+        cluster = estimate.cluster
+        loss = unit_times(workload, layout, cluster.gpu, gpus_per_node=cluster.gpus_per_node).output_in_layers
+        text = balanced_layout(layout.num_layers, layout.pp, vp or 1, embedding=0.0, loss=loss)
+        changes["pipeline_model_parallel_layout"] = text or None
+    return changes
+
+
 def _model_chunk_times(workload: Workload, estimate: LayoutEstimate) -> Callable[[ParallelLayout], ChunkTimes]:
     """(forward, backward) of one microbatch through every chunk of a layout with ``estimate``'s TP, MB, SP, CP."""
     split = _split_chunk_times(workload, estimate)
@@ -338,7 +353,7 @@ def _interleaved_layout(workload: Workload, estimate: LayoutEstimate) -> tuple[P
     # Every VP that Megatron-Core could split into (the checks say which): with the embedding and the loss
     # counted in the split, a rank's share of slots is not its layer count.
     for v in range(2, max(layout.layers_per_rank) + 3):
-        candidate, problems = _relayout(layout, virtual_pipeline_model_parallel_size=v)
+        candidate, problems = _relayout(layout, **_with_vp(workload, estimate, v))
         if candidate is None:
             reasons.append(problems[0])
             continue
@@ -382,9 +397,7 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
         )
 
     options = []
-    flat, problems = _relayout(
-        layout, virtual_pipeline_model_parallel_size=None, microbatch_group_size_per_vp_stage=None
-    )
+    flat, problems = _relayout(layout, **_with_vp(workload, estimate, None), microbatch_group_size_per_vp_stage=None)
     for schedule, label in (("gpipe", "GPipe (comparison only)"), ("1f1b", "1F1B")):
         if flat is None:
             options.append(ScheduleOption(schedule=schedule, label=label, trainable=schedule != "gpipe", layout=None,

@@ -493,6 +493,13 @@ def _layout_problems(split: StageSplit) -> list[str]:
             f"give pipeline × virtual stages, e.g. {nearest_multiples(len(entries), pp)}"
         )
         return p
+    if len(entries) != pp * split.vp:
+        # The string sets VP (Megatron-LM derives it from the length): a layout built with another VP is not one.
+        p.append(
+            f"pipeline_model_parallel_layout {text!r} has {len(entries)} stages, pipeline({pp}) × virtual"
+            f"({len(entries) // pp}), and contradicts virtual({split.vp}); the string sets the virtual pipeline size"
+        )
+        return p
     flat = "".join(entries)
     layers = flat.count("t")
     if layers != n:

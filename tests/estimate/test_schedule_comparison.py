@@ -338,3 +338,26 @@ def test_the_virtual_stages_compared_count_the_embedding_and_loss_slots() -> Non
     )
     schedules = _compared(args)
     assert schedules["interleaved"]["possible"] and schedules["interleaved"]["vp"] == 3
+
+
+def test_a_layout_string_the_search_places_is_compared_under_every_schedule() -> None:
+    """Before: the search places 22 layers on PP 8 with a balanced layout string, and comparing that layout's
+    schedules kept the string while trying other VPs (and 1F1B without its VP): an IndexError, or a placement of
+    the wrong layers. Each VP now gets the balanced string of its own length, as the search would place it."""
+    args = (
+        "--gpus 8 --gpus-per-node 8 --gpu h100-sxm --num-layers 22 --hidden-size 2048 --num-attention-heads 16 "
+        "--seq-length 2048 --vocab-size 50257 --tp 1 --pp 8 --micro-batch-size 1 --global-batch-size 24 "
+        "--pipeline-model-parallel-layout Ettt|tt|ttt|ttt|ttt|ttt|ttt|ttL --compare-schedules --json"
+    )
+    schedules = _compared(args)
+    assert all(s["possible"] for s in schedules.values()), schedules
+    interleaved = schedules["interleaved"]
+    assert interleaved["vp"] > 1 and schedules["1f1b"]["vp"] == 1
+    # A layout whose string and VP disagree is not one (Megatron-LM derives VP from the string).
+    _, problems = ParallelLayout.check(
+        **ParallelLayout.from_flags(
+            world_size=8, num_layers=22, num_attention_heads=16, pipeline_model_parallel_size=8,
+            pipeline_model_parallel_layout="Ettt|tt|ttt|ttt|ttt|ttt|ttt|ttL", global_batch_size=24,
+        ).as_values() | {"virtual_pipeline_model_parallel_size": 2}
+    )  # fmt: skip
+    assert any("contradicts virtual(2)" in p for p in problems)
