@@ -117,6 +117,13 @@ def spawn_ranks(
         return subprocess.CompletedProcess([str(script), *args], code, out.read(), err.read())
 
 
+def run_forked(script: Path, args: list[str], *, timeout: float = RUN_S) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGS`` as one process forked from the rank server (``spawn_ranks``' world of one): for a
+    tool or a test's own script that imports torch and Megatron-Core anyway, whose subject is not its start. Its
+    exit code is not checked."""
+    return spawn_ranks(args, nproc=1, timeout=timeout, script=script)
+
+
 def run_pretrain(
     args: list[str],
     *,
