@@ -23,8 +23,10 @@ pytestmark = pytest.mark.distributed
 
 def test_a_profile_calibrated_on_two_layouts_predicts_three_others(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
-    cmd = [sys.executable, str(REPO / "bench" / "calibration_bench.py"), "--repeats", "1", "--iters", "5"]
-    cmd += ["--warmup", "2", "--skip-beyond", "--keep", str(tmp_path / "runs"), "--json", str(out)]
+    # Two measured iterations after one of warm-up: what is fitted is what the layouts' predicted times are
+    # sensitive to (calibration.fit_profile), whatever the times measured; more iterations only steady those.
+    cmd = [sys.executable, str(REPO / "bench" / "calibration_bench.py"), "--repeats", "1", "--iters", "2"]
+    cmd += ["--warmup", "1", "--skip-beyond", "--keep", str(tmp_path / "runs"), "--json", str(out)]
     proc = waits.run(cmd, timeout=RUN_S, env=bench_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (predictions,) = json.loads(out.read_text())["rounds"]
