@@ -97,3 +97,30 @@ def test_a_benchmark_s_ranks_are_forked_through_the_client_and_end_with_it(tmp_p
     waits.wait_for(
         "the ranks to end with their client", lambda: not any(psutil.pid_exists(p) for p in sleeping), timeout=60
     )
+
+
+def test_a_benchmark_names_the_client_only_when_the_variable_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bench/train_throughput.py``'s ``pretrain_command``: a plain interpreter for one process, the launcher
+    for more (what the GPU machine runs, and tests/bench/test_train_throughput.py end to end), and with
+    ``BENCH_PRETRAIN_LAUNCHER`` (``bench_env``) the client's command instead."""
+    import importlib.util
+    import sys
+
+    from megatron_ext.cli.launch import local_command
+    from tests.conftest import PRETRAIN, REPO
+
+    spec = importlib.util.spec_from_file_location("train_throughput", REPO / "bench" / "train_throughput.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "train_throughput", bench)  # its dataclasses look their module up there
+    spec.loader.exec_module(bench)
+    assert bench.LAUNCHER_VARIABLE == rank_client.LAUNCHER_VARIABLE
+    monkeypatch.delenv(rank_client.LAUNCHER_VARIABLE, raising=False)
+    assert bench.pretrain_command(["--x", "1"], nproc=1) == [sys.executable, str(PRETRAIN), "--x", "1"]
+    launched, expected = bench.pretrain_command(["--x", "1"], nproc=2), local_command(PRETRAIN, ["--x", "1"], nproc=2)
+    port = expected.index("--master-port") + 1  # a free port, drawn anew by each
+    assert launched[:port] + launched[port + 1 :] == expected[:port] + expected[port + 1 :]
+    monkeypatch.setenv(rank_client.LAUNCHER_VARIABLE, "/some/python -m tests.rank_client")
+    assert bench.pretrain_command(["--x", "1"], nproc=2) == [
+        "/some/python", "-m", "tests.rank_client", "--nproc", "2", str(PRETRAIN), "--x", "1"
+    ]  # fmt: skip
