@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -92,9 +93,18 @@ def model_flags(name: str) -> list[str]:
     return [part for key, value in shape.items() for part in (f"--{key.replace('_', '-')}", str(value))]
 
 
+LAUNCHER_VARIABLE = "BENCH_PRETRAIN_LAUNCHER"
+"""A command that starts ``pretrain_gpt.py``'s processes in place of the ones ``pretrain_command`` names, given
+``--nproc N SCRIPT ARGS``: the test suite's forks them from a process that has imported torch and Megatron-Core
+(``tests/rank_client.py``), as it does its own runs'."""
+
+
 def pretrain_command(args: Sequence[str], *, nproc: int) -> list[str]:
     """``pretrain_gpt.py args`` on ``nproc`` processes of this machine: one runs as a plain process (a world of
-    one needs no launcher, whose own interpreter would cost as much as the run's start), more under ours."""
+    one needs no launcher, whose own interpreter would cost as much as the run's start), more under ours; with
+    ``BENCH_PRETRAIN_LAUNCHER`` set, under that command."""
+    if launcher := os.environ.get(LAUNCHER_VARIABLE):
+        return [*shlex.split(launcher), "--nproc", str(nproc), str(REPO / "pretrain_gpt.py"), *args]
     if nproc == 1:
         return [sys.executable, str(REPO / "pretrain_gpt.py"), *args]
     return local_command(REPO / "pretrain_gpt.py", list(args), nproc=nproc)

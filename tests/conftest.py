@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -17,7 +18,7 @@ import pytest
 from megatron_ext import notices
 from megatron_ext.cli.launch import chosen_exit_code, local_command
 from megatron_ext.training.ports import free_port as _free_port
-from tests import rank_server, waits
+from tests import rank_client, rank_server, waits
 from tests.once import once_per_run
 from tests.waits import QUICK_S, RUN_S, STOP_S, tail
 
@@ -47,6 +48,17 @@ def launch_command(args: list[str], *, nproc: int) -> list[str]:
 
 _RANKS = rank_server.RankServer(REPO, _env())
 """Forks the ranks of ``spawn_ranks`` from a process that has imported what a rank imports (``tests.rank_server``)."""
+
+
+def bench_env() -> dict[str, str]:
+    """The environment of a benchmark a test runs (``bench/train_throughput.py``'s runs: the GPU check's, the
+    calibration benchmark's): ``_env()``, with their ranks forked from this process's rank server
+    (``tests/rank_client.py``) unless ``MEGATRON_EXT_FORKED_RANKS=0``."""
+    env = _env()
+    if rank_server.enabled(env):
+        env[rank_client.LAUNCHER_VARIABLE] = shlex.join([sys.executable, "-m", "tests.rank_client"])
+        env[rank_client.SERVER_VARIABLE] = _RANKS.address()
+    return env
 
 
 def spawn_ranks(
@@ -103,6 +115,13 @@ def spawn_ranks(
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess([str(script), *args], code, out.read(), err.read())
+
+
+def run_forked(script: Path, args: list[str], *, timeout: float = RUN_S) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGS`` as one process forked from the rank server (``spawn_ranks``' world of one): for a
+    tool or a test's own script that imports torch and Megatron-Core anyway, whose subject is not its start. Its
+    exit code is not checked."""
+    return spawn_ranks(args, nproc=1, timeout=timeout, script=script)
 
 
 def run_pretrain(

@@ -17,6 +17,10 @@ seed (a fresh interpreter draws its own), so an order that depends on string has
 here. Tests whose subject is the process start (the launcher,
 signals through torchrun, the SLURM recipes, the peer-death tests) start plain interpreters; so does every test
 when ``MEGATRON_EXT_FORKED_RANKS=0``.
+
+The benchmarks a test runs (the GPU check's CPU rehearsal, the calibration benchmark) have their ranks forked
+here too: ``bench/train_throughput.py`` starts them with ``BENCH_PRETRAIN_LAUNCHER``, which the test sets to
+``tests/rank_client.py``; such a rank also ends when that client ends (``_end_with_client``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -99,7 +104,7 @@ def _serve(path: str) -> _Job:
             return _Job("", [], {}, "", [])
         if listener in readable:
             conn, _ = listener.accept()
-            data, fds, _, _ = socket.recv_fds(conn, _MESSAGE, 2)
+            data, fds, _, _ = socket.recv_fds(conn, _MESSAGE, 3)  # stdout, stderr, the client's pipe
             request = json.loads(data)
             pid = os.fork()
             if pid == 0:
@@ -130,8 +135,10 @@ def _run(job: _Job) -> None:
     os.dup2(devnull, 0)
     os.dup2(job.fds[0], 1)
     os.dup2(job.fds[1], 2)
-    for fd in (devnull, *job.fds):
+    for fd in (devnull, *job.fds[:2]):
         os.close(fd)
+    if len(job.fds) > 2:
+        _end_with_client(job.fds[2])
     os.chdir(job.cwd)
     os.environ.clear()
     os.environ.update(job.env)
@@ -150,6 +157,18 @@ def _run(job: _Job) -> None:
         sys.excepthook(type(exc), exc, exc.__traceback__)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
     _exit(code)
+
+
+def _end_with_client(watch: int) -> None:
+    """Kill this rank when the client that asked for it ends (``tests/rank_client.py``): ``watch`` is the read end
+    of a pipe whose write end only the client holds, and reads EOF then. The rank's own helpers end with it."""
+
+    def wait_for_eof() -> None:
+        while os.read(watch, 1):
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait_for_eof, name="end-with-client", daemon=True).start()
 
 
 def _exit_status(exc: SystemExit) -> int:
@@ -244,13 +263,17 @@ class RankServer:
                 self.proc.wait(timeout=STOP_S)
         shutil.rmtree(folder, ignore_errors=True)
 
+    def address(self) -> str:
+        """The server's socket, the server started if it is not running (``tests/rank_client.py`` connects to it)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        return self.path
+
     def start(
         self, script: Path, args: list[str], *, env: dict[str, str], stdout: IO[Any], stderr: IO[Any]
     ) -> ForkedRank:
-        if self.proc is None or self.proc.poll() is not None:
-            self._start()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        conn.connect(self.path)
+        conn.connect(self.address())
         request = {"script": str(script), "args": args, "env": env, "cwd": str(self.repo)}
         socket.send_fds(conn, [json.dumps(request).encode()], [stdout.fileno(), stderr.fileno()])
         return ForkedRank(conn, json.loads(conn.recv(_MESSAGE))["pid"])

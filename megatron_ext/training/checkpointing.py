@@ -422,6 +422,9 @@ def save_weights(root: str | Path, model: torch.nn.Module, cfg: TrainingConfig, 
     state: dict[str, Any] = model_sharded_state_dict([model])
     state.update(has_optimizer_state=False, rng_state=rng_sharded_object(cfg))
     state.update(records.common_state(cfg, iteration=0, consumed_samples=0, identity=identity))
+    # Its writer threads' results in a thread queue, as a run's synchronous save: Megatron-Core would otherwise
+    # spawn its own results-queue server (a second interpreter importing torch, unguarded) for this one save.
+    helper_processes.start_checkpoint_results_queue(across_processes=False)
     try:
         dist_checkpointing.save(state, str(target))
         dist.barrier()

@@ -34,10 +34,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a run collects its timers, not with the timers' names: the benchmarks that read a
+# run's metrics (bench/train_throughput.py, the GPU check's steps) start without it.
 
 STEP_TIMERS = ("forward-backward", "all-grads-sync", "optimizer")
 """Level 1: the parts of one optimizer step."""
@@ -158,6 +161,9 @@ class StepTimers:
 
     def collect(self) -> list[dict[str, float]]:
         """Seconds per timer since the last call, for every rank (reset afterwards)."""
+        import torch
+        import torch.distributed as dist
+
         names = timer_names(self.level)
         if not names:
             return []

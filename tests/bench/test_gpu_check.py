@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 from tests import waits
-from tests.conftest import REPO, _env
+from tests.conftest import REPO, _env, bench_env
 from tests.waits import QUICK_S, RUN_S
 
 
@@ -34,7 +34,7 @@ STEPS = ["throughput", "calculator", "kernels", "correctness"]
 def test_the_cpu_rehearsal_runs_every_step_and_writes_the_figures(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = waits.run(
-        ["bash", str(REPO / "scripts" / "gpu_check.sh"), str(out), "--cpu-rehearsal"], timeout=RUN_S, env=_env()
+        ["bash", str(REPO / "scripts" / "gpu_check.sh"), str(out), "--cpu-rehearsal"], timeout=RUN_S, env=bench_env()
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

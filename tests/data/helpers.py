@@ -11,17 +11,22 @@ from pathlib import Path
 import pytest
 
 from tests import waits
-from tests.conftest import REPO, _env
+from tests.conftest import REPO, _env, run_forked
 from tests.once import once_per_run
 from tests.waits import RUN_S
 
 TOOLS = REPO / "tools"
 
 
-def tool(name: str, *args: str, timeout: float = RUN_S, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run tools/NAME.py as a process; raise with its output when ``check`` and it fails."""
-    env = _env()
-    proc = waits.run([sys.executable, str(TOOLS / f"{name}.py"), *args], timeout=timeout, env=env, cwd=REPO)
+def tool(
+    name: str, *args: str, timeout: float = RUN_S, check: bool = True, forked: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run tools/NAME.py as a process; raise with its output when ``check`` and it fails. ``forked``: a process
+    forked from the rank server (``run_forked``), for a tool that imports torch and Megatron-Core anyway."""
+    if forked:
+        proc = run_forked(TOOLS / f"{name}.py", list(args), timeout=timeout)
+    else:
+        proc = waits.run([sys.executable, str(TOOLS / f"{name}.py"), *args], timeout=timeout, env=_env(), cwd=REPO)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -1,6 +1,7 @@
-"""Run as one process by tests/huggingface/test_export.py (Megatron-Core's process-group state is per process):
+"""Run as one process by tests/huggingface/test_export.py (Megatron-Core's process-group state is per process),
+forked from the rank server (``conftest.run_forked``):
 
-    python -m tests.huggingface.compare JOBS.json   → one JSON object per job, in a JSON list
+    python tests/huggingface/compare.py JOBS.json   → one JSON object per job, in a JSON list
 
 Each job names a checkpoint, a transformers directory, an imported checkpoint and a work directory.
 What the command lines did not already do is done here, through the library: the export (when the

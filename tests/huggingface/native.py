@@ -1,6 +1,7 @@
-"""Run as one process by tests/huggingface/test_native.py (Megatron-Core's process-group state is per process):
+"""Run as one process by tests/huggingface/test_native.py and test_gelu_new_and_linear_rope.py (Megatron-Core's
+process-group state is per process), forked from the rank server (``conftest.run_forked``):
 
-    python -m tests.huggingface.native JOBS.json   → one JSON object per job, in a JSON list
+    python tests/huggingface/native.py JOBS.json   → one JSON object per job, in a JSON list
 
 Each job is a model built by ``transformers`` itself (not exported by us first), with random weights, norms
 and biases drawn away from their initial values so that a wrongly mapped one shows. Its directory is imported

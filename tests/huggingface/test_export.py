@@ -14,31 +14,22 @@ rest runs in one comparing process (tests/huggingface/compare.py). The README de
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests import waits
-from tests.conftest import REPO, SavedRun, _env, read_metrics
+from tests.conftest import REPO, SavedRun, read_metrics, run_forked
 from tests.data.helpers import tool
-from tests.waits import RUN_S
 
 pytestmark = pytest.mark.distributed
 
 
 def compare(jobs: list[dict[str, str]], tmp_path: Path) -> list[dict[str, Any]]:
     """tests/huggingface/compare.py's findings, one per job (a process of its own: Megatron-Core's state is
-    per process)."""
+    per process; forked from the rank server, as are the command lines')."""
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    env = _env()
-    proc = waits.run(
-        [sys.executable, "-m", "tests.huggingface.compare", str(tmp_path / "jobs.json")],
-        timeout=RUN_S,
-        env=env,
-        cwd=REPO,
-    )
+    proc = run_forked(REPO / "tests" / "huggingface" / "compare.py", [str(tmp_path / "jobs.json")])
     assert proc.returncode == 0, proc.stderr[-4000:]
     return list(json.loads(proc.stdout.strip().splitlines()[-1]))
 
@@ -47,12 +38,22 @@ def test_exports_match_megatron_and_round_trip(pipeline_run: SavedRun, tp2_run: 
     runs = {"llama-pp2-vp2": pipeline_run, "gpt2-tp2": tp2_run}
     work = {name: tmp_path / name for name in runs}
     llama = work["llama-pp2-vp2"]
-    out = tool("convert_checkpoint", "to-hf", "--load", str(pipeline_run.checkpoint), "--output", str(llama / "hf"))
+    out = tool(
+        "convert_checkpoint",
+        "to-hf",
+        "--load",
+        str(pipeline_run.checkpoint),
+        "--output",
+        str(llama / "hf"),
+        forked=True,
+    )
     assert "exported iteration 16 as llama" in out.stdout, out.stdout
     dry = tool("convert_checkpoint", "from-hf", "--input", str(llama / "hf"), "--save", str(llama / "imported"),
-               "--dry-run")  # fmt: skip
+               "--dry-run", forked=True)  # fmt: skip
     assert not (llama / "imported").exists(), dry.stdout
-    out = tool("convert_checkpoint", "from-hf", "--input", str(llama / "hf"), "--save", str(llama / "imported"))
+    out = tool(
+        "convert_checkpoint", "from-hf", "--input", str(llama / "hf"), "--save", str(llama / "imported"), forked=True
+    )
     assert "continue pretraining with: pretrain_gpt.py --load" in out.stdout and "--swiglu" in out.stdout, out.stdout
     # The dry run prints the same command (the tokenizer's files named where the import puts them).
     assert dry.stdout.splitlines()[-1] == out.stdout.splitlines()[-1], (dry.stdout, out.stdout)

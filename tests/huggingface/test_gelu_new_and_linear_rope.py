@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,7 @@ import torch.nn.functional as F
 from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.training_config import parse_args
 from megatron_ext.training import model as training_model  # before Megatron-Core: its fusions eager on CPU, as in runs
-from tests import waits
-from tests.conftest import REPO, _env
-from tests.waits import RUN_S
+from tests.conftest import REPO, run_forked
 
 GPT2_SHAPE = {
     "vocab_size": 1536, "n_embd": 128, "n_layer": 2, "n_head": 4, "n_positions": 128, "bos_token_id": 1,
@@ -200,12 +197,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     work = tmp_path_factory.mktemp("tanh-linear")
     jobs = [spec | {"name": name, "work": str(work / name)} for name, spec in JOBS.items()]
     (work / "jobs.json").write_text(json.dumps(jobs))
-    proc = waits.run(
-        [sys.executable, "-m", "tests.huggingface.native", str(work / "jobs.json")],
-        timeout=RUN_S,
-        env=_env(),
-        cwd=REPO,
-    )
+    proc = run_forked(REPO / "tests" / "huggingface" / "native.py", [str(work / "jobs.json")])
     assert proc.returncode == 0, proc.stderr[-4000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     return {name: found[i] for i, name in enumerate(JOBS)}

@@ -14,16 +14,13 @@ under torchrun, with the flags the import printed.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests import waits
-from tests.conftest import REPO, _env, read_metrics, run_pretrain
+from tests.conftest import REPO, read_metrics, run_forked, run_pretrain
 from tests.data.helpers import shared_data, tool
-from tests.waits import RUN_S
 
 pytestmark = pytest.mark.distributed
 
@@ -100,10 +97,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
         for name, spec in JOBS.items()
     ]
     (work / "jobs.json").write_text(json.dumps(jobs))
-    env = _env()
-    proc = waits.run(
-        [sys.executable, "-m", "tests.huggingface.native", str(work / "jobs.json")], timeout=RUN_S, env=env, cwd=REPO
-    )
+    proc = run_forked(REPO / "tests" / "huggingface" / "native.py", [str(work / "jobs.json")])
     assert proc.returncode == 0, proc.stderr[-4000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     return {name: found[i] | {"work": jobs[i]["work"]} for i, name in enumerate(JOBS)}
@@ -154,7 +148,13 @@ def test_continued_pretraining_starts_at_transformers_loss(results: dict[str, di
         assert first["lm_loss"] == pytest.approx(result["hf_loss"], rel=1e-5), (name, first, result["hf_loss"])
     assert "GPTSentencePieceTokenizer" in results["llama-3.1"]["argv"]
     tool(
-        "convert_checkpoint", "to-hf", "--load", str(tmp_path / "llama-3.1-continued"), "--output", str(tmp_path / "hf")
+        "convert_checkpoint",
+        "to-hf",
+        "--load",
+        str(tmp_path / "llama-3.1-continued"),
+        "--output",
+        str(tmp_path / "hf"),
+        forked=True,
     )
     original = Path(results["llama-3.1"]["work"]) / "hf"
     for file in ("generation_config.json", "tokenizer.model"):
