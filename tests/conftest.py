@@ -9,18 +9,17 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from megatron_ext import notices
-from megatron_ext.cli.launch import chosen_exit_code, local_command
+from megatron_ext.cli.launch import local_command
 from megatron_ext.training.ports import free_port as _free_port
 from tests import rank_client, rank_server, waits
 from tests.once import once_per_run
-from tests.waits import QUICK_S, RUN_S, STOP_S, tail
+from tests.waits import QUICK_S, RUN_S, tail
 
 REPO = Path(__file__).resolve().parent.parent
 PRETRAIN = REPO / "pretrain_gpt.py"
@@ -87,31 +86,16 @@ def spawn_ranks(
                     [sys.executable, str(script), *args], stdout=out, stderr=err, env=rank_env, cwd=REPO
                 )
             )
-        deadline = time.monotonic() + timeout
-        failed_at: float | None = None
-        while any(r.poll() is None for r in ranks):
-            now = time.monotonic()
-            if failed_at is None and any((r.returncode or 0) != 0 for r in ranks):
-                failed_at = now
-            # A failed rank leaves the others waiting in a collective: end them, as torchrun does.
-            if now > deadline or (failed_at is not None and now > failed_at + 30):
-                for r in ranks:
-                    if r.poll() is None:
-                        r.kill()
-                for r in ranks:
-                    r.wait(timeout=STOP_S)
-                if now > deadline:
-                    out.seek(0)
-                    err.seek(0)
-                    pytest.fail(
-                        f"{nproc} rank(s) of {script.name} did not finish in {timeout:.0f} s (killed; exit codes "
-                        f"{[r.returncode for r in ranks]}): {' '.join(args)}\n"
-                        f"--- stdout ---\n{tail(out.read())}\n--- stderr ---\n{tail(err.read())}"
-                    )
-                break
-            time.sleep(0.05)
-        failed = [r.returncode for r in ranks if r.returncode != 0]
-        code = chosen_exit_code(failed) if failed else 0
+        # A failed rank leaves the others waiting in a collective: they are ended, as torchrun does.
+        if not rank_client.wait_ranks(ranks, timeout=timeout, poll_s=0.05):
+            out.seek(0)
+            err.seek(0)
+            pytest.fail(
+                f"{nproc} rank(s) of {script.name} did not finish in {timeout:.0f} s (killed; exit codes "
+                f"{[r.returncode for r in ranks]}): {' '.join(args)}\n"
+                f"--- stdout ---\n{tail(out.read())}\n--- stderr ---\n{tail(err.read())}"
+            )
+        code = rank_client.exit_code(ranks)
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess([str(script), *args], code, out.read(), err.read())

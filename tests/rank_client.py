@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from megatron_ext.cli.launch import chosen_exit_code
 from megatron_ext.training.ports import free_port
@@ -60,9 +61,10 @@ def start_ranks(server: str, script: Path, args: list[str], *, nproc: int, watch
     return ranks
 
 
-def wait_ranks(ranks: list[ForkedRank], *, timeout: float) -> int:
-    """The ranks' exit code, as the launcher reports it; past ``timeout`` (or 30 s after one failed) the ranks
-    still running are killed."""
+def wait_ranks(ranks: Sequence[Any], *, timeout: float, poll_s: float = 0.02) -> bool:
+    """Wait for the ranks (``Popen``-like: ``poll``, ``kill``, ``wait``, ``returncode``), as a launcher does: past
+    ``timeout``, or ``FAILED_GRACE_S`` after one failed (the others wait in a collective), the ranks still running
+    are killed. True when they all ended by themselves before the timeout."""
     deadline = time.monotonic() + timeout
     failed_at: float | None = None
     while any(r.poll() is None for r in ranks):
@@ -71,13 +73,17 @@ def wait_ranks(ranks: list[ForkedRank], *, timeout: float) -> int:
             failed_at = now
         if now > deadline or (failed_at is not None and now > failed_at + FAILED_GRACE_S):
             for r in ranks:
-                r.kill()
+                if r.poll() is None:
+                    r.kill()
             for r in ranks:
                 r.wait(timeout=STOP_S)
-            if now > deadline:
-                print(f"rank_client: the ranks did not finish in {timeout:g} s (killed)", file=sys.stderr)
-            break
-        time.sleep(0.02)
+            return now <= deadline
+        time.sleep(poll_s)
+    return True
+
+
+def exit_code(ranks: Sequence[Any]) -> int:
+    """The ranks' exit code as the launcher reports it (``chosen_exit_code`` of the failed ones)."""
     failed = [r.returncode for r in ranks if r.returncode != 0]
     return chosen_exit_code(x for x in failed if x is not None) if failed else 0
 
@@ -95,9 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     watch, held = os.pipe()  # ``held`` stays open in this process only, until it ends
     ranks = start_ranks(server, given.script.resolve(), given.args, nproc=given.nproc, watch=watch)
     os.close(watch)
-    code = wait_ranks(ranks, timeout=RUN_S)
+    if not wait_ranks(ranks, timeout=RUN_S):
+        print(f"rank_client: the ranks did not finish in {RUN_S:g} s (killed)", file=sys.stderr)
     os.close(held)
-    return code
+    return exit_code(ranks)
 
 
 if __name__ == "__main__":
