@@ -4,7 +4,8 @@
 For every model preset (its published global batch, else 1,024 sequences), on clusters of 8, 64, 512 and 3,072
 H100s, it runs the search (even and uneven stage splits, sequence parallelism and the distributed optimizer, as
 ``tools/layout.py --search`` with both) and then compares the schedules of its best layouts (``--layouts``; 0:
-every valid layout it found, fitting or not). The slowest answers go into docs/performance.md; the goal is every answer within 2 s::
+every valid layout it found, fitting or not). One row per model and cluster, the slowest answers last; the
+figures go into docs/performance.md (the goal: every answer within 2 s)::
 
     python bench/schedule_comparison_bench.py --layouts 3
 """
@@ -43,6 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, nargs="+", default=[8, 64, 512, 3072])
     parser.add_argument("--gpu", default="h100-sxm", help="hardware profile (tools/layout.py --gpu)")
+    parser.add_argument("--models", nargs="+", choices=list(PRESETS), help="presets (default: every one)")
     parser.add_argument("--limit", type=float, default=2.0, help="seconds an answer may take")
     parser.add_argument(
         "--layouts",
@@ -58,7 +60,9 @@ def main() -> None:
     slowest_search, slowest_compare = Slowest(), Slowest()
     over = 0
     start = time.perf_counter()
-    for preset in PRESETS.values():
+    print(f"{'model':<14} {'GPUs':>5} {'search s':>9} {'layouts':>8} {'compare s (max)':>16}  slowest layout compared")
+    presets = [PRESETS[name] for name in args.models] if args.models else list(PRESETS.values())
+    for preset in presets:
         batch = preset.global_batch_size or DEFAULT_BATCH
         workload = Workload(model=ModelArgs(**preset.model_flags()), precision="bf16")
         for gpus in args.gpus:
@@ -72,14 +76,22 @@ def main() -> None:
             search_s.append(seconds)
             slowest_search.see(seconds, f"{name}: {result.candidates} candidates")
             over += seconds > args.limit
+            row = Slowest()
             for estimate in result.estimates[: args.layouts or None]:
                 t0 = time.perf_counter()
                 compare_schedules(workload, estimate)
                 seconds = time.perf_counter() - t0
                 compare_s.append(seconds)
                 layout = estimate.layout
-                slowest_compare.see(seconds, f"{name}: {layout.describe()[0]}, layers {layout.layers_per_rank}")
+                what = f"TP {layout.tp} PP {layout.pp} VP {layout.vp}, {layout.num_microbatches} microbatches"
+                row.see(seconds, what)
+                slowest_compare.see(seconds, f"{name}: {what}")
                 over += seconds > args.limit
+            print(
+                f"{preset.name:<14} {gpus:>5} {search_s[-1]:>9.3f} {len(result.estimates):>8} {row.seconds:>16.3f}  "
+                f"{row.what}",
+                flush=True,
+            )
     print(
         f"searches        {len(search_s):5d}  median {statistics.median(search_s):.3f} s  "
         f"max {slowest_search.seconds:.3f} s ({slowest_search.what})"
