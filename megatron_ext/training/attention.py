@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -133,9 +134,9 @@ class SDPAttention(MegatronModule):
             raise ValueError(f"SDPAttention takes packed sequences in the THD form, not {params.qkv_format!r}")
         if params.cu_seqlens_q_padded is not None or params.cu_seqlens_kv_padded is not None:
             raise ValueError("SDPAttention does not support padded packed sequences (cu_seqlens_*_padded)")
-        if not torch.equal(params.cu_seqlens_q, params.cu_seqlens_kv) or attention_mask is not None:
+        if params.cu_seqlens_q is not params.cu_seqlens_kv or attention_mask is not None:
             raise ValueError("SDPAttention attends packed documents to themselves: one cu_seqlens and no mask")
-        bounds = params.cu_seqlens_q.tolist()
+        bounds = _document_bounds(params.cu_seqlens_q)
         if bounds[0] != 0 or bounds[-1] != query.shape[0]:
             raise ValueError(f"cu_seqlens {bounds[0]}..{bounds[-1]} do not span the {query.shape[0]} packed tokens")
         causal = mask_type == AttnMaskType.causal
@@ -204,6 +205,18 @@ class SDPAttention(MegatronModule):
         flash_allowed = self.kernels is None or self.kernels == sdpa_kernels("flash")
         half = query.dtype in (torch.float16, torch.bfloat16)
         return query.is_cuda and half and mask is None and flash_allowed
+
+
+_last_bounds: tuple[weakref.ref[Tensor], list[int]] | None = None
+"""The last micro-batch's ``cu_seqlens`` and its Python ints: read once (one device-to-host copy) for all the
+layers that attend over it, not once per layer."""
+
+
+def _document_bounds(cu_seqlens: Tensor) -> list[int]:
+    global _last_bounds
+    if _last_bounds is None or _last_bounds[0]() is not cu_seqlens:
+        _last_bounds = (weakref.ref(cu_seqlens), cu_seqlens.tolist())
+    return _last_bounds[1]
 
 
 def _kernel_choice(kernels: list[Any] | None) -> Any:
