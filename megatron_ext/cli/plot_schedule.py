@@ -163,15 +163,16 @@ def _compare(args: argparse.Namespace, out: TextIO, weight_time: float) -> int:
         label = schedule_label(run)
         peak = run.in_flight_microbatches[0]
         print(
-            f"{label:<46} {run.bubble_share:>7.2%} {run.p2p_exposed:>7.3g} {run.timeline.makespan:>9.4g} "
+            f"{label:<46} {run.bubble_share:>7.2%} {run.p2p_exposed:>7.3g} {run.makespan:>9.4g} "
             f"{peak:>16.3g} {max(run.messages):>8}",
             file=out,
         )
         heading = (
-            f"{label}: step {run.timeline.makespan:g}, bubble {run.bubble_share:.1%} of the step, rank 0 holds up "
+            f"{label}: step {run.makespan:g}, bubble {run.bubble_share:.1%} of the step, rank 0 holds up "
             f"to {peak:g} microbatches of activations"
         )
         curve = [(a, b, live / run.vp) for a, b, live in in_flight_curve(run, 0)]
+        assert run.timeline is not None  # runs_for_picture simulates every pass
         panels.append((run.timeline, heading, MemoryStrip(f"peak {peak:g} microbatches", curve, scale)))
     stem = args.output or Path(f"schedules_p{p}_v{v}_m{m}")
     png, svg = write_comparison(panels, stem, width=args.width)
@@ -224,9 +225,11 @@ def _measured(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     times = chunk_times(step, v, "FBW" if split else "FB")
     schedule = "zb-interleaved" if v > 1 else "zb-h1"
     if split:
-        simulated = run_zero_bubble(
-            schedule, pp=p, num_microbatches=m, chunk_times=cast(Any, times), p2p_time=0.0
+        pictured = run_zero_bubble(
+            schedule, pp=p, num_microbatches=m, chunk_times=cast(Any, times), p2p_time=0.0, whole=True
         ).timeline
+        assert pictured is not None  # whole: every pass placed
+        simulated = pictured
     else:
         simulated = simulate(pp=p, vp=v, num_microbatches=m, chunk_times=cast(Any, times))
     busy = [sum(map(sum, row)) * m for row in times]

@@ -42,19 +42,24 @@ synchronously, so a rank that sends is busy for the transfer
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from megatron_ext.parallel.layout import ParallelLayout
 from megatron_ext.parallel.pipeline import bubble_fraction, warmup_passes
 
+KINDS = "FBW"
+"""Pass kinds: forward, backward (with the weight gradients unless a W is split off), weight gradients
+(zero-bubble schedules, ``zero_bubble.py``)."""
 
-@dataclass(frozen=True)
-class PipelinePass:
-    """One forward or backward pass of one microbatch through one model chunk."""
+
+class PipelinePass(NamedTuple):
+    """One forward or backward pass of one microbatch through one model chunk (a named tuple: a step holds
+    hundreds of thousands, made and read in the simulator's inner loop)."""
 
     kind: str
-    """``F`` (forward) or ``B`` (backward)."""
+    """``F`` (forward), ``B`` (backward) or ``W`` (weight gradients split off the backward; ``KINDS``)."""
     microbatch: int
     """Microbatch index within the step (0-based, as Megatron-Core counts)."""
     chunk: int
@@ -105,8 +110,9 @@ def peak_in_flight(order: Sequence[PipelinePass]) -> int:
 
 
 def sends(step: PipelinePass, *, pp: int, vp: int, pipeline_rank: int) -> bool:
-    """Whether the pass's output goes to another rank: all but the last virtual stage's forward and the first's backward."""
-    if pp == 1:
+    """Whether the pass's output goes to another rank: all but the last virtual stage's forward and the first's
+    backward (a W's output, weight gradients, stays)."""
+    if pp == 1 or step.kind == "W":
         return False
     if step.kind == "F":
         return (pipeline_rank, step.chunk) != (pp - 1, vp - 1)
@@ -150,8 +156,7 @@ def schedule_order(
     return order
 
 
-@dataclass(frozen=True)
-class TimedPass:
+class TimedPass(NamedTuple):
     """A pass placed on the timeline."""
 
     rank: int
@@ -222,7 +227,7 @@ def simulate(
     p2p_time: float = 0.0,
     orders: list[list[PipelinePass]] | None = None,
     group_size: int | None = None,
-    chunk_times: Sequence[Sequence[tuple[float, float]]] | None = None,
+    chunk_times: Sequence[Sequence[tuple[float, ...]]] | None = None,
     blocking_p2p: bool = False,
 ) -> Timeline:
     """Place every pass at the earliest time its rank and input allow.
@@ -235,7 +240,9 @@ def simulate(
     (``schedule_order``); a recorded order can be given instead.
     ``chunk_times[rank][chunk]`` gives (forward, backward) of one microbatch
     through that chunk, for uneven or measured stages; by default every chunk
-    takes ``forward_time / vp`` and ``backward_time / vp``.
+    takes ``forward_time / vp`` and ``backward_time / vp``. Orders with W passes
+    (a zero-bubble schedule's) take (F, B, W) per chunk; a W needs only its own
+    B, which its rank's order runs before it.
     """
     if forward_time <= 0 or backward_time <= 0 or p2p_time < 0:
         raise ValueError("forward and backward times must be positive and the p2p time non-negative")
@@ -251,42 +258,41 @@ def simulate(
     times = chunk_times or uniform_chunk_times(pp=pp, vp=vp, forward_time=forward_time, backward_time=backward_time)
     if chunk_times is not None:
         # The timeline's ideal is the slowest stage's busy time: it sets the pace.
-        slowest = max(times, key=lambda row: sum(f + b for f, b in row))
-        forward_time, backward_time = sum(f for f, _ in slowest), sum(b for _, b in slowest)
+        slowest = max(times, key=lambda row: sum(map(sum, row)))
+        forward_time, backward_time = sum(t[0] for t in slowest), sum(sum(t[1:]) for t in slowest)
     m = num_microbatches
 
-    def key(rank: int, kind: str, mb: int, chunk: int) -> int:
-        """Index of a pass in ``done`` (every pass once per step)."""
-        return ((rank * 2 + (kind == "B")) * m + mb) * vp + chunk
-
-    def dependency(rank: int, step: PipelinePass) -> tuple[int, bool]:
-        """(key of the pass whose output this one needs, or -1; whether it comes from another rank)."""
-        mb, c = step.microbatch, step.chunk
-        if step.kind == "F":
-            if rank > 0:
-                return key(rank - 1, "F", mb, c), True
-            return (key(pp - 1, "F", mb, c - 1), pp > 1) if c > 0 else (-1, False)
-        if rank < pp - 1:
-            return key(rank + 1, "B", mb, c), True
-        return (key(0, "B", mb, c + 1), pp > 1) if c < vp - 1 else (key(rank, "F", mb, c), False)
-
-    # Per rank, every pass with what it needs precomputed: (pass, own key, dependency, remote, duration, hold).
-    plans = [
-        [
-            (
-                step,
-                key(rank, step.kind, step.microbatch, step.chunk),
-                *dependency(rank, step),
-                times[rank][step.chunk][step.kind == "B"],
-                p2p_time if blocking_p2p and sends(step, pp=pp, vp=vp, pipeline_rank=rank) else 0.0,
-            )
-            for step in order
-        ]
-        for rank, order in enumerate(orders)
-    ]
     if any(step.microbatch >= m or step.chunk >= vp for order in orders for step in order):
         raise ValueError(f"an order names a microbatch or chunk outside m={m}, v={vp}")
-    done = [-1.0] * (2 * pp * m * vp)
+    # Every pass has its index in ``done``, ((rank·3 + kind)·m + mb)·v + chunk, and per rank a plan of
+    # (pass, own index, the index of the pass whose output it needs or -1, whether that comes from another
+    # rank, duration, what a blocking send holds the rank after it).
+    kind_index = {kind: k for k, kind in enumerate(KINDS)}
+    stride = m * vp  # one kind of one rank
+    plans = []
+    for rank, order in enumerate(orders):
+        plan = []
+        row = times[rank]
+        for step in order:
+            kind, mb, c = step
+            k = kind_index[kind]
+            offset = mb * vp + c
+            if k == 2:  # W: its own B runs before it on the same rank, as the order sees to
+                dep, remote = -1, False
+            elif k == 0 and rank > 0:  # F: the same chunk's output from the previous rank
+                dep, remote = (rank - 1) * 3 * stride + offset, True
+            elif k == 0:  # rank 0: the previous chunk's from the last rank
+                dep, remote = ((pp - 1) * 3 * stride + offset - 1, pp > 1) if c > 0 else (-1, False)
+            elif rank < pp - 1:  # B: the same chunk's gradient from the next rank
+                dep, remote = ((rank + 1) * 3 + 1) * stride + offset, True
+            elif c < vp - 1:  # the last rank: the next chunk's from rank 0
+                dep, remote = stride + offset + 1, pp > 1
+            else:  # the last stage: its own forward
+                dep, remote = rank * 3 * stride + offset, False
+            hold = p2p_time if blocking_p2p and sends(step, pp=pp, vp=vp, pipeline_rank=rank) else 0.0
+            plan.append((step, (rank * 3 + k) * stride + offset, dep, remote, row[c][k], hold))
+        plans.append(plan)
+    done = [-1.0] * (3 * pp * m * vp)
     placed: list[list[TimedPass]] = [[] for _ in range(pp)]
     free = [0.0] * pp
     position = [0] * pp
@@ -303,7 +309,8 @@ def simulate(
                         break
                     if remote:
                         ready += p2p_time
-                    clock = max(clock, ready)
+                    if ready > clock:
+                        clock = ready
                 end = clock + duration
                 done[own] = end
                 placed[rank].append(TimedPass(rank, step, clock, end))
@@ -323,3 +330,89 @@ def simulate(
         backward_time=backward_time,
         passes=tuple(p for rank in placed for p in rank),
     )
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """What a comparison reads off one simulated step."""
+
+    makespan: float
+    """The step's length."""
+    in_flight: tuple[int, ...]
+    """Per rank, the most (microbatch, chunk) passes whose activations it holds at once."""
+    messages: tuple[int, ...]
+    """Per rank, the activations and gradients it sends to another rank."""
+
+
+STEADY_TOLERANCE = 1e-9
+"""Relative difference (of the step) below which two passes' shifts count as equal."""
+
+
+def figures_at_scale(
+    place: Callable[[int], tuple[StepFigures, Sequence[TimedPass]]],
+    *,
+    num_microbatches: int,
+    pp: int,
+    vp: int = 1,
+    group_size: int | None = None,
+    phased: bool = False,
+) -> StepFigures:
+    """The figures of ``place(num_microbatches)`` (a step placed: its figures and its passes), read off a shorter
+    step when the step is long and that shorter step has reached its steady state.
+
+    A fixed order repeats every ``period`` microbatches past its warm-up (1 without interleaving, the microbatch
+    group with it), and its passes' times follow from the times before them by the same max-plus recurrence
+    in every repetition. Once every pass of a window of repetitions ends exactly ``λ`` after the same pass one
+    repetition earlier, each later repetition does too, up to the cool-down, which is then the shorter step's
+    shifted. So the step of ``m`` microbatches is the step of ``n ≡ m`` (modulo the period, so that the last
+    group is alike) plus ``(m − n)/period`` times ``λ``; the peaks are the shorter step's (reached in the
+    warm-up) and the messages grow with ``m``. With rank 0's warm-up of ``w`` microbatches (``p − 1``, or
+    ``(2(p − 1) + (v − 1)·N)/v`` interleaved), ``n`` starts at three spans of ``w + period + 1`` microbatches
+    and two periods (warm-up and transient, the window, the cool-down) and doubles until the window repeats
+    (a pipeline whose stages are nearly even can take long to settle) or the step is simulated whole.
+    ``phased`` (GPipe): all forward passes run before the backward passes, so each phase repeats with its own
+    shift once both do, and a repetition adds both. ``tests/estimate/test_schedule_comparison.py`` checks this
+    against whole steps.
+    """
+    m = num_microbatches
+    period = (group_size or pp) if vp > 1 else 1
+    # How far apart (in microbatches) the passes that wait on each other are: rank 0's warm-up, unclamped
+    # (past it no rank's warm-up depends on m), and a group, over which the table spreads a microbatch's chunks.
+    warmup = warmup_passes(pp=pp, vp=vp, num_microbatches=pp * vp * period, pipeline_rank=0, group_size=group_size)
+    span = -(-warmup // vp) + period + 1
+    n = 3 * span + 2 * period
+    while n + (m - n) % period < m:
+        n += (m - n) % period
+        figures, passes = place(n)
+        shifts = _steady_shifts(passes, microbatches=n, period=period, span=span, step=figures.makespan)
+        if shifts is not None and (
+            phased or max(shifts.values()) - min(shifts.values()) <= STEADY_TOLERANCE * figures.makespan
+        ):
+            shift = sum(shifts.values()) if phased else max(shifts.values())
+            return StepFigures(
+                makespan=figures.makespan + (m - n) // period * shift,
+                # GPipe holds every microbatch at once; the others' peaks are reached in the warm-up.
+                in_flight=tuple(k * m // n for k in figures.in_flight) if phased else figures.in_flight,
+                messages=tuple(k * m // n for k in figures.messages),  # each rank sends per microbatch
+            )
+        n *= 2
+    return place(m)[0]
+
+
+def _steady_shifts(
+    passes: Sequence[TimedPass], *, microbatches: int, period: int, span: int, step: float
+) -> dict[str, float] | None:
+    """Per kind of pass, the time every pass of the microbatches ``[n − period − 2·span, n − period − span)``
+    ends after the same pass ``period`` microbatches earlier, when it is one time for all of them (else None)."""
+    high = microbatches - period - span
+    low = high - span
+    if low < span:
+        return None
+    end = {(p.rank, *p.step): p.end for p in passes if low <= p.step.microbatch < high + period}
+    shifts: dict[str, list[float]] = {}
+    for (rank, kind, mb, chunk), when in end.items():
+        if mb < high:
+            shifts.setdefault(kind, []).append(end[(rank, kind, mb + period, chunk)] - when)
+    if not shifts or any(abs(s - found[0]) > STEADY_TOLERANCE * step for found in shifts.values() for s in found):
+        return None
+    return {kind: found[0] for kind, found in shifts.items()}

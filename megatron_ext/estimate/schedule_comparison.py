@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,10 @@ from megatron_ext.estimate.flops import layer_forward_flops
 from megatron_ext.estimate.memory import estimate_memory
 from megatron_ext.estimate.pipeline_schedule import (
     PipelinePass,
+    StepFigures,
+    TimedPass,
     Timeline,
+    figures_at_scale,
     gpipe_order,
     messages_sent,
     peak_in_flight,
@@ -52,7 +55,7 @@ from megatron_ext.estimate.pipeline_schedule import (
 from megatron_ext.estimate.search import LayoutEstimate, evaluate, zero_bubble_possible
 from megatron_ext.estimate.step_time import p2p_bandwidth, p2p_message_bytes, unit_times
 from megatron_ext.estimate.workload import Workload
-from megatron_ext.estimate.zero_bubble import Placement, simulate_zero_bubble
+from megatron_ext.estimate.zero_bubble import simulate_zero_bubble, zero_bubble_at_scale, zero_bubble_figures
 from megatron_ext.parallel.layout import ParallelLayout
 from megatron_ext.parallel.pipeline import valid_group_sizes
 from megatron_ext.parallel.stages import balanced_layout
@@ -73,7 +76,7 @@ ChunkTimes3 = list[list[tuple[float, float, float]]]
 
 @dataclass(frozen=True)
 class ScheduleRun:
-    """One schedule simulated on one pipeline: its timelines and what its order implies."""
+    """One schedule simulated on one pipeline: its step and what its order implies."""
 
     schedule: str
     """One of ``SCHEDULES``."""
@@ -81,26 +84,30 @@ class ScheduleRun:
     """Model chunks per rank (1 for GPipe and 1F1B)."""
     group_size: int | None
     """Interleaved 1F1B's microbatch group (None: Megatron-Core's default, ``p``)."""
-    timeline: Timeline
+    makespan: float
     """The step with the point-to-point transfers."""
     compute_makespan: float
     """The same step with free transfers."""
+    ideal: float
+    """The slowest stage's busy time: ``m`` times its F and B (and W) passes."""
     in_flight_chunks: tuple[int, ...]
     """Peak (microbatch, chunk) passes in flight on every rank."""
     messages: tuple[int, ...]
     """Messages every rank sends to another rank per step."""
+    timeline: Timeline | None = None
+    """Every pass of the step with the transfers (``whole=True``, for pictures); None when the step was read off
+    shorter ones (``pipeline_schedule.figures_at_scale``)."""
 
     @property
     def bubble_share(self) -> float:
         """Idle share of the step with free transfers (the schedule's own bubble)."""
-        t = self.timeline
-        busy = t.ideal
-        return (self.compute_makespan - busy) / self.compute_makespan if self.compute_makespan > 0 else 0.0
+        span = self.compute_makespan
+        return (span - self.ideal) / span if span > 0 else 0.0
 
     @property
     def p2p_exposed(self) -> float:
         """What the transfers add to the step."""
-        return self.timeline.makespan - self.compute_makespan
+        return self.makespan - self.compute_makespan
 
     @property
     def in_flight_microbatches(self) -> tuple[float, ...]:
@@ -119,6 +126,53 @@ def orders_of(
     ]
 
 
+def _busy(chunk_times: ChunkTimes | ChunkTimes3, num_microbatches: int) -> float:
+    """The slowest stage's busy time in a step."""
+    return num_microbatches * max(sum(map(sum, row)) for row in chunk_times)
+
+
+def schedule_figures(
+    schedule: str,
+    *,
+    pp: int,
+    num_microbatches: int,
+    chunk_times: ChunkTimes,
+    p2p_time: float,
+    group_size: int | None = None,
+    whole: bool = False,
+) -> tuple[StepFigures, Timeline | None]:
+    """One step of ``schedule`` (``SCHEDULES``) with ``chunk_times[rank][chunk]`` = (forward, backward) of one
+    microbatch: its figures, and with ``whole`` every pass placed (else a long step is read off shorter ones,
+    ``pipeline_schedule.figures_at_scale``, and no timeline is kept)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; one of {', '.join(SCHEDULES)}")
+    vp = len(chunk_times[0])
+    if schedule in ("gpipe", "1f1b") and vp != 1:
+        raise ValueError(f"{schedule} runs one model chunk per rank, got {vp}")
+    timelines: list[Timeline] = []
+
+    def place(n: int) -> tuple[StepFigures, tuple[TimedPass, ...]]:
+        orders = orders_of(schedule, pp=pp, vp=vp, num_microbatches=n, group_size=group_size)
+        timeline = simulate(
+            pp=pp, vp=vp, num_microbatches=n, orders=orders, chunk_times=chunk_times, p2p_time=p2p_time,
+            blocking_p2p=vp == 1,
+        )  # fmt: skip
+        timelines.append(timeline)
+        figures = StepFigures(
+            makespan=timeline.makespan,
+            in_flight=tuple(peak_in_flight(o) for o in orders),
+            messages=tuple(messages_sent(o, pp=pp, vp=vp, pipeline_rank=r) for r, o in enumerate(orders)),
+        )
+        return figures, timeline.passes
+
+    if whole:
+        return place(num_microbatches)[0], timelines[-1]
+    at_scale = figures_at_scale(
+        place, num_microbatches=num_microbatches, pp=pp, vp=vp, group_size=group_size, phased=schedule == "gpipe"
+    )
+    return at_scale, None
+
+
 def run_schedule(
     schedule: str,
     *,
@@ -127,58 +181,69 @@ def run_schedule(
     chunk_times: ChunkTimes,
     p2p_time: float,
     group_size: int | None = None,
+    whole: bool = False,
 ) -> ScheduleRun:
-    """Simulate ``schedule`` with ``chunk_times[rank][chunk]`` = (forward, backward) of one microbatch."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; one of {', '.join(SCHEDULES)}")
-    vp = len(chunk_times[0])
-    if schedule in ("gpipe", "1f1b") and vp != 1:
-        raise ValueError(f"{schedule} runs one model chunk per rank, got {vp}")
-    orders = orders_of(schedule, pp=pp, vp=vp, num_microbatches=num_microbatches, group_size=group_size)
+    """Simulate ``schedule`` with ``chunk_times[rank][chunk]`` = (forward, backward) of one microbatch, with the
+    transfers and without (``schedule_figures``; ``whole``: keep the step's every pass)."""
     common: dict[str, Any] = dict(
-        pp=pp, vp=vp, num_microbatches=num_microbatches, orders=orders, chunk_times=chunk_times
+        pp=pp, num_microbatches=num_microbatches, chunk_times=chunk_times, group_size=group_size, whole=whole
     )
-    timeline = simulate(**common, p2p_time=p2p_time, blocking_p2p=vp == 1)
-    free = simulate(**common) if p2p_time > 0 else timeline
+    step, timeline = schedule_figures(schedule, **common, p2p_time=p2p_time)
+    compute = schedule_figures(schedule, **common, p2p_time=0.0)[0] if p2p_time > 0 else step
     return ScheduleRun(
         schedule=schedule,
-        vp=vp,
+        vp=len(chunk_times[0]),
         group_size=group_size,
+        makespan=step.makespan,
+        compute_makespan=compute.makespan,
+        ideal=_busy(chunk_times, num_microbatches),
+        in_flight_chunks=step.in_flight,
+        messages=step.messages,
         timeline=timeline,
-        compute_makespan=free.makespan,
-        in_flight_chunks=tuple(peak_in_flight(o) for o in orders),
-        messages=tuple(messages_sent(o, pp=pp, vp=vp, pipeline_rank=r) for r, o in enumerate(orders)),
     )
 
 
 def run_zero_bubble(
-    schedule: str, *, pp: int, num_microbatches: int, chunk_times: ChunkTimes3, p2p_time: float
+    schedule: str,
+    *,
+    pp: int,
+    num_microbatches: int,
+    chunk_times: ChunkTimes3,
+    p2p_time: float,
+    whole: bool = False,
 ) -> ScheduleRun:
-    """Simulate a zero-bubble ``schedule`` with ``chunk_times[rank][chunk]`` = (F, B, W) of one microbatch; its
-    transfers delay only the pass that needs them, as the interleaved schedule's do."""
+    """Simulate a zero-bubble ``schedule`` (``ZERO_BUBBLE``) with ``chunk_times[rank][chunk]`` = (F, B, W) of one
+    microbatch; its transfers delay only the pass that needs them, as the interleaved schedule's do. ``whole``:
+    every pass of the step (else a long step is read off shorter ones)."""
     vp = len(chunk_times[0])
     common: dict[str, Any] = dict(pp=pp, num_microbatches=num_microbatches, vp=vp, chunk_times=chunk_times)
-    timeline = simulate_zero_bubble(schedule, **common, p2p_time=p2p_time)
-    free = simulate_zero_bubble(schedule, **common) if p2p_time > 0 else timeline
-    slowest = max(chunk_times, key=lambda row: sum(map(sum, row)))
-    placement = Placement(pp, timeline.vp, v_shape=schedule == "zb-v")
-    return ScheduleRun(
-        schedule=schedule,
-        vp=timeline.vp,
-        group_size=None,
-        timeline=Timeline(
+    if whole:
+        timeline = simulate_zero_bubble(schedule, **common, p2p_time=p2p_time)
+        free = simulate_zero_bubble(schedule, **common) if p2p_time > 0 else timeline
+        step, compute = zero_bubble_figures(timeline), zero_bubble_figures(free)
+        slowest = max(chunk_times, key=lambda row: sum(map(sum, row)))
+        pictured: Timeline | None = Timeline(
             pp=pp,
             vp=timeline.vp,
             num_microbatches=num_microbatches,
             forward_time=sum(f for f, _, _ in slowest),
             backward_time=sum(b + w for _, b, w in slowest),
             passes=timeline.passes,
-        ),
-        compute_makespan=free.makespan,
-        in_flight_chunks=tuple(round(peak * timeline.vp) for peak in timeline.peak_activations),
-        messages=tuple(
-            sum(1 for q in timeline.passes if q.rank == r and placement.sends(q.rank, q.step)) for r in range(pp)
-        ),
+        )
+    else:
+        step = zero_bubble_at_scale(schedule, **common, p2p_time=p2p_time)
+        compute = zero_bubble_at_scale(schedule, **common, p2p_time=0.0) if p2p_time > 0 else step
+        pictured = None
+    return ScheduleRun(
+        schedule=schedule,
+        vp=1 if schedule == "zb-h1" else vp,
+        group_size=None,
+        makespan=step.makespan,
+        compute_makespan=compute.makespan,
+        ideal=_busy(chunk_times, num_microbatches),
+        in_flight_chunks=step.in_flight,
+        messages=step.messages,
+        timeline=pictured,
     )
 
 
@@ -201,25 +266,23 @@ def best_group(
     chunk_times: ChunkTimes,
     p2p_time: float,
     default: ScheduleRun | None = None,
+    whole: bool = False,
+    groups: Sequence[int] | None = None,
 ) -> tuple[ScheduleRun, dict[int, float]] | None:
     """(the interleaved run with the best group size, every candidate's simulated step), or None when none is valid.
 
-    ``default``: the run at Megatron-Core's default group (``p``), already simulated.
+    ``default``: the run at Megatron-Core's default group (``p``), already simulated; ``whole``: the best run
+    keeps its step's every pass (``run_schedule``); ``groups``: the sizes to try (``group_candidates``).
     """
-    vp = len(chunk_times[0])
     known = {pp: default} if default is not None else {}
+    common: dict[str, Any] = dict(
+        pp=pp, num_microbatches=num_microbatches, chunk_times=chunk_times, p2p_time=p2p_time, whole=whole
+    )
     steps = {
-        n: known[n].timeline.makespan
+        n: known[n].makespan
         if n in known
-        else simulate(
-            pp=pp,
-            vp=vp,
-            num_microbatches=num_microbatches,
-            chunk_times=chunk_times,
-            p2p_time=p2p_time,
-            group_size=n,
-        ).makespan
-        for n in group_candidates(pp=pp, num_microbatches=num_microbatches)
+        else schedule_figures("interleaved-group", **common, group_size=n)[0].makespan
+        for n in (group_candidates(pp=pp, num_microbatches=num_microbatches) if groups is None else groups)
     }
     if not steps:
         return None
@@ -227,15 +290,7 @@ def best_group(
     best = next(n for n, step in steps.items() if step <= fastest * (1 + GROUP_TIE))
     if best in known:
         return dataclasses.replace(known[best], schedule="interleaved-group", group_size=best), steps
-    run = run_schedule(
-        "interleaved-group",
-        pp=pp,
-        num_microbatches=num_microbatches,
-        chunk_times=chunk_times,
-        p2p_time=p2p_time,
-        group_size=best,
-    )
-    return run, steps
+    return run_schedule("interleaved-group", **common, group_size=best), steps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -389,7 +444,7 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
             and (schedule not in ZERO_BUBBLE or zero_bubble_possible(workload, pp=candidate.pp)),
             layout=candidate,
             run=run,
-            step_s=run.timeline.makespan + own.time.dp_comm_s + own.time.optimizer_s,
+            step_s=run.makespan + own.time.dp_comm_s + own.time.optimizer_s,
             activation_bytes=tuple(st.activations_bytes for st in memory.stages),
             peak_bytes=memory.total_bytes,
             fits=memory.total_bytes <= cluster.gpu.memory_bytes,
@@ -426,12 +481,19 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
     else:
         run = run_schedule("interleaved", pp=layout.pp, num_microbatches=m, chunk_times=times, p2p_time=p2p_time)
         options.append(option("interleaved", default, run))
+
+    def fits_with(group: int) -> bool:
+        candidate, _ = _relayout(interleaved, microbatch_group_size_per_vp_stage=group)
+        return candidate is not None and estimate_memory(workload, candidate).total_bytes <= cluster.gpu.memory_bytes
+
     found = best_group(
         pp=layout.pp,
         num_microbatches=m,
         chunk_times=times,
         p2p_time=p2p_time,
         default=options[-1].run if options[-1].schedule == "interleaved" else None,
+        # A group whose warm-up activations do not fit is no choice (and the longest steps to simulate).
+        groups=[n for n in group_candidates(pp=layout.pp, num_microbatches=m) if n == layout.pp or fits_with(n)],
     )
     if found is None:
         options.append(ScheduleOption(schedule="interleaved-group", label=f"interleaved 1F1B (VP {v}, best N)",
@@ -463,7 +525,7 @@ def runs_for_picture(
     With ``weight_time`` (the part of ``backward_time`` that computes weight gradients), ZB-H1 after 1F1B and ZB
     interleaved after interleaved 1F1B."""
     flat = uniform_chunk_times(pp=pp, vp=1, forward_time=forward_time, backward_time=backward_time)
-    common: dict[str, Any] = dict(pp=pp, num_microbatches=num_microbatches, p2p_time=p2p_time)
+    common: dict[str, Any] = dict(pp=pp, num_microbatches=num_microbatches, p2p_time=p2p_time, whole=True)
 
     def split(v: int) -> ChunkTimes3:
         assert weight_time is not None
@@ -502,6 +564,8 @@ def schedule_label(run: ScheduleRun) -> str:
 def in_flight_curve(run: ScheduleRun, rank: int) -> list[tuple[float, float, int]]:
     """(start, end, chunks held) over one rank's simulated step: held from a forward pass's end to its backward's
     (its W pass's, in a zero-bubble schedule)."""
+    if run.timeline is None:
+        raise ValueError("in_flight_curve needs the step's every pass: simulate it whole (whole=True)")
     release = "W" if run.schedule in ZERO_BUBBLE else "B"
     passes = [p for p in run.timeline.passes if p.rank == rank and p.step.kind in ("F", release)]
     events = sorted((p.end, 1 if p.step.kind == "F" else -1) for p in passes)

@@ -27,10 +27,18 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from megatron_ext.estimate.pipeline_schedule import PipelinePass, TimedPass, schedule_order
+from megatron_ext.estimate.pipeline_schedule import (
+    STEADY_TOLERANCE,
+    PipelinePass,
+    StepFigures,
+    TimedPass,
+    figures_at_scale,
+    schedule_order,
+    simulate,
+)
 from megatron_ext.parallel.pipeline import warmup_passes
 
 SCHEDULES = ("zb-h1", "zb-v", "zb-interleaved")
@@ -167,16 +175,67 @@ def simulate_zero_bubble(
     m = num_microbatches
     times = chunk_times or [[(forward_time / vp, backward_time / vp, weight_time / vp)] * vp for _ in range(pp)]
     place = functools.partial(_place, schedule, pp=pp, vp=vp, m=m, times=times, p2p_time=p2p_time)
-    if schedule == "zb-h1":
-        timeline = place(orders=[zb_h1_order(pp=pp, num_microbatches=m, pipeline_rank=r) for r in range(pp)])
-        if timeline is None:  # cannot happen: 1F1B's order with W passes added runs as 1F1B does
-            raise RuntimeError(f"the ZB-H1 order of p={pp}, m={m} deadlocks")
-        return timeline
     if schedule == "zb-v":
         candidates = [place(w_first_above=k) for k in (0, 1, 2, pp, m * vp)]
     else:
-        candidates = _interleaved_candidates(place, pp=pp, vp=vp, num_microbatches=m)[1]
+        candidates = [place(orders=o) for o in fixed_orders(schedule, pp=pp, vp=vp, num_microbatches=m)]
     return candidates[_first_within(schedule, candidates, pp=pp, vp=vp, num_microbatches=m)]  # type: ignore[return-value]
+
+
+def zero_bubble_at_scale(
+    schedule: str,
+    *,
+    pp: int,
+    num_microbatches: int,
+    vp: int,
+    chunk_times: Sequence[Sequence[tuple[float, float, float]]],
+    p2p_time: float,
+) -> StepFigures:
+    """``simulate_zero_bubble``'s step of ZB-H1 or ZB interleaved as figures: each candidate order's read off
+    shorter steps when the step is long (``pipeline_schedule.figures_at_scale``), then the one that finishes
+    first within the memory limit."""
+    if schedule not in ("zb-h1", "zb-interleaved"):
+        raise ValueError(f"{schedule} is not placed in fixed orders: simulate_zero_bubble places it")
+
+    @functools.cache
+    def orders_at(n: int) -> list[list[list[PipelinePass]]]:
+        return fixed_orders(schedule, pp=pp, vp=vp, num_microbatches=n)
+
+    def figures(n: int, which: int) -> tuple[StepFigures, tuple[TimedPass, ...]]:
+        place = functools.partial(_place_in_order, schedule, pp=pp, vp=vp, times=chunk_times, p2p_time=p2p_time)
+        timeline = place(m=n, orders=orders_at(n)[which])
+        if timeline is None:  # cannot happen: Megatron-Core's orders with W passes added run as they do
+            raise RuntimeError(f"the {schedule} order of p={pp}, m={n} deadlocks")
+        return zero_bubble_figures(timeline), timeline.passes
+
+    candidates = [
+        figures_at_scale(functools.partial(figures, which=k), num_microbatches=num_microbatches, pp=pp, vp=vp)
+        for k in range(1 if schedule == "zb-h1" else len(INTERLEAVED_SHARES))
+    ]
+    limits = memory_limits(schedule, pp=pp, vp=vp, num_microbatches=num_microbatches)
+    fitting = [c for c in candidates if all(n / vp <= b + 1e-9 for n, b in zip(c.in_flight, limits, strict=True))]
+    if not fitting:
+        raise RuntimeError(f"no {schedule} order of p={pp}, m={num_microbatches} keeps within the memory limit")
+    return fitting[_fastest([c.makespan for c in fitting])]
+
+
+def zero_bubble_figures(timeline: ZeroBubbleTimeline) -> StepFigures:
+    """A zero-bubble step's length, the chunk activations each rank holds at most, and the messages it sends."""
+    placement = Placement(timeline.pp, timeline.vp, v_shape=timeline.schedule == "zb-v")
+    messages = [0] * timeline.pp
+    sending = {
+        (rank, kind, chunk): placement.sends(rank, PipelinePass(kind, 0, chunk))
+        for rank in range(timeline.pp)
+        for kind in "FBW"
+        for chunk in range(timeline.vp)
+    }
+    for p in timeline.passes:
+        messages[p.rank] += sending[(p.rank, p.step.kind, p.step.chunk)]
+    return StepFigures(
+        makespan=timeline.makespan,
+        in_flight=tuple(round(peak * timeline.vp) for peak in timeline.peak_activations),
+        messages=tuple(messages),
+    )
 
 
 def _first_within(
@@ -191,7 +250,14 @@ def _first_within(
     ]
     if not fitting:
         raise RuntimeError(f"no {schedule} order of p={pp}, m={num_microbatches} keeps within the memory limit")
-    return min(fitting, key=lambda i: candidates[i].makespan)  # type: ignore[union-attr]
+    return fitting[_fastest([candidates[i].makespan for i in fitting])]  # type: ignore[union-attr]
+
+
+def _fastest(makespans: Sequence[float]) -> int:
+    """The index of the shortest step; an earlier one within ``STEADY_TOLERANCE`` of it wins (fewer W passes kept
+    back), so that rounding never decides between equal steps."""
+    shortest = min(makespans)
+    return next(i for i, t in enumerate(makespans) if t <= shortest * (1 + STEADY_TOLERANCE))
 
 
 INTERLEAVED_SHARES = (0.0, 0.5, 1.0)
@@ -205,12 +271,12 @@ def interleaved_defers(*, pp: int, vp: int, num_microbatches: int, share: float)
     return [int((warmups[0] - w) * share) for w in warmups]
 
 
-def _interleaved_candidates(
-    place: Callable[..., ZeroBubbleTimeline | None], *, pp: int, vp: int, num_microbatches: int
-) -> tuple[list[list[int]], list[ZeroBubbleTimeline | None]]:
-    """ZB interleaved's candidates (the W passes each rank keeps back, and the step placed): rank ``r`` may hold
-    what rank 0 holds, ``w_0 − w_r`` chunks more than its own interleaved peak, so it keeps that many W passes
-    back (ZB-H1's ``r``, generalised), or half as many, or none."""
+def _interleaved_orders(
+    *, pp: int, vp: int, num_microbatches: int
+) -> tuple[list[list[int]], list[list[list[PipelinePass]]]]:
+    """ZB interleaved's candidates (the W passes each rank keeps back, and every rank's order): rank ``r`` may
+    hold what rank 0 holds, ``w_0 − w_r`` chunks more than its own interleaved peak, so it keeps that many W
+    passes back (ZB-H1's ``r``, generalised), or half as many, or none."""
     m = num_microbatches
     defers = [interleaved_defers(pp=pp, vp=vp, num_microbatches=m, share=share) for share in INTERLEAVED_SHARES]
     orders = [
@@ -220,7 +286,15 @@ def _interleaved_candidates(
         ]
         for ds in defers
     ]
-    return defers, [place(orders=o) for o in orders]
+    return defers, orders
+
+
+def fixed_orders(schedule: str, *, pp: int, vp: int, num_microbatches: int) -> list[list[list[PipelinePass]]]:
+    """The fixed orders ZB-H1 (one: ``zb_h1_order``) and ZB interleaved (``_interleaved_orders``) choose from,
+    each with every rank's order."""
+    if schedule == "zb-h1":
+        return [[zb_h1_order(pp=pp, num_microbatches=num_microbatches, pipeline_rank=r) for r in range(pp)]]
+    return _interleaved_orders(pp=pp, vp=vp, num_microbatches=num_microbatches)[1]
 
 
 @functools.lru_cache(maxsize=32)
@@ -230,8 +304,9 @@ def zb_interleaved_defers(*, pp: int, vp: int, num_microbatches: int) -> tuple[i
     memory."""
     m = num_microbatches
     times = [[(1.0, 1.0, 1.0)] * vp] * pp
-    place = functools.partial(_place, "zb-interleaved", pp=pp, vp=vp, m=m, times=times, p2p_time=0.0)
-    defers, candidates = _interleaved_candidates(place, pp=pp, vp=vp, num_microbatches=m)
+    place = functools.partial(_place_in_order, "zb-interleaved", pp=pp, vp=vp, m=m, times=times, p2p_time=0.0)
+    defers, orders = _interleaved_orders(pp=pp, vp=vp, num_microbatches=m)
+    candidates = [place(orders=o) for o in orders]
     return tuple(defers[_first_within("zb-interleaved", candidates, pp=pp, vp=vp, num_microbatches=m)])
 
 
@@ -246,28 +321,73 @@ def _place(
     orders: list[list[PipelinePass]] | None = None,
     w_first_above: int = 0,
 ) -> ZeroBubbleTimeline | None:
-    """One step placed pass by pass: the ranks' fixed ``orders``, or the greedy choice; None if it deadlocks
-    (a fixed order whose memory the limit would not allow is still placed: the caller checks the peak).
+    """One step placed pass by pass: the ranks' fixed ``orders`` (``_place_in_order``), or the greedy choice;
+    None if it deadlocks (a fixed order whose memory the limit would not allow is still placed: the caller
+    checks the peak).
 
-    The rank that is free first goes next: it takes back the activations its finished W passes released,
-    chooses a pass whose input has arrived (the next of its order, or the greedy choice of the module
-    docstring), and runs it; with none to run, it waits for the next event that could give it one.
+    Greedy: the rank that is free first goes next: it takes back the activations its finished W passes
+    released, chooses a pass whose input has arrived (the greedy choice of the module docstring), and runs it;
+    with none to run, it waits for the next event that could give it one.
     """
+    if orders is not None:
+        return _place_in_order(schedule, pp=pp, vp=vp, m=m, times=times, p2p_time=p2p_time, orders=orders)
     step = _StepState(schedule, pp=pp, vp=vp, m=m, times=times, p2p_time=p2p_time)
     while not step.complete:
         rank = min(range(pp), key=lambda r: step.free[r])
         now = step.free[rank]
         step.release(rank, now)
-        if orders is not None:
-            chosen, later = step.next_in_order(rank, now, orders[rank])
-        else:
-            chosen, later = step.greedy_choice(rank, now, w_first_above=w_first_above)
+        chosen, later = step.greedy_choice(rank, now, w_first_above=w_first_above)
         if chosen is None:
             if not step.wait(rank, now, later):
                 return None  # every rank waits for a pass that no rank can run: the order deadlocks
             continue
         step.run(rank, now, chosen)
     return step.timeline()
+
+
+def _place_in_order(
+    schedule: str,
+    *,
+    pp: int,
+    vp: int,
+    m: int,
+    times: Sequence[Sequence[tuple[float, float, float]]],
+    p2p_time: float,
+    orders: list[list[PipelinePass]],
+) -> ZeroBubbleTimeline | None:
+    """Fixed orders: every pass at the earliest time its rank is free and its input has arrived, the transfers
+    delaying only the pass that needs them (``pipeline_schedule.simulate``, the interleaved placement). What a
+    rank holds follows from its order alone: a chunk's microbatch from its F until its W has run."""
+    try:
+        timeline = simulate(pp=pp, vp=vp, num_microbatches=m, orders=orders, chunk_times=times, p2p_time=p2p_time)
+    except RuntimeError:  # a pass waits for one that never runs
+        return None
+    peaks = [_order_peaks(order) for order in orders]
+    return ZeroBubbleTimeline(
+        schedule=schedule,
+        pp=pp,
+        vp=vp,
+        num_microbatches=m,
+        passes=tuple(sorted(timeline.passes, key=lambda p: (p.rank, p.start))),
+        ideal=max(m * sum(map(sum, row)) for row in times),
+        peak_activations=tuple(held / vp for held, _ in peaks),
+        peak_w_store=tuple(store / vp for _, store in peaks),
+    )
+
+
+def _order_peaks(order: Sequence[PipelinePass]) -> tuple[int, int]:
+    """(most chunk activations held at once, most held only for a W still to run) along one rank's order."""
+    held = store = peak = peak_store = 0
+    for step in order:
+        if step.kind == "F":
+            held += 1
+            peak = max(peak, held)
+        elif step.kind == "B":
+            store += 1
+            peak_store = max(peak_store, store)
+        else:
+            held, store = held - 1, store - 1
+    return peak, peak_store
 
 
 class _StepState:
@@ -291,7 +411,6 @@ class _StepState:
         self.times, self.p2p_time = times, p2p_time
         self.placement = Placement(pp, vp, v_shape=schedule == "zb-v")
         self.limits = memory_limits(schedule, pp=pp, vp=vp, num_microbatches=m)
-        self.cursor = [0] * pp  # the next pass of each rank's fixed order
         self.done: dict[tuple[str, int, int], float] = {}  # (kind, microbatch, stage) -> end time
         self.free = [0.0] * pp
         self.held = [0.0] * pp
@@ -335,24 +454,6 @@ class _StepState:
         for when, amount in [x for x in self.releases[rank] if x[0] <= now]:
             self.held[rank] -= amount
             self.releases[rank].remove((when, amount))
-
-    def next_in_order(
-        self, rank: int, now: float, order: list[PipelinePass]
-    ) -> tuple[tuple[str, int, int] | None, float | None]:
-        """The next pass of ``rank``'s fixed order if its input has arrived by ``now`` ((kind, mb, chunk), taken
-        off the order), and when its input arrives if later."""
-        chosen, later = None, None
-        if self.cursor[rank] < len(order):
-            step = order[self.cursor[rank]]
-            stage = self.placement.stage(rank, step.chunk)
-            t = 0.0 if step.kind == "W" else self.arrival(step.kind, step.microbatch, stage)
-            if t is not None and t <= now:
-                chosen = (step.kind, step.microbatch, step.chunk)
-                self.cursor[rank] += 1
-                if step.kind == "W":
-                    self.pending_w[rank].remove((step.microbatch, step.chunk))
-            later = t if t is not None and t > now else None
-        return chosen, later
 
     def _candidates(self, rank: int, now: float) -> tuple[list[tuple[float, str, int, int]], float | None]:
         """Passes of ``rank`` whose input has arrived by ``now`` ((ready, kind, mb, chunk)), and the earliest

@@ -1,0 +1,123 @@
+"""Long steps read off shorter ones (``pipeline_schedule.figures_at_scale``) agree with whole steps, and the
+comparison's microbatch groups are those whose activations fit."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from megatron_ext.config.arguments import ModelArgs
+from megatron_ext.config.presets import get_preset
+from megatron_ext.estimate.hardware import get_profile
+from megatron_ext.estimate.memory import estimate_memory
+from megatron_ext.estimate.pipeline_schedule import StepFigures, TimedPass, figures_at_scale, simulate
+from megatron_ext.estimate.schedule_comparison import compare_schedules, schedule_figures
+from megatron_ext.estimate.search import Cluster, search
+from megatron_ext.estimate.workload import Workload
+from megatron_ext.estimate.zero_bubble import simulate_zero_bubble, zero_bubble_at_scale, zero_bubble_figures
+from megatron_ext.parallel.layout import ParallelLayout
+from megatron_ext.parallel.pipeline import valid_group_sizes
+
+pytestmark = pytest.mark.unit
+
+Times3 = list[list[tuple[float, float, float]]]
+
+
+def _uneven(rng: random.Random, *, pp: int, vp: int, spread: float) -> Times3:
+    """(F, B, W) per chunk, each up to ``spread`` above a common base; one chunk empty now and then (a layout
+    string's stage without layers)."""
+    base = rng.uniform(0.5, 1.5)
+    times = [
+        [tuple(base * k * (1 + spread * rng.random()) for k in (1.0, 2.0, 1.0)) for _ in range(vp)] for _ in range(pp)
+    ]
+    if rng.random() < 0.25:
+        times[rng.randrange(pp)][rng.randrange(vp)] = (0.0, 0.0, 0.0)
+    return times  # type: ignore[return-value]
+
+
+def _agree(got: StepFigures, whole: StepFigures) -> bool:
+    return (
+        got.makespan == pytest.approx(whole.makespan, rel=1e-9)
+        and got.in_flight == whole.in_flight
+        and got.messages == whole.messages
+    )
+
+
+# Spreads: even stages, nearly even (the slowest by 0.1%: a long transient before the steady state), uneven.
+@pytest.mark.parametrize("seed", range(6))
+def test_a_long_step_read_off_a_shorter_one_is_the_whole_step(seed: int) -> None:
+    """Every schedule the comparison simulates, on uneven stages with transfers, at step lengths where the
+    shorter step is read: the same step length, peaks and messages as the step placed pass by pass."""
+    rng = random.Random(seed)
+    for spread in (0.0, 0.001, 0.3):
+        pp, vp = rng.choice([2, 3, 4, 6]), rng.choice([2, 3])
+        m = rng.choice([pp * 12, pp * 12 + pp, pp * 20])
+        p2p = rng.choice([0.0, 0.02, 0.5])
+        split = _uneven(rng, pp=pp, vp=vp, spread=spread)
+        flat = [[tuple(sum(t[k] for t in row) for k in range(3))] for row in split]
+        merged = [[(f, b + w) for f, b, w in row] for row in split]
+        merged_flat = [[(f, b + w) for f, b, w in row] for row in flat]
+        group = rng.choice(valid_group_sizes(pp=pp, num_microbatches=m)[:3])
+        for schedule, times, n in (
+            ("gpipe", merged_flat, None),
+            ("1f1b", merged_flat, None),
+            ("interleaved", merged, None),
+            ("interleaved-group", merged, group),
+        ):
+            common = dict(pp=pp, num_microbatches=m, chunk_times=times, p2p_time=p2p, group_size=n)
+            got, timeline = schedule_figures(schedule, **common)  # type: ignore[arg-type]
+            whole, _ = schedule_figures(schedule, **common, whole=True)  # type: ignore[arg-type]
+            assert timeline is None and _agree(got, whole), (schedule, pp, vp, m, spread, p2p)
+        for schedule, times in (("zb-h1", flat), ("zb-interleaved", split)):
+            common = dict(pp=pp, num_microbatches=m, vp=len(times[0]), chunk_times=times, p2p_time=p2p)
+            got = zero_bubble_at_scale(schedule, **common)  # type: ignore[arg-type]
+            whole = zero_bubble_figures(simulate_zero_bubble(schedule, **common))  # type: ignore[arg-type]
+            assert _agree(got, whole), (schedule, pp, vp, m, spread, p2p)
+
+
+def test_a_long_step_is_read_off_a_short_one_only_once_it_repeats() -> None:
+    """Even stages settle at once: the step of 1,000 microbatches is read off one of 3·(p + 1) + 2. Stages
+    within 0.1% of each other take longer to settle (the faster ones use up the slack of the warm-up first):
+    a longer step is placed, not a wrong one extended."""
+    placed: list[int] = []
+
+    def place(times: list[list[tuple[float, float]]], *, blocking: bool):  # type: ignore[no-untyped-def]
+        def at(n: int) -> tuple[StepFigures, tuple[TimedPass, ...]]:
+            placed.append(n)
+            timeline = simulate(pp=4, vp=1, num_microbatches=n, chunk_times=times, p2p_time=0.01, blocking_p2p=blocking)
+            return StepFigures(timeline.makespan, (0,) * 4, (n,) * 4), timeline.passes
+
+        return at
+
+    even = [[(1.0, 2.0)]] * 4
+    got = figures_at_scale(place(even, blocking=True), num_microbatches=1000, pp=4)
+    assert placed == [3 * (4 + 1) + 2]  # three spans of rank 0's warm-up (p − 1) and two microbatches, two periods
+    whole = simulate(pp=4, vp=1, num_microbatches=1000, chunk_times=even, p2p_time=0.01, blocking_p2p=True)
+    assert got.makespan == pytest.approx(whole.makespan, rel=1e-12) and got.messages == (1000,) * 4
+    placed.clear()
+    nearly = [[(1.0, 2.0)], [(1.0, 2.0)], [(1.0, 2.003)], [(1.0, 2.0)]]
+    got = figures_at_scale(place(nearly, blocking=False), num_microbatches=1000, pp=4)
+    assert placed == [17, 34, 68, 136, 272, 544, 1000]
+    whole = simulate(pp=4, vp=1, num_microbatches=1000, chunk_times=nearly, p2p_time=0.01)
+    assert got.makespan == pytest.approx(whole.makespan, rel=1e-12)
+
+
+def test_the_best_microbatch_group_is_one_whose_activations_fit() -> None:
+    """Megatron 530B on 512 H100s, TP 8 PP 16 VP 4 with 128 microbatches (the search's layout): a group of all
+    128 microbatches hides the most transfers but holds (v − 1)·(N − p) more chunks than fit; the comparison
+    takes the fastest group that fits, which still beats the default."""
+    workload = Workload(model=ModelArgs(**get_preset("megatron-530b").model_flags()), precision="bf16")
+    cluster = Cluster(gpus=512, gpus_per_node=8, gpu=get_profile("h100-sxm"))
+    found = search(workload, cluster, global_batch_size=512, sequence_parallel=True, use_distributed_optimizer=True)
+    estimate = next(
+        e
+        for e in found.estimates
+        if (e.layout.tp, e.layout.pp, e.layout.vp, e.layout.num_microbatches) == (8, 16, 4, 128)
+    )
+    options = {o.schedule: o for o in compare_schedules(workload, estimate)}
+    default, grouped = options["interleaved"], options["interleaved-group"]
+    assert grouped.run is not None and grouped.layout is not None and default.fits
+    assert grouped.fits and grouped.step_s < default.step_s and 16 < grouped.run.group_size < 128  # type: ignore[operator]
+    everything, _ = ParallelLayout.check(**grouped.layout.as_values() | {"microbatch_group_size_per_vp_stage": 128})
+    assert everything is not None and estimate_memory(workload, everything).total_bytes > cluster.gpu.memory_bytes
