@@ -130,7 +130,7 @@ class GpuProfile:
     link_latency_s: float | None = None
     """Latency of one step of a collective and of one point-to-point message, seconds: the transport's own
     (gloo over TCP on CPU processes), fitted by ``tools/layout.py --calibrate``. None: NCCL's ring model for the
-    data-parallel collectives (``step_time.ring_latency``), and none counted for the tensor-parallel collectives
+    data-parallel collectives (``step_overhead.ring_latency``), and none counted for the tensor-parallel collectives
     and pipeline messages, whose microsecond latencies the published profiles' fitted efficiencies absorb."""
     attention_efficiency: float | None = None
     """A fixed share of ``peak_flops`` for fused attention, in the kernel's count (causal: half the ``s²``
