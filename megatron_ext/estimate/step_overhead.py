@@ -32,7 +32,8 @@ its parameters, or 1/(DP × CP) of them with the distributed optimizer):
 * Adam: 30 bytes, fp32 master weights and both moments read and written (4 + 4 + 16), the fp32 gradient read
   (4), the bf16 weights written (2); 28 in fp32, which has no separate copy to write;
 * the gradient norm reads the fp32 main gradients (4 bytes) and the clipping scales them in place (4 + 4):
-  Megatron-Core applies the clip factor, clamped to 1, every step (``clip_grad_by_total_norm_fp32``);
+  with Transformer Engine's multi-tensor kernels Megatron-Core applies the clip factor, clamped to 1, every step
+  (``clip_grad_by_total_norm_fp32``; with apex's, only when the norm exceeds ``--clip-grad``);
 * with ``--grad-reduce-in-bf16`` the bf16 gradients are cast to fp32 main gradients first (2 + 4).
 
 Outside the optimizer, every step zeroes the whole gradient buffer (``zero_grad_buffer``, ``gradient_bytes`` per
