@@ -161,7 +161,8 @@ def explain(e: LayoutEstimate, workload: Workload) -> list[str]:
         f"{t.bubble_share:.2%} of the step)",
         f"  pipeline p2p        {t.pp_comm_s:>10.3f} s  (exposed)",
         f"  data-parallel       {t.dp_comm_s:>10.3f} s  (exposed, of {t.dp_comm_total_s:.3f} s)",
-        f"  optimizer step      {t.optimizer_s:>10.3f} s",
+        f"  optimizer step      {t.optimizer_s:>10.3f} s  (Adam, gradient norm and clipping, the norm's all-reduce)",
+        f"  step bookkeeping    {t.housekeeping_s:>10.3f} s  (zeroing the gradient buffer, the loss's all-reduces)",
         f"throughput: {e.tokens_per_sec:,.0f} tokens/s, {e.tflops_per_gpu:.1f} model TFLOP/s per GPU "
         f"({e.hardware_tflops_per_gpu:.1f} with recomputation), MFU {e.mfu:.1%}",
     ]

@@ -130,7 +130,7 @@ class GpuProfile:
     link_latency_s: float | None = None
     """Latency of one step of a collective and of one point-to-point message, seconds: the transport's own
     (gloo over TCP on CPU processes), fitted by ``tools/layout.py --calibrate``. None: NCCL's ring model for the
-    data-parallel collectives (``step_time.ring_latency``), and none counted for the tensor-parallel collectives
+    data-parallel collectives (``step_overhead.ring_latency``), and none counted for the tensor-parallel collectives
     and pipeline messages, whose microsecond latencies the published profiles' fitted efficiencies absorb."""
     attention_efficiency: float | None = None
     """A fixed share of ``peak_flops`` for fused attention, in the kernel's count (causal: half the ``s²``
@@ -194,14 +194,14 @@ class GpuProfile:
         return p
 
 
-A100_COMPUTE_EFFICIENCY = 0.88
+A100_COMPUTE_EFFICIENCY = 0.87
 """The GEMMs' best share of the A100's peak (before their shapes' losses, ``kernels.gemm_shape_efficiency``):
 fitted with ``A100_GEMM_DEPTH_HALF`` and ``MEMORY_EFFICIENCY`` to Narayanan et al. 2021, Table 1."""
 
 A100_GEMM_DEPTH_HALF = 1024.0
 """The GEMM depth at which a tile's fixed cost halves the A100's rate: fitted with ``A100_COMPUTE_EFFICIENCY``."""
 
-MEMORY_EFFICIENCY = 0.62
+MEMORY_EFFICIENCY = 0.66
 """The element-wise kernels' share of HBM bandwidth: fitted on A100 (Table 1), taken for every GPU."""
 
 H100_COMPUTE_EFFICIENCY = 0.63
@@ -213,7 +213,7 @@ H100_GEMM_DEPTH_HALF = 256.0
 
 """The GEMM depth at which a tile's fixed cost halves the H100's rate: fitted with ``H100_COMPUTE_EFFICIENCY``."""
 
-H100_FP8_COMPUTE_EFFICIENCY = 0.56
+H100_FP8_COMPUTE_EFFICIENCY = 0.55
 """FP8 GEMMs' best share of the H100's FP8 peak: fitted to the BF16 / FP8 step-time ratios of the calibration
 models' pairs in NVIDIA's dgxc-benchmarking tables (Llama 3.1 8B, 405B and its proxy, Nemotron-4 340B)."""
 

@@ -444,7 +444,7 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
             and (schedule not in ZERO_BUBBLE or zero_bubble_possible(workload, pp=candidate.pp)),
             layout=candidate,
             run=run,
-            step_s=run.makespan + own.time.dp_comm_s + own.time.optimizer_s,
+            step_s=run.makespan + own.time.dp_comm_s + own.time.optimizer_s + own.time.housekeeping_s,
             activation_bytes=tuple(st.activations_bytes for st in memory.stages),
             peak_bytes=memory.total_bytes,
             fits=memory.total_bytes <= cluster.gpu.memory_bytes,

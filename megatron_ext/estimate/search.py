@@ -213,6 +213,7 @@ class LayoutEstimate:
                 "dp_comm_s": t.dp_comm_s,
                 "dp_comm_total_s": t.dp_comm_total_s,
                 "optimizer_s": t.optimizer_s,
+                "housekeeping_s": t.housekeeping_s,
             },
         }
 

@@ -82,9 +82,11 @@ one NIC per GPU). ``--overlap-grad-reduce`` hides the reduction behind the
 last microbatch's backward pass, ``--overlap-param-gather`` the all-gather
 behind the first forward pass; what does not fit behind them stays exposed.
 
-**Optimizer.** Adam streams 30 bytes per parameter it updates (fp32 master
-weights and both moments read and written, the fp32 gradient read, the bf16
-weights written) at HBM bandwidth; the distributed optimizer updates 1/DP.
+**Optimizer and bookkeeping** (``step_overhead``, with the sources). Adam streams 30 bytes per parameter it
+updates (fp32 master weights and both moments read and written, the fp32 gradient read, the bf16 weights
+written) at HBM bandwidth, the gradient norm and clipping 12 more; the distributed optimizer updates 1/DP.
+The gradient norm's all-reduce, the loss's all-reduces and zeroing the gradient buffer are paid once a step, the
+collectives at NCCL's latency (its LL tree: logarithmic in the node count).
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ from megatron_ext.estimate.flops import (
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.kernels import FORWARD_AND_BACKWARD, attention_kernel_efficiency, gemm_pass_efficiency
 from megatron_ext.estimate.memory import unfused_attention
+from megatron_ext.estimate.step_overhead import ring_latency, step_overhead
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.estimate.zero_bubble import zb_bubble_scale
 from megatron_ext.parallel.layout import ParallelLayout
@@ -127,7 +130,11 @@ class StepTimeEstimate:
     dp_comm_total_s: float
     """The data-parallel communication before overlap."""
     optimizer_s: float
-    """Adam's update of the rank's (shard of the) parameters, bound by memory bandwidth."""
+    """``optimizer.step()``: Adam's update, the gradient norm and clipping of the rank's (shard of the) parameters,
+    bound by memory bandwidth, and the gradient norm's all-reduce (``step_overhead``)."""
+    housekeeping_s: float = 0.0
+    """The step's bookkeeping outside the microbatches and the optimizer: zeroing the gradient buffer, the loss's
+    all-reduces (``step_overhead``)."""
     cp_comm_s: float = 0.0
     """Context parallelism's key/value ring exchange of the ``m`` microbatches that attention does not hide."""
     bubble_scale: float = 1.0
@@ -150,6 +157,7 @@ class StepTimeEstimate:
             + self.pp_comm_s
             + self.dp_comm_s
             + self.optimizer_s
+            + self.housekeeping_s
         )
 
     @property
@@ -462,27 +470,6 @@ def fp8_cast_bytes(workload: Workload, *, sequences: int, seq_length: float, tp:
     return forward, backward
 
 
-NCCL_RING_LATENCY_S = 8.4e-6
-"""NCCL's base latency of a ring collective (Simple protocol), in its own cost model (``src/graph/tuning.cc``,
-``baseLat``)."""
-NCCL_RING_STEP_LATENCY_S = {"nvlink": 3.4e-6, "network": 9.6e-6}
-"""NCCL's latency per ring step inside a node (NVLink) and between nodes (``hwLat``, Ring/Simple)."""
-
-
-def ring_latency(ranks: int, nodes: int) -> float:
-    """Latency of one ring reduce-scatter or all-gather over ``ranks`` GPUs on ``nodes`` nodes, as NCCL models it:
-    the base latency, then ``ranks − 1`` steps, ``nodes − 1`` of them over the network."""
-    if ranks <= 1:
-        return 0.0
-    inter = max(nodes, 1) - 1
-    steps = ranks - 1
-    return (
-        NCCL_RING_LATENCY_S
-        + (steps - inter) * NCCL_RING_STEP_LATENCY_S["nvlink"]
-        + inter * NCCL_RING_STEP_LATENCY_S["network"]
-    )
-
-
 def link_latency(gpu: GpuProfile) -> float:
     """One message's or one collective step's latency beyond its bytes: the profile's measured transport latency
     (``GpuProfile.link_latency_s``, from ``--calibrate``), else none (NCCL's microseconds, within the fit)."""
@@ -567,8 +554,6 @@ def estimate_step_time(
     """Step time of ``layout`` on ``gpu`` (``rank_parameters``: parameters of the most loaded rank)."""
     m = workload.model
     t, p, v = layout.tp, layout.pp, layout.vp
-    # Gradients are reduced, and the distributed optimizer shards, over the DP × CP ranks.
-    dp = layout.dp * layout.cp
     b, mbs = layout.micro_batch_size, layout.num_microbatches
     vocab = workload.padded_vocab_size(t)
 
@@ -622,10 +607,7 @@ def estimate_step_time(
         forward_s=mb_compute - backward,
     )
 
-    # The optimizer step streams fp32 master weights, both moments (read + write), the fp32 gradient and
-    # writes the bf16 weights: 30 bytes per parameter it updates (4 + 4 + 16 + 4 + 2; 28 in fp32).
-    updated = rank_parameters / (dp if layout.use_distributed_optimizer else 1)
-    optimizer = updated * (30 if workload.mixed_precision else 28) / gpu.memory_bandwidth
+    overhead = step_overhead(workload, layout, gpu, gpus_per_node=gpus_per_node, rank_parameters=rank_parameters)
 
     model_flops = flops_per_step(m, batch_size=layout.global_batch_size, padded_vocab_size=vocab)
     sequences = layout.global_batch_size // b
@@ -639,7 +621,8 @@ def estimate_step_time(
         pp_comm_s=pp_comm,
         dp_comm_s=dp_exposed,
         dp_comm_total_s=dp_total,
-        optimizer_s=optimizer,
+        optimizer_s=overhead.optimizer_s,
+        housekeeping_s=overhead.housekeeping_s,
         cp_comm_s=mbs * mb_cp,
         bubble_scale=scale,
         stage_microbatch_s=tuple(stages),

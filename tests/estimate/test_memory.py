@@ -421,7 +421,7 @@ def test_interleaved_p2p_is_bound_by_the_link_when_messages_outlast_the_compute(
     assert 2 * message > stage / 2  # a pair of transfers outlasts a chunk's forward and backward
     # The busiest rank's 2·v·m sends, plus filling and draining the pipeline around them.
     link_bound = 2 * 2 * 32 * message + 15 * (stage + 2 * message)
-    assert slow.step_s - slow.dp_comm_s - slow.optimizer_s == pytest.approx(link_bound)
+    assert slow.step_s - slow.dp_comm_s - slow.optimizer_s - slow.housekeeping_s == pytest.approx(link_bound)
     assert slow.pp_comm_s > 2 * 2 * 32 * message - 32 * stage > 0
     # At the profile's 46 GB/s the same layout is compute-bound: the fill and drain only.
     assert fast.pp_comm_s == pytest.approx(2 * 31 * 2048 * 12288 * 2 / get_profile("h100-sxm").inter_node_bandwidth)
