@@ -73,6 +73,9 @@ class PublishedRun:
     """``--grad-reduce-in-bf16``."""
     tp_comm_overlap: bool = False
     """``--tp-comm-overlap`` (Transformer Engine's userbuffers)."""
+    embedding_and_loss_in_split: bool = False
+    """``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``: the embedding and
+    the loss each count as a layer when the layers are split over the (virtual) pipeline stages."""
     model: ModelArgs | None = None
     """The whole model (GQA, SwiGLU, ...), when the row is not a GPT-3-style shape of the fields above."""
     scatter_gather: bool = False
@@ -121,6 +124,8 @@ class PublishedRun:
             pipeline_model_parallel_size=self.pp,
             virtual_pipeline_model_parallel_size=self.vp if self.vp > 1 else None,
             context_parallel_size=self.cp,
+            account_for_embedding_in_pipeline_split=self.embedding_and_loss_in_split,
+            account_for_loss_in_pipeline_split=self.embedding_and_loss_in_split,
             sequence_parallel=self.sequence_parallel,
             use_distributed_optimizer=self.distributed_optimizer,
             micro_batch_size=self.micro_batch,
@@ -360,6 +365,59 @@ GPT3_175B = ModelArgs(
     hidden_dropout=0.0, attention_dropout=0.0, attention_backend="auto",
 )  # fmt: skip
 
+DgxcSweep = tuple[str, ModelArgs, int, int, int, int, int, str, list[tuple[int, int, float]]]
+"""One model's sweep in a dgxc-benchmarking table: name, model, TP, PP, VP, CP, micro-batch, recompute, and
+(GPUs, global batch, step seconds) per column."""
+
+
+def dgxc_rows(
+    table: str,
+    sweeps: list[DgxcSweep],
+    *,
+    assumed: str,
+    calibration: tuple[str, ...] = (),
+    embedding_and_loss_in_split: tuple[str, ...] = (),
+) -> list[PublishedRun]:
+    """The rows of a dgxc-benchmarking (NeMo) DGX H100 BF16 table: the recipes' bf16, distributed optimizer,
+    overlapped gradient reduction and parameter all-gather, SP, fused attention and TP communication overlap;
+    ``calibration``: the models (by the start of their name) whose rows fit the constants;
+    ``embedding_and_loss_in_split``: the sweeps (by name) whose layers are split counting the embedding and the loss
+    as layers (on PP > 1)."""
+    return [
+        _row(
+            table=table,
+            name=f"{name} on {gpus}",
+            gpu="h100-sxm",
+            model=model,
+            heads=model.num_attention_heads,
+            hidden=model.hidden_size,
+            layers=model.num_layers,
+            seq_length=model.seq_length,
+            vocab_size=int(model.vocab_size or 0),
+            tp=tp,
+            pp=pp,
+            vp=vp,
+            cp=cp,
+            gpus=gpus,
+            global_batch=batch,
+            micro_batch=mb,
+            recompute=recompute,
+            sequence_parallel=tp > 1,
+            distributed_optimizer=True,
+            overlap=True,
+            tp_comm_overlap=True,
+            grad_reduce_in_bf16=True,
+            embedding_and_loss_in_split=name in embedding_and_loss_in_split and pp > 1,
+            attention="auto",
+            step_s=step,
+            calibration=name.startswith(calibration),
+            assumed=assumed,
+        )
+        for name, model, tp, pp, vp, cp, mb, recompute, sweep in sweeps
+        for gpus, batch, step in sweep
+    ]
+
+
 # NVIDIA's DGX Cloud Benchmarking recipes (github NVIDIA/dgxc-benchmarking, release v24.11.1, commit 35a9aecc;
 # NeMo 24.09, GPT-3 175B NeMo 24.05): the 'Expected Performance' BF16 tables of llama3.1/README_{8b,70b,405b}.md,
 # nemotron/README_{15b,340b}.md and nemo_megatron/README_175b.md, on DGX H100; step time in seconds (the last
@@ -375,36 +433,9 @@ _D_ASSUMED = (
     "--grad-reduce-in-bf16: with fp32 gradient buffers the 340B layout would not fit in 80 GB; squared ReLU and "
     "layernorm-1p as the calculator approximates them"
 )
-DGXC_H100 = [
-    _row(
-        table=_D,
-        name=f"{name} on {gpus}",
-        gpu="h100-sxm",
-        model=model,
-        heads=model.num_attention_heads,
-        hidden=model.hidden_size,
-        layers=model.num_layers,
-        seq_length=model.seq_length,
-        vocab_size=int(model.vocab_size or 0),
-        tp=tp,
-        pp=pp,
-        vp=vp,
-        cp=cp,
-        gpus=gpus,
-        global_batch=batch,
-        micro_batch=mb,
-        recompute=recompute,
-        sequence_parallel=tp > 1,
-        distributed_optimizer=True,
-        overlap=True,
-        tp_comm_overlap=True,
-        grad_reduce_in_bf16=True,
-        attention="auto",
-        step_s=step,
-        calibration=name.startswith(DGXC_CALIBRATION),
-        assumed=_D_ASSUMED,
-    )
-    for name, model, tp, pp, vp, cp, mb, recompute, sweep in [
+DGXC_H100 = dgxc_rows(
+    _D,
+    [
         ("Llama 3.1 8B", llama(32, 4096, 14336, 32, 8), 1, 1, 1, 2, 1, "none",
          [(8, 128, 12.91), (16, 256, 13.00), (32, 512, 13.05), (64, 1024, 13.08), (128, 2048, 13.10)]),
         ("Llama 3.1 70B", llama(80, 8192, 28672, 64, 8), 4, 4, 5, 2, 1, "none",
@@ -423,9 +454,10 @@ DGXC_H100 = [
          [(128, 32, 4.61), (256, 64, 4.67), (512, 128, 4.7), (1024, 256, 4.73), (2048, 512, 4.84)]),
         ("GPT-3 175B", GPT3_175B, 4, 8, 12, 1, 1, "none",
          [(128, 256, 8.91), (256, 512, 8.95), (512, 1024, 9.09), (1024, 2048, 9.01), (2048, 4096, 9.02)]),
-    ]
-    for gpus, batch, step in sweep
-]  # fmt: skip
+    ],
+    assumed=_D_ASSUMED,
+    calibration=DGXC_CALIBRATION,
+)  # fmt: skip
 
 
 ALL = NARAYANAN_TABLE_1 + KORTHIKANTI_2022 + MEGATRON_LM_A100_175B + DGXC_H100 + MEGATRON_LM_H100
