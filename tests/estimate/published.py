@@ -15,7 +15,8 @@ Validation (never used to fit anything):
 * A100: Korthikanti et al. 2022, Tables 3 and 5 and §6.3 (``KORTHIKANTI_2022``); the Megatron-LM README's
   GPT-3 175B on 1024 A100s (``MEGATRON_LM_A100_175B``).
 * H100: the dgxc-benchmarking sweeps of Llama 3.1 70B, Nemotron-4 15B and GPT-3 175B; the FP8 / BF16 pairs of
-  ``tests/estimate/test_fp8.py``.
+  ``tests/estimate/test_fp8.py``; the later dgxc-benchmarking releases' BF16 tables, v25.02.02, v25.04.02 and
+  v25.05.05 (NeMo 24.12 to 25.04: ``DGXC_H100_V25_02``, ``DGXC_H100_V25_04``, ``DGXC_H100_V25_05``).
 
 Comparison (listed, neither fitted nor validated): the Megatron-LM README's H100 weak-scaling table
 (``MEGATRON_LM_H100``): Megatron-Core r0.8.0, and the micro-batch, virtual stages and recomputation of its runs
@@ -460,7 +461,104 @@ DGXC_H100 = dgxc_rows(
 )  # fmt: skip
 
 
-ALL = NARAYANAN_TABLE_1 + KORTHIKANTI_2022 + MEGATRON_LM_A100_175B + DGXC_H100 + MEGATRON_LM_H100
+# Later releases of the same recipes (github NVIDIA/dgxc-benchmarking), DGX H100 BF16 'Expected Performance'
+# tables, step time in seconds (the last step): validation only, none fitted. Each release's rows are its own
+# measurement; where a release repeats an earlier one's figures unchanged (its run is not new), the rows are
+# left out. What the releases publish and what they leave to their recipes is as for v24.11.1 (``_D`` above);
+# from the recipes' configuration files: bf16 gradient reduction (``grad_sync_dtype: bf16`` in v25.02's NeMo
+# launcher files; ``grad_reduce_in_fp32 = False`` in NeMo 2's performance recipes), overlapped gradient reduction
+# and parameter all-gather, SP, --tp-comm-overlap, no recomputation (selective for the 340B, as in v24.11.1).
+#
+# v25.02 (tag v25.02.02, NeMo 24.12; llama3.1/README_{8b,70b,405b}.md, nemotron/README_15b.md,
+# nemo_megatron/README_175b.md): the same layouts as v24.11.1, measured again, except GPT-3 175B, whose shipped
+# configuration (nemo_megatron/gpt3_175b_hydra.yaml) has VP 6 where v24.11.1's had 12 (the README's heading still
+# says 12; v25.04's README, with the same figures, says 6). Its Nemotron-4 340B table is v24.11.1's (NeMo 24.09,
+# the same figures): left out.
+_D2502 = "NVIDIA dgxc-benchmarking v25.02.02, DGX H100 BF16"
+DGXC_H100_V25_02 = dgxc_rows(
+    _D2502,
+    [
+        ("Llama 3.1 8B", llama(32, 4096, 14336, 32, 8), 1, 1, 1, 2, 1, "none",
+         [(8, 128, 12.78), (16, 256, 12.99), (32, 512, 13.00), (64, 1024, 13.00), (128, 2048, 13.16)]),
+        ("Llama 3.1 70B", llama(80, 8192, 28672, 64, 8), 4, 4, 5, 2, 1, "none",
+         [(64, 128, 14.61), (128, 256, 14.70), (256, 512, 14.72), (512, 1024, 14.80), (1024, 2048, 14.86),
+          (2048, 4096, 14.84)]),
+        ("Llama 3.1 405B, 7 layers", llama(7, 16384, 53248, 128, 16), 8, 1, 1, 2, 1, "none", [(32, 126, 9.00)]),
+        ("Llama 3.1 405B, 21 layers", llama(21, 16384, 53248, 128, 16), 8, 3, 7, 2, 1, "none", [(96, 126, 8.87)]),
+        ("Llama 3.1 405B, 42 layers", llama(42, 16384, 53248, 128, 16), 8, 3, 7, 2, 1, "none",
+         [(192, 252, 17.30)]),
+        ("Llama 3.1 405B", llama(126, 16384, 53248, 128, 16), 8, 9, 7, 2, 1, "none",
+         [(576, 252, 17.50), (1152, 504, 17.60), (2304, 1008, 17.70)]),
+        ("Nemotron-4 15B", nemotron(32, 6144, 48), 4, 1, 1, 1, 4, "none",
+         [(16, 64, 2.812), (32, 128, 2.824), (64, 256, 2.845), (128, 512, 2.859), (256, 1024, 2.852),
+          (512, 2048, 2.875), (1024, 4096, 2.895), (2048, 8192, 2.887)]),
+        ("GPT-3 175B", GPT3_175B, 4, 8, 6, 1, 1, "none",
+         [(128, 256, 8.309), (256, 512, 8.408), (512, 1024, 8.42), (1024, 2048, 8.453), (2048, 4096, 8.49)]),
+    ],
+    assumed=_D_ASSUMED + "; GPT-3 175B: VP 6, the release's configuration file (its README heading says 12)",
+)  # fmt: skip
+
+# v25.04 (tag v25.04.02, NeMo 25.02.01; llama3.1/README.md, nemotron/README.md with their layout tables, and
+# launch.sh / llama31_utils.py): new layouts for Llama 3.1 405B (TP 8, PP 8, VP 8, CP 2; proxies of 8 layers on
+# 32 GPUs at PP 1, 30 layers on 64 and 62 on 128 at PP 4, VP 8) and Nemotron-4 15B (TP 2, micro-batch 2); the
+# 340B's layout table says no VP, its launch.sh gives VP 12 (taken). 126, 30 and 62 layers split evenly over PP ×
+# VP chunks only with the embedding and the loss each counted as a layer (NeMo's 405B performance recipe sets
+# both); the rows take it. Its GPT-3 175B table repeats v25.02's figures (NeMo 24.12): left out.
+_D2504 = "NVIDIA dgxc-benchmarking v25.04.02, DGX H100 BF16"
+_D2504_ASSUMED = (
+    _D_ASSUMED + "; 405B (PP > 1): --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split"
+)
+DGXC_H100_V25_04 = dgxc_rows(
+    _D2504,
+    [
+        ("Llama 3.1 8B", llama(32, 4096, 14336, 32, 8), 1, 1, 1, 2, 1, "none",
+         [(8, 128, 12.27), (16, 256, 12.3), (32, 512, 12.32), (64, 1024, 12.33), (128, 2048, 12.33)]),
+        ("Llama 3.1 70B", llama(80, 8192, 28672, 64, 8), 4, 4, 5, 2, 1, "none",
+         [(64, 128, 14.66), (128, 256, 14.67), (256, 512, 14.68), (512, 1024, 14.67), (1024, 2048, 14.65),
+          (2048, 4096, 14.66)]),
+        ("Llama 3.1 405B, 8 layers", llama(8, 16384, 53248, 128, 16), 8, 1, 1, 2, 1, "none", [(32, 64, 5.4)]),
+        ("Llama 3.1 405B, 30 layers", llama(30, 16384, 53248, 128, 16), 8, 4, 8, 2, 1, "none", [(64, 64, 10.1)]),
+        ("Llama 3.1 405B, 62 layers", llama(62, 16384, 53248, 128, 16), 8, 4, 8, 2, 1, "none",
+         [(128, 128, 19.62)]),
+        ("Llama 3.1 405B", llama(126, 16384, 53248, 128, 16), 8, 8, 8, 2, 1, "none",
+         [(512, 256, 19.78), (1024, 512, 19.84), (2048, 1024, 19.87)]),
+        ("Nemotron-4 15B", nemotron(32, 6144, 48), 2, 1, 1, 1, 2, "none",
+         [(16, 64, 2.66), (32, 128, 2.66), (64, 256, 2.67), (128, 512, 2.67), (256, 1024, 2.68),
+          (512, 2048, 2.71), (1024, 4096, 2.74), (2048, 8192, 2.78)]),
+        ("Nemotron-4 340B", nemotron(96, 18432, 96), 8, 8, 12, 1, 1, "selective",
+         [(256, 64, 4.36), (512, 128, 4.39), (1024, 256, 4.41), (2048, 512, 4.43)]),
+    ],
+    assumed=_D2504_ASSUMED,
+    embedding_and_loss_in_split=("Llama 3.1 405B, 30 layers", "Llama 3.1 405B, 62 layers", "Llama 3.1 405B"),
+)  # fmt: skip
+
+# v25.05 (tag v25.05.05, NeMo 25.04.01; llama3.1/README.md, nemotron/README.md): one H100 column per model, the
+# v25.04 layouts (the 340B with VP 12 in its layout table).
+_D2505 = "NVIDIA dgxc-benchmarking v25.05.05, DGX H100 BF16"
+DGXC_H100_V25_05 = dgxc_rows(
+    _D2505,
+    [
+        ("Llama 3.1 405B", llama(126, 16384, 53248, 128, 16), 8, 8, 8, 2, 1, "none", [(512, 256, 19.810)]),
+        ("Nemotron-4 15B", nemotron(32, 6144, 48), 2, 1, 1, 1, 2, "none", [(16, 64, 2.746)]),
+        ("Nemotron-4 340B", nemotron(96, 18432, 96), 8, 8, 12, 1, 1, "selective", [(256, 64, 4.606)]),
+    ],
+    assumed=_D2504_ASSUMED,
+    embedding_and_loss_in_split=("Llama 3.1 405B",),
+)  # fmt: skip
+DGXC_LATER_RELEASES = {_D2502: DGXC_H100_V25_02, _D2504: DGXC_H100_V25_04, _D2505: DGXC_H100_V25_05}
+"""The later dgxc-benchmarking releases' tables, by source: validation rows."""
+
+
+ALL = (
+    NARAYANAN_TABLE_1
+    + KORTHIKANTI_2022
+    + MEGATRON_LM_A100_175B
+    + DGXC_H100
+    + DGXC_H100_V25_02
+    + DGXC_H100_V25_04
+    + DGXC_H100_V25_05
+    + MEGATRON_LM_H100
+)
 CALIBRATION = [r for r in ALL if r.calibration]
 VALIDATION = [r for r in ALL if not r.calibration and not r.comparison]
 COMPARISON = [r for r in ALL if r.comparison]

@@ -7,6 +7,7 @@ the full grid); the validation rows are never fitted. ``docs/layout-model.md`` l
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import statistics
@@ -21,12 +22,15 @@ from megatron_ext.config.presets import get_preset
 from megatron_ext.estimate.hardware import GpuProfile, get_profile
 from megatron_ext.estimate.search import Cluster, search
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.layout import LayoutError
 from tests.conftest import REPO
 from tests.estimate.published import (
     ALL,
     CALIBRATION,
     COMPARISON,
     DGXC_H100,
+    DGXC_H100_V25_04,
+    DGXC_LATER_RELEASES,
     MEGATRON_LM_H100,
     NARAYANAN_TABLE_1,
     VALIDATION,
@@ -224,3 +228,49 @@ def test_the_older_readme_runs_are_slower_than_the_model_says(row: PublishedRun)
     listed, not validated: every one is predicted faster than it ran, by less than a third (docs/layout-model.md
     lists each)."""
     assert 0 < row.residual() < 0.33, f"{row.name}: {row.residual():+.1%}"
+
+
+@pytest.mark.parametrize("table", list(DGXC_LATER_RELEASES))
+def test_each_later_dgxc_release_validates_on_its_own(table: str) -> None:
+    """The later dgxc-benchmarking releases' H100 BF16 tables (v25.02, v25.04, v25.05: NeMo 24.12 to 25.04) are
+    validation rows, none fitted, and each table as a whole meets the validation goal: every row within 10%, the
+    median within 5% (docs/layout-model.md lists each)."""
+    rows = DGXC_LATER_RELEASES[table]
+    assert rows and all(r.table == table and r in VALIDATION for r in rows)
+    residuals = [abs(r.residual()) for r in rows]
+    assert max(residuals) < VALIDATION_TOLERANCE, f"{table}: {max(residuals):+.1%}"
+    assert statistics.median(residuals) < 0.05, f"{table}: median {statistics.median(residuals):.1%}"
+
+
+def _run_key(row: PublishedRun) -> tuple:
+    """A run by its model, layout and measured step time (not by its table)."""
+    return (
+        row.workload().model,
+        row.tp,
+        row.pp,
+        row.vp,
+        row.cp,
+        row.micro_batch,
+        row.gpus,
+        row.global_batch,
+        row.step_s,
+    )
+
+
+def test_a_later_release_repeating_an_earlier_figure_is_not_counted_twice() -> None:
+    """A release whose table repeats an earlier one's figures for the same layout (the 340B in v25.02, the GPT-3
+    175B in v25.04) reports no new run: such rows are left out, so no run is counted twice."""
+    runs = [_run_key(r) for r in DGXC_H100 + [r for rows in DGXC_LATER_RELEASES.values() for r in rows]]
+    assert len(runs) == len(set(runs))
+
+
+def test_the_v25_04_405b_layers_split_evenly_only_counting_the_embedding_and_the_loss() -> None:
+    """126 layers (and the 30- and 62-layer proxies) over PP 4 or 8 × VP 8 chunks: even only with the embedding and
+    the loss each counted as a layer, as NeMo's 405B recipe sets; without them the layout is refused."""
+    split = [r for r in DGXC_H100_V25_04 if r.embedding_and_loss_in_split]
+    assert {r.layers for r in split} == {30, 62, 126}
+    for row in split:
+        layout = row.layout()
+        assert (row.layers + 2) % (row.pp * row.vp) == 0 and sum(layout.layers_per_rank) == row.layers
+        with pytest.raises(LayoutError):
+            dataclasses.replace(row, embedding_and_loss_in_split=False).layout()
