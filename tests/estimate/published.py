@@ -15,8 +15,8 @@ Validation (never used to fit anything):
 * A100: Korthikanti et al. 2022, Tables 3 and 5 and §6.3 (``KORTHIKANTI_2022``); the Megatron-LM README's
   GPT-3 175B on 1024 A100s (``MEGATRON_LM_A100_175B``).
 * H100: the dgxc-benchmarking sweeps of Llama 3.1 70B, Nemotron-4 15B and GPT-3 175B; the FP8 / BF16 pairs of
-  ``tests/estimate/test_fp8.py``; the later dgxc-benchmarking releases' BF16 tables, v25.02.02, v25.04.02 and
-  v25.05.05 (NeMo 24.12 to 25.04: ``DGXC_H100_V25_02``, ``DGXC_H100_V25_04``, ``DGXC_H100_V25_05``).
+  ``tests/estimate/test_fp8.py``; the later dgxc-benchmarking releases' BF16 and FP8 tables, v25.02.02,
+  v25.04.02 and v25.05.05 (NeMo 24.12 to 25.04: ``DGXC_LATER_RELEASES``).
 
 Comparison (listed, neither fitted nor validated): the Megatron-LM README's H100 weak-scaling table
 (``MEGATRON_LM_H100``): Megatron-Core r0.8.0, and the micro-batch, virtual stages and recomputation of its runs
@@ -63,6 +63,8 @@ class PublishedRun:
     global_batch: int
     micro_batch: int
     precision: str = "bf16"
+    fp8_format: str | None = None
+    """``--fp8-format`` (the layers' GEMMs in FP8 on top of ``precision``), or None."""
     recompute: str = "none"
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
@@ -109,6 +111,7 @@ class PublishedRun:
         return Workload(
             model=model,
             precision=self.precision,
+            fp8_format=self.fp8_format,
             recompute_granularity=self.recompute,
             overlap_grad_reduce=self.overlap,
             overlap_param_gather=self.overlap and self.distributed_optimizer,
@@ -378,12 +381,13 @@ def dgxc_rows(
     assumed: str,
     calibration: tuple[str, ...] = (),
     embedding_and_loss_in_split: tuple[str, ...] = (),
+    fp8_format: str | None = None,
 ) -> list[PublishedRun]:
     """The rows of a dgxc-benchmarking (NeMo) DGX H100 BF16 table: the recipes' bf16, distributed optimizer,
     overlapped gradient reduction and parameter all-gather, SP, fused attention and TP communication overlap;
     ``calibration``: the models (by the start of their name) whose rows fit the constants;
     ``embedding_and_loss_in_split``: the sweeps (by name) whose layers are split counting the embedding and the loss
-    as layers (on PP > 1)."""
+    as layers (on PP > 1); ``fp8_format``: an FP8 table's (the layers' GEMMs in FP8 on top of bf16)."""
     return [
         _row(
             table=table,
@@ -408,6 +412,7 @@ def dgxc_rows(
             overlap=True,
             tp_comm_overlap=True,
             grad_reduce_in_bf16=True,
+            fp8_format=fp8_format,
             embedding_and_loss_in_split=name in embedding_and_loss_in_split and pp > 1,
             attention="auto",
             step_s=step,
@@ -545,8 +550,87 @@ DGXC_H100_V25_05 = dgxc_rows(
     assumed=_D2504_ASSUMED,
     embedding_and_loss_in_split=("Llama 3.1 405B",),
 )  # fmt: skip
-DGXC_LATER_RELEASES = {_D2502: DGXC_H100_V25_02, _D2504: DGXC_H100_V25_04, _D2505: DGXC_H100_V25_05}
-"""The later dgxc-benchmarking releases' tables, by source: validation rows."""
+
+
+# The same releases' FP8 tables (the columns beside each BF16 table): the same recipes with the layers' GEMMs in
+# FP8 (Transformer Engine's delayed scaling, hybrid format: E4M3 forward, E5M2 gradients), --fp8-format hybrid
+# in the rows. The FP8 GEMMs' share of the FP8 peak was fitted on v24.11.1's BF16 / FP8 step-time ratios (of the
+# calibration models, ``tests/estimate/test_fp8.py``); none of these rows is fitted. Layouts as the BF16 tables'
+# but v25.04's Llama 3.1 70B FP8 (its layout table: TP 4, PP 8, CP 1, VP 5). v25.02's Nemotron-4 340B and v25.04's
+# GPT-3 175B FP8 tables repeat earlier figures: left out. The recipes gather FP8 parameters (v25.02's launch.sh:
+# +model.fp8_params; NeMo 2's FP8 plugin), which the calculator counts in bf16.
+_FP8_ASSUMED = "; FP8 parameter all-gather counted in bf16 (the calculator does not model it)"
+_F2502 = "NVIDIA dgxc-benchmarking v25.02.02, DGX H100 FP8"
+DGXC_H100_FP8_V25_02 = dgxc_rows(
+    _F2502,
+    [
+        ("Llama 3.1 8B", llama(32, 4096, 14336, 32, 8), 1, 1, 1, 2, 1, "none",
+         [(8, 128, 9.44), (16, 256, 9.47), (32, 512, 9.60), (64, 1024, 9.64), (128, 2048, 9.73)]),
+        ("Llama 3.1 70B", llama(80, 8192, 28672, 64, 8), 4, 4, 5, 2, 1, "none",
+         [(64, 128, 10.46), (128, 256, 10.52), (256, 512, 10.75), (512, 1024, 10.76), (1024, 2048, 10.83),
+          (2048, 4096, 10.99)]),
+        ("Llama 3.1 405B, 7 layers", llama(7, 16384, 53248, 128, 16), 8, 1, 1, 2, 1, "none", [(32, 126, 5.75)]),
+        ("Llama 3.1 405B, 21 layers", llama(21, 16384, 53248, 128, 16), 8, 3, 7, 2, 1, "none", [(96, 126, 5.63)]),
+        ("Llama 3.1 405B, 42 layers", llama(42, 16384, 53248, 128, 16), 8, 3, 7, 2, 1, "none",
+         [(192, 252, 10.8)]),
+        ("Llama 3.1 405B", llama(126, 16384, 53248, 128, 16), 8, 9, 7, 2, 1, "none",
+         [(576, 252, 11.00), (1152, 504, 11.10), (2304, 1008, 11.20)]),
+        ("Nemotron-4 15B", nemotron(32, 6144, 48), 4, 1, 1, 1, 4, "none",
+         [(16, 64, 2.039), (32, 128, 2.046), (64, 256, 2.048), (128, 512, 2.059), (256, 1024, 2.075),
+          (512, 2048, 2.12), (1024, 4096, 2.094), (2048, 8192, 2.12)]),
+        ("GPT-3 175B", GPT3_175B, 4, 8, 6, 1, 1, "none",
+         [(128, 256, 5.626), (256, 512, 5.725), (512, 1024, 5.774), (1024, 2048, 5.82), (2048, 4096, 5.96)]),
+    ],
+    assumed=_D_ASSUMED + "; GPT-3 175B: VP 6, the release's configuration file (its README heading says 12)"
+    + _FP8_ASSUMED,
+    fp8_format="hybrid",
+)  # fmt: skip
+_F2504 = "NVIDIA dgxc-benchmarking v25.04.02, DGX H100 FP8"
+DGXC_H100_FP8_V25_04 = dgxc_rows(
+    _F2504,
+    [
+        ("Llama 3.1 8B", llama(32, 4096, 14336, 32, 8), 1, 1, 1, 2, 1, "none",
+         [(8, 128, 9.33), (16, 256, 9.36), (32, 512, 9.43), (64, 1024, 9.48), (128, 2048, 9.54)]),
+        ("Llama 3.1 70B", llama(80, 8192, 28672, 64, 8), 4, 8, 5, 1, 1, "none",
+         [(64, 128, 9.86), (128, 256, 9.95), (256, 512, 10), (512, 1024, 10.07), (1024, 2048, 10.08),
+          (2048, 4096, 10.15)]),
+        ("Llama 3.1 405B, 8 layers", llama(8, 16384, 53248, 128, 16), 8, 1, 1, 2, 1, "none", [(32, 64, 3.53)]),
+        ("Llama 3.1 405B, 30 layers", llama(30, 16384, 53248, 128, 16), 8, 4, 8, 2, 1, "none", [(64, 64, 6.32)]),
+        ("Llama 3.1 405B, 62 layers", llama(62, 16384, 53248, 128, 16), 8, 4, 8, 2, 1, "none",
+         [(128, 128, 12.18)]),
+        ("Llama 3.1 405B", llama(126, 16384, 53248, 128, 16), 8, 8, 8, 2, 1, "none",
+         [(512, 256, 12.37), (1024, 512, 12.42), (2048, 1024, 12.56)]),
+        ("Nemotron-4 15B", nemotron(32, 6144, 48), 2, 1, 1, 1, 2, "none",
+         [(16, 64, 1.98), (32, 128, 1.98), (64, 256, 1.98), (128, 512, 1.99), (256, 1024, 2),
+          (512, 2048, 2.02), (1024, 4096, 2.03), (2048, 8192, 2.09)]),
+        ("Nemotron-4 340B", nemotron(96, 18432, 96), 8, 8, 12, 1, 1, "selective",
+         [(256, 64, 2.93), (512, 128, 2.97), (1024, 256, 3), (2048, 512, 3.05)]),
+    ],
+    assumed=_D2504_ASSUMED + _FP8_ASSUMED,
+    embedding_and_loss_in_split=("Llama 3.1 405B, 30 layers", "Llama 3.1 405B, 62 layers", "Llama 3.1 405B"),
+    fp8_format="hybrid",
+)  # fmt: skip
+_F2505 = "NVIDIA dgxc-benchmarking v25.05.05, DGX H100 FP8"
+DGXC_H100_FP8_V25_05 = dgxc_rows(
+    _F2505,
+    [
+        ("Llama 3.1 405B", llama(126, 16384, 53248, 128, 16), 8, 8, 8, 2, 1, "none", [(512, 256, 13.020)]),
+        ("Nemotron-4 15B", nemotron(32, 6144, 48), 2, 1, 1, 1, 2, "none", [(16, 64, 1.988)]),
+        ("Nemotron-4 340B", nemotron(96, 18432, 96), 8, 8, 12, 1, 1, "selective", [(256, 64, 3.107)]),
+    ],
+    assumed=_D2504_ASSUMED + _FP8_ASSUMED,
+    embedding_and_loss_in_split=("Llama 3.1 405B",),
+    fp8_format="hybrid",
+)  # fmt: skip
+DGXC_LATER_RELEASES = {
+    _D2502: DGXC_H100_V25_02,
+    _D2504: DGXC_H100_V25_04,
+    _D2505: DGXC_H100_V25_05,
+    _F2502: DGXC_H100_FP8_V25_02,
+    _F2504: DGXC_H100_FP8_V25_04,
+    _F2505: DGXC_H100_FP8_V25_05,
+}
+"""The later dgxc-benchmarking releases' tables (BF16 and FP8), by source: validation rows."""
 
 
 ALL = (
@@ -557,6 +641,9 @@ ALL = (
     + DGXC_H100_V25_02
     + DGXC_H100_V25_04
     + DGXC_H100_V25_05
+    + DGXC_H100_FP8_V25_02
+    + DGXC_H100_FP8_V25_04
+    + DGXC_H100_FP8_V25_05
     + MEGATRON_LM_H100
 )
 CALIBRATION = [r for r in ALL if r.calibration]
