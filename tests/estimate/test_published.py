@@ -33,6 +33,7 @@ from tests.estimate.published import (
     DGXC_LATER_RELEASES,
     MEGATRON_LM_H100,
     NARAYANAN_TABLE_1,
+    NEMO_24_07_FP8,
     VALIDATION,
     PublishedRun,
     with_constants,
@@ -222,7 +223,7 @@ def test_validation_median_within_five_percent() -> None:
     assert statistics.median(abs(r.residual()) for r in VALIDATION) < 0.05
 
 
-@pytest.mark.parametrize("row", COMPARISON, ids=[r.name for r in COMPARISON])
+@pytest.mark.parametrize("row", MEGATRON_LM_H100, ids=[r.name for r in MEGATRON_LM_H100])
 def test_the_older_readme_runs_are_slower_than_the_model_says(row: PublishedRun) -> None:
     """The Megatron-LM README's H100 weak-scaling runs (Megatron-Core r0.8.0, settings partly unpublished) are
     listed, not validated: every one is predicted faster than it ran, by less than a third (docs/layout-model.md
@@ -274,3 +275,25 @@ def test_the_v25_04_405b_layers_split_evenly_only_counting_the_embedding_and_the
         assert (row.layers + 2) % (row.pp * row.vp) == 0 and sum(layout.layers_per_rank) == row.layers
         with pytest.raises(LayoutError):
             dataclasses.replace(row, embedding_and_loss_in_split=False).layout()
+
+
+def test_the_comparison_tables_are_the_readme_and_nemo_24_07_tables() -> None:
+    """Every comparison row is in one of the two tables whose sign and size the tests below check."""
+    assert COMPARISON == MEGATRON_LM_H100 + NEMO_24_07_FP8
+
+
+@pytest.mark.parametrize("row", NEMO_24_07_FP8, ids=[r.name for r in NEMO_24_07_FP8])
+def test_nemo_24_07_fp8_runs_are_within_fifteen_percent(row: PublishedRun) -> None:
+    """NeMo 24.07's FP8 performance summary (shapes and recipe settings not published with it): each run's
+    tokens per second within -10% and +15% of the model's (docs/layout-model.md lists each)."""
+    assert -0.10 < row.residual() < 0.15, f"{row.name}: {row.residual():+.1%}"
+
+
+def test_nemo_24_07_fp8_is_a_comparison_predicted_faster_than_it_ran() -> None:
+    """Most of its runs are predicted faster than they ran (all but the GPT-3 175B on 512 GPUs at micro-batch 2),
+    and the table misses the validation goal (median 5.1%, largest +14.4%, the Nemotron-8B): listed, not validated.
+    Should a change of the model bring it within the goal, it joins the validation rows."""
+    residuals = [r.residual() for r in NEMO_24_07_FP8]
+    assert [r.name for r in NEMO_24_07_FP8 if r.residual() <= 0] == ["GPT3-175B on 512"]
+    sizes = [abs(x) for x in residuals]
+    assert statistics.median(sizes) >= 0.05 or max(sizes) >= VALIDATION_TOLERANCE
