@@ -406,7 +406,7 @@ def dgxc_rows(
     embedding_and_loss_in_split: tuple[str, ...] = (),
     fp8_format: str | None = None,
 ) -> list[PublishedRun]:
-    """The rows of a dgxc-benchmarking (NeMo) DGX H100 BF16 table: the recipes' bf16, distributed optimizer,
+    """The rows of a dgxc-benchmarking (NeMo) DGX H100 table: the recipes' bf16, distributed optimizer,
     overlapped gradient reduction and parameter all-gather, SP, fused attention and TP communication overlap;
     ``calibration``: the models (by the start of their name) whose rows fit the constants;
     ``embedding_and_loss_in_split``: the sweeps (by name) whose layers are split counting the embedding and the loss
@@ -580,8 +580,8 @@ DGXC_H100_V25_05 = dgxc_rows(
 # in the rows. The FP8 GEMMs' share of the FP8 peak was fitted on v24.11.1's BF16 / FP8 step-time ratios (of the
 # calibration models, ``tests/estimate/test_fp8.py``); none of these rows is fitted. Layouts as the BF16 tables'
 # but v25.04's Llama 3.1 70B FP8 (its layout table: TP 4, PP 8, CP 1, VP 5). v25.02's Nemotron-4 340B and v25.04's
-# GPT-3 175B FP8 tables repeat earlier figures: left out. The recipes gather FP8 parameters (v25.02's launch.sh:
-# +model.fp8_params; NeMo 2's FP8 plugin), which the calculator counts in bf16.
+# GPT-3 175B FP8 tables repeat earlier figures: left out. v25.02's recipes gather FP8 parameters (launch.sh:
+# +model.fp8_params), which the calculator counts in bf16.
 _FP8_ASSUMED = "; FP8 parameter all-gather counted in bf16 (the calculator does not model it)"
 _F2502 = "NVIDIA dgxc-benchmarking v25.02.02, DGX H100 FP8"
 DGXC_H100_FP8_V25_02 = dgxc_rows(
