@@ -80,6 +80,9 @@ def residual_table(rows: Sequence[PublishedRun]) -> list[str]:
         e = r.estimate()
         if r.step_s is not None:
             measured, predicted = f"{r.step_s:g} s", f"{e.time.step_s:.2f} s"
+        elif r.tokens_per_gpu_s is not None:
+            measured = f"{r.tokens_per_gpu_s:g} tokens/s/GPU"
+            predicted = f"{r.predicted_tokens_per_gpu_s(e):.0f} tokens/s/GPU"
         else:
             value = e.hardware_tflops_per_gpu if r.hardware_flops else e.tflops_per_gpu
             measured, predicted = f"{r.tflops:g} TFLOP/s", f"{value:.1f} TFLOP/s"

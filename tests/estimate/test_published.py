@@ -7,6 +7,7 @@ the full grid); the validation rows are never fitted. ``docs/layout-model.md`` l
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import statistics
@@ -21,14 +22,18 @@ from megatron_ext.config.presets import get_preset
 from megatron_ext.estimate.hardware import GpuProfile, get_profile
 from megatron_ext.estimate.search import Cluster, search
 from megatron_ext.estimate.workload import Workload
+from megatron_ext.parallel.layout import LayoutError
 from tests.conftest import REPO
 from tests.estimate.published import (
     ALL,
     CALIBRATION,
     COMPARISON,
     DGXC_H100,
+    DGXC_H100_V25_04,
+    DGXC_LATER_RELEASES,
     MEGATRON_LM_H100,
     NARAYANAN_TABLE_1,
+    NEMO_24_07_FP8,
     VALIDATION,
     PublishedRun,
     with_constants,
@@ -218,9 +223,77 @@ def test_validation_median_within_five_percent() -> None:
     assert statistics.median(abs(r.residual()) for r in VALIDATION) < 0.05
 
 
-@pytest.mark.parametrize("row", COMPARISON, ids=[r.name for r in COMPARISON])
+@pytest.mark.parametrize("row", MEGATRON_LM_H100, ids=[r.name for r in MEGATRON_LM_H100])
 def test_the_older_readme_runs_are_slower_than_the_model_says(row: PublishedRun) -> None:
     """The Megatron-LM README's H100 weak-scaling runs (Megatron-Core r0.8.0, settings partly unpublished) are
     listed, not validated: every one is predicted faster than it ran, by less than a third (docs/layout-model.md
     lists each)."""
     assert 0 < row.residual() < 0.33, f"{row.name}: {row.residual():+.1%}"
+
+
+@pytest.mark.parametrize("table", list(DGXC_LATER_RELEASES))
+def test_each_later_dgxc_release_validates_on_its_own(table: str) -> None:
+    """The later dgxc-benchmarking releases' H100 BF16 and FP8 tables (v25.02, v25.04, v25.05: NeMo 24.12 to 25.04)
+    are validation rows, none fitted, and each table as a whole meets the validation goal: every row within 10%, the
+    median within 5% (docs/layout-model.md lists each)."""
+    rows = DGXC_LATER_RELEASES[table]
+    assert rows and all(r.table == table and r in VALIDATION for r in rows)
+    residuals = [abs(r.residual()) for r in rows]
+    assert max(residuals) < VALIDATION_TOLERANCE, f"{table}: {max(residuals):+.1%}"
+    assert statistics.median(residuals) < 0.05, f"{table}: median {statistics.median(residuals):.1%}"
+
+
+def _run_key(row: PublishedRun) -> tuple:
+    """A run by its model, layout and measured step time (not by its table)."""
+    return (
+        row.workload().model,
+        row.tp,
+        row.pp,
+        row.vp,
+        row.cp,
+        row.micro_batch,
+        row.gpus,
+        row.global_batch,
+        row.step_s,
+    )
+
+
+def test_a_later_release_repeating_an_earlier_figure_is_not_counted_twice() -> None:
+    """A release whose table repeats an earlier one's figures for the same layout (the 340B in v25.02, the GPT-3
+    175B in v25.04, BF16 and FP8) reports no new run: such rows are left out, so no run is counted twice."""
+    runs = [_run_key(r) for r in DGXC_H100 + [r for rows in DGXC_LATER_RELEASES.values() for r in rows]]
+    assert len(runs) == len(set(runs))
+
+
+def test_the_v25_04_405b_layers_split_evenly_only_counting_the_embedding_and_the_loss() -> None:
+    """126 layers (and the 30- and 62-layer proxies) over PP 4 or 8 × VP 8 chunks: even only with the embedding and
+    the loss each counted as a layer, as NeMo's 405B recipe sets; without them the layout is refused."""
+    split = [r for r in DGXC_H100_V25_04 if r.embedding_and_loss_in_split]
+    assert {r.layers for r in split} == {30, 62, 126}
+    for row in split:
+        layout = row.layout()
+        assert (row.layers + 2) % (row.pp * row.vp) == 0 and sum(layout.layers_per_rank) == row.layers
+        with pytest.raises(LayoutError):
+            dataclasses.replace(row, embedding_and_loss_in_split=False).layout()
+
+
+def test_the_comparison_tables_are_the_readme_and_nemo_24_07_tables() -> None:
+    """Every comparison row is in one of the two tables whose sign and size the tests below check."""
+    assert COMPARISON == MEGATRON_LM_H100 + NEMO_24_07_FP8
+
+
+@pytest.mark.parametrize("row", NEMO_24_07_FP8, ids=[r.name for r in NEMO_24_07_FP8])
+def test_nemo_24_07_fp8_runs_are_within_fifteen_percent(row: PublishedRun) -> None:
+    """NeMo 24.07's FP8 performance summary (shapes and recipe settings not published with it): each run's
+    tokens per second within -10% and +15% of the model's (docs/layout-model.md lists each)."""
+    assert -0.10 < row.residual() < 0.15, f"{row.name}: {row.residual():+.1%}"
+
+
+def test_nemo_24_07_fp8_is_a_comparison_predicted_faster_than_it_ran() -> None:
+    """Most of its runs are predicted faster than they ran (all but the GPT-3 175B on 512 GPUs at micro-batch 2),
+    and the table misses the validation goal (median 5.1%, largest +14.4%, the Nemotron-8B): listed, not validated.
+    Should a change of the model bring it within the goal, it joins the validation rows."""
+    residuals = [r.residual() for r in NEMO_24_07_FP8]
+    assert [r.name for r in NEMO_24_07_FP8 if r.residual() <= 0] == ["GPT3-175B on 512"]
+    sizes = [abs(x) for x in residuals]
+    assert statistics.median(sizes) >= 0.05 or max(sizes) >= VALIDATION_TOLERANCE
