@@ -663,8 +663,8 @@ DGXC_LATER_RELEASES = {
 # Nemotron3Config8B and Nemotron4Config22B with one key/value head per query head, Nemotron4Config340B), the
 # recipes' settings (taken as the dgxc-benchmarking recipes': bf16 with FP8 GEMMs in the hybrid format, the
 # distributed optimizer, overlapped reduction and all-gather, bf16 gradient reduction, SP, --tp-comm-overlap,
-# fused attention, recomputation none but selective for the 340B). The table misses the validation goal (median
-# 5.1 %, largest 14.4 %): a comparison, not a validation (docs/layout-model.md).
+# fused attention, recomputation none but selective for the 340B). The table misses the validation goal (largest
+# +14.0 %, the Nemotron 8B): a comparison, not a validation (docs/layout-model.md).
 _N = "NVIDIA NeMo performance summary (8e3d65dc), NeMo 24.07, DGX H100 FP8"
 _N_ASSUMED = (
     "shapes from NeMo's model configurations; the dgxc recipes' settings (bf16 gradient reduction, overlaps, SP, "
