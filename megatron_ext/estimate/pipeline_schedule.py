@@ -42,6 +42,7 @@ synchronously, so a rank that sends is busy for the transfer
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -134,26 +135,27 @@ def schedule_order(
     validate(pp=pp, vp=vp, num_microbatches=num_microbatches, group_size=group_size)
     if not 0 <= pipeline_rank < pp:
         raise ValueError(f"pipeline_rank={pipeline_rank} is outside 0..{pp - 1}")
+    forward, backward = _table_passes(num_microbatches, vp, group_size or pp)
     total = num_microbatches * vp
-    group = group_size or pp
-    table = schedule_table(num_microbatches, vp, group) if vp > 1 else [(mb, 0) for mb in range(num_microbatches)]
-
-    def forward(k: int) -> PipelinePass:
-        mb, chunk = table[k]
-        return PipelinePass("F", mb, chunk)
-
-    def backward(k: int) -> PipelinePass:
-        mb, chunk = table[k]
-        return PipelinePass("B", mb, vp - 1 - chunk)
-
     warmup = warmup_passes(
         pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank, group_size=group_size
     )
-    order = [forward(k) for k in range(warmup)]
+    order = list(forward[:warmup])
     for k in range(total - warmup):
-        order += [forward(k + warmup), backward(k)]
-    order += [backward(k) for k in range(total - warmup, total)]
+        order += (forward[k + warmup], backward[k])
+    order += backward[total - warmup :]
     return order
+
+
+@functools.lru_cache(maxsize=8)
+def _table_passes(num_microbatches: int, vp: int, group: int) -> tuple[tuple[PipelinePass, ...], ...]:
+    """Forward pass ``k`` runs table entry ``k``, backward pass ``k`` the same microbatch's mirrored chunk
+    (``schedule_table``; every rank shares them)."""
+    table = schedule_table(num_microbatches, vp, group) if vp > 1 else [(mb, 0) for mb in range(num_microbatches)]
+    return (
+        tuple(PipelinePass("F", mb, chunk) for mb, chunk in table),
+        tuple(PipelinePass("B", mb, vp - 1 - chunk) for mb, chunk in table),
+    )
 
 
 class TimedPass(NamedTuple):
@@ -265,10 +267,12 @@ def simulate(
     if any(step.microbatch >= m or step.chunk >= vp for order in orders for step in order):
         raise ValueError(f"an order names a microbatch or chunk outside m={m}, v={vp}")
     # Every pass has its index in ``done``, ((rank·3 + kind)·m + mb)·v + chunk, and per rank a plan of
-    # (pass, own index, the index of the pass whose output it needs or -1, whether that comes from another
-    # rank, duration, what a blocking send holds the rank after it).
+    # (pass, own index, the index of the pass whose output it needs (``ready_now``: none), the transfer when
+    # that comes from another rank, duration, what a blocking send holds the rank after it).
     kind_index = {kind: k for k, kind in enumerate(KINDS)}
     stride = m * vp  # one kind of one rank
+    done: list[float | None] = [None] * (3 * pp * stride) + [0.0]
+    ready_now = len(done) - 1  # the index of a pass that needs nothing: there from the start
     plans = []
     for rank, order in enumerate(orders):
         plan = []
@@ -290,9 +294,11 @@ def simulate(
             else:  # the last stage: its own forward
                 dep, remote = rank * 3 * stride + offset, False
             hold = p2p_time if blocking_p2p and sends(step, pp=pp, vp=vp, pipeline_rank=rank) else 0.0
-            plan.append((step, (rank * 3 + k) * stride + offset, dep, remote, row[c][k], hold))
+            delay = p2p_time if remote else 0.0
+            plan.append(
+                (step, (rank * 3 + k) * stride + offset, dep if dep >= 0 else ready_now, delay, row[c][k], hold)
+            )
         plans.append(plan)
-    done = [-1.0] * (3 * pp * m * vp)
     placed: list[list[TimedPass]] = [[] for _ in range(pp)]
     free = [0.0] * pp
     position = [0] * pp
@@ -301,19 +307,18 @@ def simulate(
         progressed = False
         for rank in range(pp):
             plan, at, clock = plans[rank], position[rank], free[rank]
-            while at < len(plan):
-                step, own, dep, remote, duration, hold = plan[at]
-                if dep >= 0:
-                    ready = done[dep]
-                    if ready < 0:
-                        break
-                    if remote:
-                        ready += p2p_time
-                    if ready > clock:
-                        clock = ready
+            count, add = len(plan), placed[rank].append
+            while at < count:
+                step, own, dep, delay, duration, hold = plan[at]
+                ready = done[dep]
+                if ready is None:  # its input is not there yet
+                    break
+                ready += delay
+                if ready > clock:
+                    clock = ready
                 end = clock + duration
                 done[own] = end
-                placed[rank].append(TimedPass(rank, step, clock, end))
+                add(TimedPass(rank, step, clock, end))
                 clock = end + hold
                 at += 1
             if at > position[rank]:
@@ -355,7 +360,6 @@ def figures_at_scale(
     pp: int,
     vp: int = 1,
     group_size: int | None = None,
-    phased: bool = False,
 ) -> StepFigures:
     """The figures of ``place(num_microbatches)`` (a step placed: its figures and its passes), read off a shorter
     step when the step is long and that shorter step has reached its steady state.
@@ -370,9 +374,7 @@ def figures_at_scale(
     ``(2(p − 1) + (v − 1)·N)/v`` interleaved), ``n`` starts at three spans of ``w + period + 1`` microbatches
     and two periods (warm-up and transient, the window, the cool-down) and doubles until the window repeats
     (a pipeline whose stages are nearly even can take long to settle) or the step is simulated whole.
-    ``phased`` (GPipe): all forward passes run before the backward passes, so each phase repeats with its own
-    shift once both do, and a repetition adds both. ``tests/estimate/test_schedule_comparison.py`` checks this
-    against whole steps.
+    ``tests/estimate/test_long_steps.py`` checks this against whole steps.
     """
     m = num_microbatches
     period = (group_size or pp) if vp > 1 else 1
@@ -384,35 +386,30 @@ def figures_at_scale(
     while n + (m - n) % period < m:
         n += (m - n) % period
         figures, passes = place(n)
-        shifts = _steady_shifts(passes, microbatches=n, period=period, span=span, step=figures.makespan)
-        if shifts is not None and (
-            phased or max(shifts.values()) - min(shifts.values()) <= STEADY_TOLERANCE * figures.makespan
-        ):
-            shift = sum(shifts.values()) if phased else max(shifts.values())
+        shift = _steady_shift(passes, microbatches=n, period=period, span=span, step=figures.makespan)
+        if shift is not None:
             return StepFigures(
                 makespan=figures.makespan + (m - n) // period * shift,
-                # GPipe holds every microbatch at once; the others' peaks are reached in the warm-up.
-                in_flight=tuple(k * m // n for k in figures.in_flight) if phased else figures.in_flight,
+                in_flight=figures.in_flight,  # reached in the warm-up
                 messages=tuple(k * m // n for k in figures.messages),  # each rank sends per microbatch
             )
         n *= 2
     return place(m)[0]
 
 
-def _steady_shifts(
+def _steady_shift(
     passes: Sequence[TimedPass], *, microbatches: int, period: int, span: int, step: float
-) -> dict[str, float] | None:
-    """Per kind of pass, the time every pass of the microbatches ``[n − period − 2·span, n − period − span)``
-    ends after the same pass ``period`` microbatches earlier, when it is one time for all of them (else None)."""
+) -> float | None:
+    """The time every pass of the microbatches ``[n − period − 2·span, n − period − span)`` ends after the same
+    pass ``period`` microbatches earlier, when it is one time for all of them (else None)."""
     high = microbatches - period - span
     low = high - span
     if low < span:
         return None
     end = {(p.rank, *p.step): p.end for p in passes if low <= p.step.microbatch < high + period}
-    shifts: dict[str, list[float]] = {}
-    for (rank, kind, mb, chunk), when in end.items():
-        if mb < high:
-            shifts.setdefault(kind, []).append(end[(rank, kind, mb + period, chunk)] - when)
-    if not shifts or any(abs(s - found[0]) > STEADY_TOLERANCE * step for found in shifts.values() for s in found):
+    shifts = [
+        end[(rank, kind, mb + period, chunk)] - when for (rank, kind, mb, chunk), when in end.items() if mb < high
+    ]
+    if not shifts or any(abs(s - shifts[0]) > STEADY_TOLERANCE * step for s in shifts):
         return None
-    return {kind: found[0] for kind, found in shifts.items()}
+    return shifts[0]

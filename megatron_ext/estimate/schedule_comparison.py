@@ -167,10 +167,48 @@ def schedule_figures(
 
     if whole:
         return place(num_microbatches)[0], timelines[-1]
-    at_scale = figures_at_scale(
-        place, num_microbatches=num_microbatches, pp=pp, vp=vp, group_size=group_size, phased=schedule == "gpipe"
+    if schedule == "gpipe":
+        return gpipe_figures(pp=pp, num_microbatches=num_microbatches, chunk_times=chunk_times, p2p_time=p2p_time), None
+    return figures_at_scale(place, num_microbatches=num_microbatches, pp=pp, vp=vp, group_size=group_size), None
+
+
+def gpipe_figures(*, pp: int, num_microbatches: int, chunk_times: ChunkTimes, p2p_time: float) -> StepFigures:
+    """GPipe's step in closed form, as ``simulate`` places it with blocking sends (``h``: ``p2p_time`` after a
+    pass that sends, else 0).
+
+    A pass ends at ``max(its rank's previous end + h, its input's end + p2p) + t``. Every microbatch takes the
+    same times, so the longest chain of passes to the forward pass ``k`` on rank ``r`` goes down the ranks once
+    and runs its ``k`` repeats on the slowest rank on the way: ``E_F(r, k) = Σ_{j≤r} f_j + r·p2p +
+    k·max_{j≤r}(f_j + h_j)``. Rank ``r``'s backward passes start after its last forward pass (``E_F(r, m−1) +
+    h``), and the chain to its backward pass ``k`` comes up from some rank ``j ≥ r``: ``E_B(r, k) = max_{j≥r}
+    [E_F(j, m−1) + h_j + b_j + Σ_{r≤i<j}(p2p + b_i) + k·max_{r≤i≤j}(b_i + h'_i)]``. The step ends with the
+    last backward pass. (The forward passes never wait for a later rank, so the step has no steady state all
+    ranks share and is not read off a shorter one; ``tests/estimate/test_long_steps.py`` checks this against
+    whole steps.)"""
+    m = num_microbatches
+    forward = [row[0][0] for row in chunk_times]
+    backward = [row[0][1] for row in chunk_times]
+    hold_f = [p2p_time if r < pp - 1 else 0.0 for r in range(pp)]
+    hold_b = [p2p_time if r > 0 else 0.0 for r in range(pp)]
+    last_forward = []
+    reach, slowest = -p2p_time, 0.0
+    for r in range(pp):
+        reach += p2p_time + forward[r]
+        slowest = max(slowest, forward[r] + hold_f[r])
+        last_forward.append(reach + (m - 1) * slowest)
+    step = 0.0
+    for r in range(pp):
+        climb, slowest = 0.0, 0.0
+        for j in range(r, pp):
+            slowest = max(slowest, backward[j] + hold_b[j])
+            start = last_forward[j] + hold_f[j] + backward[j]
+            step = max(step, start + climb + (m - 1) * slowest)
+            climb += p2p_time + backward[j]
+    return StepFigures(
+        makespan=step,
+        in_flight=(m,) * pp,  # every forward pass before the first backward
+        messages=tuple(m * ((r < pp - 1) + (r > 0)) for r in range(pp)),
     )
-    return at_scale, None
 
 
 def run_schedule(
@@ -231,8 +269,9 @@ def run_zero_bubble(
             passes=timeline.passes,
         )
     else:
-        step = zero_bubble_at_scale(schedule, **common, p2p_time=p2p_time)
-        compute = zero_bubble_at_scale(schedule, **common, p2p_time=0.0) if p2p_time > 0 else step
+        step, chosen = zero_bubble_at_scale(schedule, **common, p2p_time=p2p_time)
+        # The same order with free transfers: the schedule's own bubble.
+        compute = zero_bubble_at_scale(schedule, **common, p2p_time=0.0, candidate=chosen)[0] if p2p_time > 0 else step
         pictured = None
     return ScheduleRun(
         schedule=schedule,

@@ -190,10 +190,12 @@ def zero_bubble_at_scale(
     vp: int,
     chunk_times: Sequence[Sequence[tuple[float, float, float]]],
     p2p_time: float,
-) -> StepFigures:
-    """``simulate_zero_bubble``'s step of ZB-H1 or ZB interleaved as figures: each candidate order's read off
-    shorter steps when the step is long (``pipeline_schedule.figures_at_scale``), then the one that finishes
-    first within the memory limit."""
+    candidate: int | None = None,
+) -> tuple[StepFigures, int]:
+    """``simulate_zero_bubble``'s step of ZB-H1 or ZB interleaved as figures, and which of its candidate orders
+    (``fixed_orders``) it is: each candidate's step read off shorter steps when it is long
+    (``pipeline_schedule.figures_at_scale``), then the one that finishes first within the memory limit; or
+    the step of the ``candidate`` given."""
     if schedule not in ("zb-h1", "zb-interleaved"):
         raise ValueError(f"{schedule} is not placed in fixed orders: simulate_zero_bubble places it")
 
@@ -208,33 +210,36 @@ def zero_bubble_at_scale(
             raise RuntimeError(f"the {schedule} order of p={pp}, m={n} deadlocks")
         return zero_bubble_figures(timeline), timeline.passes
 
-    candidates = [
-        figures_at_scale(functools.partial(figures, which=k), num_microbatches=num_microbatches, pp=pp, vp=vp)
-        for k in range(1 if schedule == "zb-h1" else len(INTERLEAVED_SHARES))
-    ]
+    def at_scale(which: int) -> StepFigures:
+        place = functools.partial(figures, which=which)
+        return figures_at_scale(place, num_microbatches=num_microbatches, pp=pp, vp=vp)
+
+    if candidate is not None:
+        return at_scale(candidate), candidate
+    candidates = [at_scale(k) for k in range(1 if schedule == "zb-h1" else len(INTERLEAVED_SHARES))]
     limits = memory_limits(schedule, pp=pp, vp=vp, num_microbatches=num_microbatches)
-    fitting = [c for c in candidates if all(n / vp <= b + 1e-9 for n, b in zip(c.in_flight, limits, strict=True))]
+    fitting = [
+        k for k, c in enumerate(candidates) if all(n / vp <= b + 1e-9 for n, b in zip(c.in_flight, limits, strict=True))
+    ]
     if not fitting:
         raise RuntimeError(f"no {schedule} order of p={pp}, m={num_microbatches} keeps within the memory limit")
-    return fitting[_fastest([c.makespan for c in fitting])]
+    chosen = fitting[_fastest([candidates[k].makespan for k in fitting])]
+    return candidates[chosen], chosen
 
 
 def zero_bubble_figures(timeline: ZeroBubbleTimeline) -> StepFigures:
     """A zero-bubble step's length, the chunk activations each rank holds at most, and the messages it sends."""
     placement = Placement(timeline.pp, timeline.vp, v_shape=timeline.schedule == "zb-v")
-    messages = [0] * timeline.pp
-    sending = {
-        (rank, kind, chunk): placement.sends(rank, PipelinePass(kind, 0, chunk))
+    # Every rank runs each (kind, chunk) once per microbatch.
+    messages = tuple(
+        timeline.num_microbatches
+        * sum(placement.sends(rank, PipelinePass(kind, 0, chunk)) for kind in "FB" for chunk in range(timeline.vp))
         for rank in range(timeline.pp)
-        for kind in "FBW"
-        for chunk in range(timeline.vp)
-    }
-    for p in timeline.passes:
-        messages[p.rank] += sending[(p.rank, p.step.kind, p.step.chunk)]
+    )
     return StepFigures(
         makespan=timeline.makespan,
         in_flight=tuple(round(peak * timeline.vp) for peak in timeline.peak_activations),
-        messages=tuple(messages),
+        messages=messages,
     )
 
 
@@ -368,7 +373,7 @@ def _place_in_order(
         pp=pp,
         vp=vp,
         num_microbatches=m,
-        passes=tuple(sorted(timeline.passes, key=lambda p: (p.rank, p.start))),
+        passes=timeline.passes,  # rank by rank in the order run: by (rank, start)
         ideal=max(m * sum(map(sum, row)) for row in times),
         peak_activations=tuple(held / vp for held, _ in peaks),
         peak_w_store=tuple(store / vp for _, store in peaks),
@@ -381,10 +386,12 @@ def _order_peaks(order: Sequence[PipelinePass]) -> tuple[int, int]:
     for step in order:
         if step.kind == "F":
             held += 1
-            peak = max(peak, held)
+            if held > peak:
+                peak = held
         elif step.kind == "B":
             store += 1
-            peak_store = max(peak_store, store)
+            if store > peak_store:
+                peak_store = store
         else:
             held, store = held - 1, store - 1
     return peak, peak_store

@@ -71,7 +71,7 @@ def test_a_long_step_read_off_a_shorter_one_is_the_whole_step(seed: int) -> None
             assert timeline is None and _agree(got, whole), (schedule, pp, vp, m, spread, p2p)
         for schedule, times in (("zb-h1", flat), ("zb-interleaved", split)):
             common = dict(pp=pp, num_microbatches=m, vp=len(times[0]), chunk_times=times, p2p_time=p2p)
-            got = zero_bubble_at_scale(schedule, **common)  # type: ignore[arg-type]
+            got, _ = zero_bubble_at_scale(schedule, **common)  # type: ignore[arg-type]
             whole = zero_bubble_figures(simulate_zero_bubble(schedule, **common))  # type: ignore[arg-type]
             assert _agree(got, whole), (schedule, pp, vp, m, spread, p2p)
 
