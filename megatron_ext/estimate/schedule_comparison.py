@@ -149,24 +149,26 @@ def schedule_figures(
     vp = len(chunk_times[0])
     if schedule in ("gpipe", "1f1b") and vp != 1:
         raise ValueError(f"{schedule} runs one model chunk per rank, got {vp}")
-    timelines: list[Timeline] = []
 
-    def place(n: int) -> tuple[StepFigures, tuple[TimedPass, ...]]:
+    def timed(n: int) -> tuple[StepFigures, Timeline]:
         orders = orders_of(schedule, pp=pp, vp=vp, num_microbatches=n, group_size=group_size)
         timeline = simulate(
             pp=pp, vp=vp, num_microbatches=n, orders=orders, chunk_times=chunk_times, p2p_time=p2p_time,
             blocking_p2p=vp == 1,
         )  # fmt: skip
-        timelines.append(timeline)
         figures = StepFigures(
             makespan=timeline.makespan,
             in_flight=tuple(peak_in_flight(o) for o in orders),
             messages=tuple(messages_sent(o, pp=pp, vp=vp, pipeline_rank=r) for r, o in enumerate(orders)),
         )
+        return figures, timeline
+
+    def place(n: int) -> tuple[StepFigures, tuple[TimedPass, ...]]:
+        figures, timeline = timed(n)
         return figures, timeline.passes
 
     if whole:
-        return place(num_microbatches)[0], timelines[-1]
+        return timed(num_microbatches)
     if schedule == "gpipe":
         return gpipe_figures(pp=pp, num_microbatches=num_microbatches, chunk_times=chunk_times, p2p_time=p2p_time), None
     return figures_at_scale(place, num_microbatches=num_microbatches, pp=pp, vp=vp, group_size=group_size), None
@@ -220,13 +222,15 @@ def run_schedule(
     p2p_time: float,
     group_size: int | None = None,
     whole: bool = False,
+    simulated: tuple[StepFigures, Timeline | None] | None = None,
 ) -> ScheduleRun:
     """Simulate ``schedule`` with ``chunk_times[rank][chunk]`` = (forward, backward) of one microbatch, with the
-    transfers and without (``schedule_figures``; ``whole``: keep the step's every pass)."""
+    transfers and without (``schedule_figures``; ``whole``: keep the step's every pass; ``simulated``: the step
+    with the transfers, already placed)."""
     common: dict[str, Any] = dict(
         pp=pp, num_microbatches=num_microbatches, chunk_times=chunk_times, group_size=group_size, whole=whole
     )
-    step, timeline = schedule_figures(schedule, **common, p2p_time=p2p_time)
+    step, timeline = simulated or schedule_figures(schedule, **common, p2p_time=p2p_time)
     compute = schedule_figures(schedule, **common, p2p_time=0.0)[0] if p2p_time > 0 else step
     return ScheduleRun(
         schedule=schedule,
@@ -317,19 +321,16 @@ def best_group(
     common: dict[str, Any] = dict(
         pp=pp, num_microbatches=num_microbatches, chunk_times=chunk_times, p2p_time=p2p_time, whole=whole
     )
-    steps = {
-        n: known[n].makespan
-        if n in known
-        else schedule_figures("interleaved-group", **common, group_size=n)[0].makespan
-        for n in (group_candidates(pp=pp, num_microbatches=num_microbatches) if groups is None else groups)
-    }
+    tried = group_candidates(pp=pp, num_microbatches=num_microbatches) if groups is None else groups
+    placed = {n: schedule_figures("interleaved-group", **common, group_size=n) for n in tried if n not in known}
+    steps = {n: known[n].makespan if n in known else placed[n][0].makespan for n in tried}
     if not steps:
         return None
     fastest = min(steps.values())
     best = next(n for n, step in steps.items() if step <= fastest * (1 + GROUP_TIE))
     if best in known:
         return dataclasses.replace(known[best], schedule="interleaved-group", group_size=best), steps
-    return run_schedule("interleaved-group", **common, group_size=best), steps
+    return run_schedule("interleaved-group", **common, group_size=best, simulated=placed[best]), steps
 
 
 @dataclass(frozen=True, kw_only=True)
