@@ -209,9 +209,16 @@ def is_complete(path: Path) -> bool:
 
 
 def states(root: str | Path) -> dict[int, DirState]:
-    """Every iteration directory's state (the tracked one named as such)."""
+    """Every iteration directory's state (the tracked one named as such). Safe beside a running job: a directory
+    renamed away after it was listed (pruned, or set aside as damaged) is left out, as it is no longer there."""
     tracked = _tracked_or_none(root)
-    return {it: state_of(path, tracked=it == tracked) for it, path in sorted(iteration_dirs(root).items())}
+    found: dict[int, DirState] = {}
+    for it, path in sorted(iteration_dirs(root).items()):
+        try:
+            found[it] = state_of(path, tracked=it == tracked)
+        except FileNotFoundError:
+            continue
+    return found
 
 
 def _tracked_or_none(root: str | Path) -> int | None:

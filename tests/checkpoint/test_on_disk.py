@@ -67,6 +67,17 @@ def test_states(run_dir: Path) -> None:
     assert on_disk.state_of(empty) is DirState.PARTIAL  # killed between mkdir and its marker
 
 
+def test_states_leave_out_a_directory_removed_while_they_are_read(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader beside a running job: a directory the job prunes after it was listed is simply gone."""
+    listed = on_disk.iteration_dirs(run_dir)
+    on_disk.remove_directory(listed[2])
+    monkeypatch.setattr(on_disk, "iteration_dirs", lambda root: listed)
+    assert on_disk.states(run_dir) == {4: DirState.COMPLETE, 6: DirState.UNVERIFIED, 8: DirState.PARTIAL}
+    assert on_disk.complete_iterations(run_dir) == [4, 6]
+
+
 def test_a_published_save_whose_marker_outlived_it_is_complete(tmp_path: Path) -> None:
     """Killed after the tracker named it, before its marker was removed: the tracker decides."""
     root = tmp_path / "ckpt"
