@@ -8,6 +8,9 @@ every valid layout it found, fitting or not). One row per model and cluster, the
 figures go into docs/performance.md (the goal: every answer within 2 s)::
 
     python bench/schedule_comparison_bench.py --layouts 3
+
+``--layout TP,PP,VP,MICROBATCHES`` (repeatable) times only the layouts found with those factors: the slow ones of
+an earlier run, timed again (with ``PYTHONPATH`` at another checkout, the same layouts under other code).
 """
 
 from __future__ import annotations
@@ -53,6 +56,14 @@ def main() -> None:
         help="compare the schedules of the search's best N layouts (1: what tools/layout.py --search "
         "--compare-schedules answers; 0: every valid layout the search found, which takes hours today)",
     )
+    parser.add_argument(
+        "--layout",
+        action="append",
+        type=_factors,
+        default=[],
+        metavar="TP,PP,VP,MICROBATCHES",
+        help="compare only the layouts found with these factors (repeatable; with --layouts 0 to look at all)",
+    )
     args = parser.parse_args()
     gpu = get_profile(args.gpu)
     search_s: list[float] = []
@@ -78,11 +89,13 @@ def main() -> None:
             over += seconds > args.limit
             row = Slowest()
             for estimate in result.estimates[: args.layouts or None]:
+                layout = estimate.layout
+                if args.layout and (layout.tp, layout.pp, layout.vp, layout.num_microbatches) not in args.layout:
+                    continue
                 t0 = time.perf_counter()
                 compare_schedules(workload, estimate)
                 seconds = time.perf_counter() - t0
                 compare_s.append(seconds)
-                layout = estimate.layout
                 what = f"TP {layout.tp} PP {layout.pp} VP {layout.vp}, {layout.num_microbatches} microbatches"
                 row.see(seconds, what)
                 slowest_compare.see(seconds, f"{name}: {what}")
@@ -97,10 +110,20 @@ def main() -> None:
         f"max {slowest_search.seconds:.3f} s ({slowest_search.what})"
     )
     print(
-        f"--compare-schedules {len(compare_s):5d} layouts  median {statistics.median(compare_s):.3f} s  "
+        f"--compare-schedules {len(compare_s):5d} layouts  median {statistics.median(compare_s or [0.0]):.3f} s  "
         f"max {slowest_compare.seconds:.3f} s ({slowest_compare.what})"
     )
     print(f"answers over {args.limit:g} s: {over}; bench wall time {time.perf_counter() - start:.0f} s")
+
+
+def _factors(text: str) -> tuple[int, ...]:
+    try:
+        factors = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        factors = ()
+    if len(factors) != 4:
+        raise argparse.ArgumentTypeError(f"expected TP,PP,VP,MICROBATCHES (four integers), got {text!r}")
+    return factors
 
 
 if __name__ == "__main__":

@@ -47,12 +47,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from megatron_ext.parallel.layout import ParallelLayout
 from megatron_ext.parallel.pipeline import bubble_fraction, warmup_passes
 
 KINDS = "FBW"
 """Pass kinds: forward, backward (with the weight gradients unless a W is split off), weight gradients
-(zero-bubble schedules, ``zero_bubble.py``)."""
+(zero-bubble schedules, ``zero_bubble.py``); a pass's kind code is its index here."""
+
+Rows = np.ndarray
+"""A rank's order as the simulator reads it: one row per pass, (kind code, microbatch, chunk), int64. A step of a
+thousand-GPU layout has millions of passes: made and placed as arrays, and as ``PipelinePass`` lists only for
+reading (``as_passes``)."""
 
 
 class PipelinePass(NamedTuple):
@@ -92,70 +99,114 @@ def schedule_table(num_microbatches: int, num_chunks: int, group_size: int) -> l
     return table
 
 
-def gpipe_order(*, pp: int, num_microbatches: int, pipeline_rank: int) -> list[PipelinePass]:
+def as_passes(rows: Rows) -> list[PipelinePass]:
+    """An order's rows as passes."""
+    return [PipelinePass(KINDS[kind], mb, chunk) for kind, mb, chunk in rows.tolist()]
+
+
+def as_rows(order: Sequence[PipelinePass]) -> Rows:
+    """An order of passes as rows."""
+    rows = np.array([(KINDS.index(p.kind), p.microbatch, p.chunk) for p in order], dtype=np.int64)
+    return rows.reshape(len(order), 3)
+
+
+def gpipe_rows(*, pp: int, num_microbatches: int, pipeline_rank: int) -> Rows:
     """GPipe's order on one rank: all forward passes, then all backward passes (one chunk per rank)."""
     if not 0 <= pipeline_rank < pp:
         raise ValueError(f"pipeline_rank={pipeline_rank} is outside 0..{pp - 1}")
     if num_microbatches < 1:
         raise ValueError(f"num_microbatches must be at least 1, got {num_microbatches}")
-    return [PipelinePass(kind, mb, 0) for kind in "FB" for mb in range(num_microbatches)]
+    rows = np.zeros((2 * num_microbatches, 3), dtype=np.int64)
+    rows[num_microbatches:, 0] = 1
+    rows[:, 1] = np.tile(np.arange(num_microbatches), 2)
+    return rows
+
+
+def gpipe_order(*, pp: int, num_microbatches: int, pipeline_rank: int) -> list[PipelinePass]:
+    return as_passes(gpipe_rows(pp=pp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank))
+
+
+def peak_held(rows: Rows, *, held_from: int = 0, released_by: int = 1) -> int:
+    """Most passes whose activations a rank holds at once along its order: from the pass of kind ``held_from``
+    (the forward) until the pass of kind ``released_by`` (the backward; a W when the backward is split) of the
+    same microbatch and chunk."""
+    kinds = rows[:, 0]
+    held = np.cumsum((kinds == held_from).astype(np.int64) - (kinds == released_by))
+    return int(held.max(initial=0))
 
 
 def peak_in_flight(order: Sequence[PipelinePass]) -> int:
     """Most passes whose activations the rank holds at once: forward done, backward not yet."""
-    live = peak = 0
-    for step in order:
-        live += 1 if step.kind == "F" else -1
-        peak = max(peak, live)
-    return peak
+    return peak_held(as_rows(order))
 
 
-def sends(step: PipelinePass, *, pp: int, vp: int, pipeline_rank: int) -> bool:
-    """Whether the pass's output goes to another rank: all but the last virtual stage's forward and the first's
-    backward (a W's output, weight gradients, stays)."""
-    if pp == 1 or step.kind == "W":
-        return False
-    if step.kind == "F":
-        return (pipeline_rank, step.chunk) != (pp - 1, vp - 1)
-    return (pipeline_rank, step.chunk) != (0, 0)
+def sending(rows: Rows, *, pp: int, vp: int, pipeline_rank: int) -> np.ndarray:
+    """Per pass, whether its output goes to another rank: all but the last virtual stage's forward and the
+    first's backward (a W's output, weight gradients, stays)."""
+    kinds, chunks = rows[:, 0], rows[:, 2]
+    if pp == 1:
+        return np.zeros(len(rows), dtype=bool)
+    last = (chunks == vp - 1) if pipeline_rank == pp - 1 else np.zeros(len(rows), dtype=bool)
+    first = (chunks == 0) if pipeline_rank == 0 else np.zeros(len(rows), dtype=bool)
+    return ((kinds == 0) & ~last) | ((kinds == 1) & ~first)
 
 
 def messages_sent(order: Sequence[PipelinePass], *, pp: int, vp: int, pipeline_rank: int) -> int:
     """Activations and gradients one rank sends to another rank per step."""
-    return sum(sends(step, pp=pp, vp=vp, pipeline_rank=pipeline_rank) for step in order)
+    return int(sending(as_rows(order), pp=pp, vp=vp, pipeline_rank=pipeline_rank).sum())
 
 
-def schedule_order(
+def schedule_rows(
     *, pp: int, vp: int, num_microbatches: int, pipeline_rank: int, group_size: int | None = None
-) -> list[PipelinePass]:
-    """Every pass of one pipeline rank in the order Megatron-Core runs them (see the module docstring).
+) -> Rows:
+    """Every pass of one pipeline rank in the order Megatron-Core runs them (see the module docstring), as rows.
 
     ``group_size``: the interleaved schedule's microbatch group (default ``pp``).
     """
     validate(pp=pp, vp=vp, num_microbatches=num_microbatches, group_size=group_size)
     if not 0 <= pipeline_rank < pp:
         raise ValueError(f"pipeline_rank={pipeline_rank} is outside 0..{pp - 1}")
-    forward, backward = _table_passes(num_microbatches, vp, group_size or pp)
-    total = num_microbatches * vp
+    forward, backward = _table_rows(num_microbatches, vp, group_size or pp)
+    total = len(forward)
     warmup = warmup_passes(
         pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank, group_size=group_size
     )
-    order = list(forward[:warmup])
-    for k in range(total - warmup):
-        order += (forward[k + warmup], backward[k])
-    order += backward[total - warmup :]
-    return order
+    # The warm-up's forward passes, then "forward w + k, backward k", then the backward passes left.
+    steady = total - warmup
+    rows = np.empty((2 * total, 3), dtype=np.int64)
+    rows[:warmup] = forward[:warmup]
+    rows[warmup : warmup + 2 * steady : 2] = forward[warmup:]
+    rows[warmup + 1 : warmup + 2 * steady : 2] = backward[:steady]
+    rows[warmup + 2 * steady :] = backward[steady:]
+    return rows
+
+
+def schedule_order(
+    *, pp: int, vp: int, num_microbatches: int, pipeline_rank: int, group_size: int | None = None
+) -> list[PipelinePass]:
+    """``schedule_rows`` as passes."""
+    return as_passes(
+        schedule_rows(
+            pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank, group_size=group_size
+        )
+    )
 
 
 @functools.lru_cache(maxsize=8)
-def _table_passes(num_microbatches: int, vp: int, group: int) -> tuple[tuple[PipelinePass, ...], ...]:
+def _table_rows(num_microbatches: int, vp: int, group: int) -> tuple[Rows, Rows]:
     """Forward pass ``k`` runs table entry ``k``, backward pass ``k`` the same microbatch's mirrored chunk
-    (``schedule_table``; every rank shares them)."""
-    table = schedule_table(num_microbatches, vp, group) if vp > 1 else [(mb, 0) for mb in range(num_microbatches)]
-    return (
-        tuple(PipelinePass("F", mb, chunk) for mb, chunk in table),
-        tuple(PipelinePass("B", mb, vp - 1 - chunk) for mb, chunk in table),
-    )
+    (``schedule_table``; every rank shares them, read-only)."""
+    if vp > 1:
+        table = np.array(schedule_table(num_microbatches, vp, group), dtype=np.int64)
+    else:
+        table = np.stack([np.arange(num_microbatches), np.zeros(num_microbatches, dtype=np.int64)], axis=1)
+    forward = np.concatenate([np.zeros((len(table), 1), dtype=np.int64), table], axis=1)
+    backward = forward.copy()
+    backward[:, 0] = 1
+    backward[:, 2] = vp - 1 - table[:, 1]
+    forward.setflags(write=False)
+    backward.setflags(write=False)
+    return forward, backward
 
 
 class TimedPass(NamedTuple):
@@ -219,6 +270,128 @@ def uniform_chunk_times(
     return [[(forward_time / vp, backward_time / vp)] * vp for _ in range(pp)]
 
 
+@dataclass(frozen=True)
+class Placed:
+    """A step placed: every pass's start and end, indexed ``[rank, kind code, microbatch, chunk]`` (NaN where
+    the step has no such pass), and the orders placed."""
+
+    start: np.ndarray
+    end: np.ndarray
+    orders: tuple[Rows, ...]
+
+    @property
+    def makespan(self) -> float:
+        return float(np.nanmax(self.end))
+
+    def passes(self) -> tuple[TimedPass, ...]:
+        """Every pass, rank by rank in the order run."""
+        out = []
+        for rank, rows in enumerate(self.orders):
+            key = (rank, rows[:, 0], rows[:, 1], rows[:, 2])
+            for (kind, mb, chunk), start, end in zip(
+                rows.tolist(), self.start[key].tolist(), self.end[key].tolist(), strict=True
+            ):
+                out.append(TimedPass(rank, PipelinePass(KINDS[kind], mb, chunk), start, end))
+        return tuple(out)
+
+
+def place(
+    orders: Sequence[Rows],
+    *,
+    pp: int,
+    vp: int,
+    num_microbatches: int,
+    chunk_times: Sequence[Sequence[Sequence[float]]],
+    p2p_time: float = 0.0,
+    blocking_p2p: bool = False,
+) -> Placed:
+    """Place every pass at the earliest time its rank is free and its input has arrived (``simulate``, whose
+    docstring says what the arguments mean; here every rank's order and ``chunk_times`` are given).
+
+    The orders are fixed, so every pass's time follows from the passes before it in its rank's order and the one
+    whose output it needs, whichever way the step is swept. The sweep advances every rank whose next input is
+    there by one pass at a time, all ranks at once: a wavefront of array operations, which in a pipeline's
+    steady state moves every rank each time (a rank's next pass needs its neighbour's previous one).
+    """
+    m = num_microbatches
+    times = np.zeros((pp, vp, 3))
+    given = np.asarray(chunk_times, dtype=float)
+    if given.ndim != 3 or given.shape[:2] != (pp, vp) or not 2 <= given.shape[2] <= 3:
+        raise ValueError(f"chunk_times must give (forward, backward[, weight]) for {pp} ranks × {vp} chunks")
+    times[:, :, : given.shape[2]] = given
+    if len(orders) != pp:
+        raise ValueError(f"{len(orders)} rank orders given for {pp} pipeline ranks")
+    lengths = np.array([len(rows) for rows in orders], dtype=np.int64)
+    width = int(lengths.max(initial=0))
+    table = np.zeros((pp, width, 3), dtype=np.int64)
+    for r, rows in enumerate(orders):
+        table[r, : len(rows)] = rows
+    kind, mb, chunk = table[..., 0], table[..., 1], table[..., 2]
+    if ((mb >= m) | (chunk >= vp) | (kind > 2) | (table < 0).any(axis=2)).any():
+        raise ValueError(f"an order names a microbatch or chunk outside m={m}, v={vp}")
+    # Every pass's key into the flat (rank, kind, microbatch, chunk) array of end times, and the key of the pass
+    # whose output it needs (``ready_now``, the last, for none: a W's B runs before it on its rank's order).
+    stride = m * vp
+    rank = np.arange(pp, dtype=np.int64)[:, None]
+    offset = mb * vp + chunk
+    own = (rank * 3 + kind) * stride + offset
+    ready_now = 3 * pp * stride
+    forward, backward = kind == 0, kind == 1
+    last = rank == pp - 1
+    conditions = [
+        forward & (rank > 0),  # the same chunk's output from the previous rank
+        forward & (rank == 0) & (chunk > 0),  # rank 0: the previous chunk's from the last rank
+        backward & ~last,  # the same chunk's gradient from the next rank
+        backward & last & (chunk < vp - 1),  # the last rank: the next chunk's from rank 0
+        backward & last,  # the last stage: its own forward
+    ]
+    dep = np.select(
+        conditions,
+        [(rank - 1) * 3 * stride + offset, (pp - 1) * 3 * stride + offset - 1, ((rank + 1) * 3 + 1) * stride + offset,
+         stride + offset + 1, rank * 3 * stride + offset],
+        default=ready_now,
+    )  # fmt: skip
+    remote = (conditions[0] | conditions[2] | ((conditions[1] | conditions[3]) & (pp > 1))).astype(float)
+    duration = times[rank, chunk, kind]
+    hold = np.zeros((pp, width))
+    if blocking_p2p:
+        for r, rows in enumerate(orders):
+            hold[r, : len(rows)] = sending(rows, pp=pp, vp=vp, pipeline_rank=r) * p2p_time
+    # After each rank's passes, a pass that never becomes ready (it waits for ``never``, whose end stays NaN, and
+    # writes to ``nowhere``): a rank that is done sits on it, and the sweep needs no bookkeeping of who is done.
+    never, nowhere = ready_now + 1, ready_now + 2
+    keys = np.full((2, pp, width + 1), nowhere, dtype=np.int64)  # the pass's own key, and the one it needs
+    keys[1] = never
+    spans = np.zeros((3, pp, width + 1))  # its transfer's delay, its duration, what it holds its rank after it
+    passes = np.arange(width)[None, :] < lengths[:, None]
+    keys[0, :, :width] = np.where(passes, own, nowhere)
+    keys[1, :, :width] = np.where(passes, dep, never)
+    spans[:, :, :width] = np.where(passes, [remote * p2p_time, duration, hold], 0.0)
+    flat_keys, flat_spans = keys.reshape(2, -1), spans.reshape(3, -1)
+
+    end = np.full(ready_now + 3, np.nan)
+    end[ready_now] = 0.0
+    start = np.full(ready_now + 3, np.nan)
+    at = np.arange(pp) * (width + 1)  # every rank's next pass
+    clock = np.zeros(pp)
+    left = int(lengths.sum())
+    while left:
+        # One pass per rank: those whose input has not arrived get NaN times, written where they already are NaN.
+        (mine, needed), (delay, took, held) = flat_keys[:, at], flat_spans[:, at]
+        finish = np.maximum(clock, end[needed] + delay) + took
+        start[mine] = finish - took
+        end[mine] = finish
+        clock = np.fmax(clock, finish + held)
+        moved = finish == finish
+        count = int(np.count_nonzero(moved))
+        if not count:  # cannot happen for Megatron-Core's order; guards against a broken order
+            raise RuntimeError("the pipeline order deadlocks: a pass waits for one that never runs")
+        left -= count
+        at += moved
+    shape = (pp, 3, m, vp)
+    return Placed(start=start[:ready_now].reshape(shape), end=end[:ready_now].reshape(shape), orders=tuple(orders))
+
+
 def simulate(
     *,
     pp: int,
@@ -251,89 +424,30 @@ def simulate(
     if chunk_times is not None and (len(chunk_times) != pp or any(len(row) != vp for row in chunk_times)):
         raise ValueError(f"chunk_times must give (forward, backward) for {pp} ranks × {vp} chunks")
     if orders is None:
-        orders = [
-            schedule_order(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=r, group_size=group_size)
+        rows = [
+            schedule_rows(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=r, group_size=group_size)
             for r in range(pp)
         ]
     elif len(orders) != pp:
         raise ValueError(f"{len(orders)} rank orders given for {pp} pipeline ranks")
+    else:
+        rows = [as_rows(order) for order in orders]
     times = chunk_times or uniform_chunk_times(pp=pp, vp=vp, forward_time=forward_time, backward_time=backward_time)
     if chunk_times is not None:
         # The timeline's ideal is the slowest stage's busy time: it sets the pace.
         slowest = max(times, key=lambda row: sum(map(sum, row)))
         forward_time, backward_time = sum(t[0] for t in slowest), sum(sum(t[1:]) for t in slowest)
-    m = num_microbatches
-
-    if any(step.microbatch >= m or step.chunk >= vp for order in orders for step in order):
-        raise ValueError(f"an order names a microbatch or chunk outside m={m}, v={vp}")
-    # Every pass has its index in ``done``, ((rank·3 + kind)·m + mb)·v + chunk, and per rank a plan of
-    # (pass, own index, the index of the pass whose output it needs (``ready_now``: none), the transfer when
-    # that comes from another rank, duration, what a blocking send holds the rank after it).
-    kind_index = {kind: k for k, kind in enumerate(KINDS)}
-    stride = m * vp  # one kind of one rank
-    done: list[float | None] = [None] * (3 * pp * stride) + [0.0]
-    ready_now = len(done) - 1  # the index of a pass that needs nothing: there from the start
-    plans = []
-    for rank, order in enumerate(orders):
-        plan = []
-        row = times[rank]
-        for step in order:
-            kind, mb, c = step
-            k = kind_index[kind]
-            offset = mb * vp + c
-            if k == 2:  # W: its own B runs before it on the same rank, as the order sees to
-                dep, remote = -1, False
-            elif k == 0 and rank > 0:  # F: the same chunk's output from the previous rank
-                dep, remote = (rank - 1) * 3 * stride + offset, True
-            elif k == 0:  # rank 0: the previous chunk's from the last rank
-                dep, remote = ((pp - 1) * 3 * stride + offset - 1, pp > 1) if c > 0 else (-1, False)
-            elif rank < pp - 1:  # B: the same chunk's gradient from the next rank
-                dep, remote = ((rank + 1) * 3 + 1) * stride + offset, True
-            elif c < vp - 1:  # the last rank: the next chunk's from rank 0
-                dep, remote = stride + offset + 1, pp > 1
-            else:  # the last stage: its own forward
-                dep, remote = rank * 3 * stride + offset, False
-            hold = p2p_time if blocking_p2p and sends(step, pp=pp, vp=vp, pipeline_rank=rank) else 0.0
-            delay = p2p_time if remote else 0.0
-            plan.append(
-                (step, (rank * 3 + k) * stride + offset, dep if dep >= 0 else ready_now, delay, row[c][k], hold)
-            )
-        plans.append(plan)
-    placed: list[list[TimedPass]] = [[] for _ in range(pp)]
-    free = [0.0] * pp
-    position = [0] * pp
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for rank in range(pp):
-            plan, at, clock = plans[rank], position[rank], free[rank]
-            count, add = len(plan), placed[rank].append
-            while at < count:
-                step, own, dep, delay, duration, hold = plan[at]
-                ready = done[dep]
-                if ready is None:  # its input is not there yet
-                    break
-                ready += delay
-                if ready > clock:
-                    clock = ready
-                end = clock + duration
-                done[own] = end
-                add(TimedPass(rank, step, clock, end))
-                clock = end + hold
-                at += 1
-            if at > position[rank]:
-                remaining -= at - position[rank]
-                position[rank], free[rank] = at, clock
-                progressed = True
-        if not progressed:  # cannot happen for Megatron-Core's order; guards against a broken order
-            raise RuntimeError("the pipeline order deadlocks: a pass waits for one that never runs")
+    placed = place(
+        rows, pp=pp, vp=vp, num_microbatches=num_microbatches, chunk_times=times, p2p_time=p2p_time,
+        blocking_p2p=blocking_p2p,
+    )  # fmt: skip
     return Timeline(
         pp=pp,
         vp=vp,
         num_microbatches=num_microbatches,
         forward_time=forward_time,
         backward_time=backward_time,
-        passes=tuple(p for rank in placed for p in rank),
+        passes=placed.passes(),
     )
 
 
@@ -354,14 +468,15 @@ STEADY_TOLERANCE = 1e-9
 
 
 def figures_at_scale(
-    place: Callable[[int], tuple[StepFigures, Sequence[TimedPass]]],
+    place: Callable[[int], tuple[StepFigures, np.ndarray]],
     *,
     num_microbatches: int,
     pp: int,
     vp: int = 1,
     group_size: int | None = None,
 ) -> StepFigures:
-    """The figures of ``place(num_microbatches)`` (a step placed: its figures and its passes), read off a shorter
+    """The figures of ``place(num_microbatches)`` (a step placed: its figures and its passes' end times, as
+    ``Placed.end``), read off a shorter
     step when the step is long and that shorter step has reached its steady state.
 
     A fixed order repeats every ``period`` microbatches past its warm-up (1 without interleaving, the microbatch
@@ -373,7 +488,8 @@ def figures_at_scale(
     warm-up) and the messages grow with ``m``. With rank 0's warm-up of ``w`` microbatches (``p − 1``, or
     ``(2(p − 1) + (v − 1)·N)/v`` interleaved), ``n`` starts at three spans of ``w + period + 1`` microbatches
     and two periods (warm-up and transient, the window, the cool-down) and doubles until the window repeats
-    (a pipeline whose stages are nearly even can take long to settle) or the step is simulated whole.
+    (a pipeline whose stages are nearly even can take long to settle) or would be more than half the step, which
+    is then simulated whole.
     ``tests/estimate/test_long_steps.py`` checks this against whole steps.
     """
     m = num_microbatches
@@ -383,10 +499,10 @@ def figures_at_scale(
     warmup = warmup_passes(pp=pp, vp=vp, num_microbatches=pp * vp * period, pipeline_rank=0, group_size=group_size)
     span = -(-warmup // vp) + period + 1
     n = 3 * span + 2 * period
-    while n + (m - n) % period < m:
+    while 2 * (n + (m - n) % period) <= m:  # a shorter step of more than half the step would save too little
         n += (m - n) % period
-        figures, passes = place(n)
-        shift = _steady_shift(passes, microbatches=n, period=period, span=span, step=figures.makespan)
+        figures, end = place(n)
+        shift = _steady_shift(end, period=period, span=span, step=figures.makespan)
         if shift is not None:
             return StepFigures(
                 makespan=figures.makespan + (m - n) // period * shift,
@@ -397,19 +513,16 @@ def figures_at_scale(
     return place(m)[0]
 
 
-def _steady_shift(
-    passes: Sequence[TimedPass], *, microbatches: int, period: int, span: int, step: float
-) -> float | None:
+def _steady_shift(end: np.ndarray, *, period: int, span: int, step: float) -> float | None:
     """The time every pass of the microbatches ``[n − period − 2·span, n − period − span)`` ends after the same
-    pass ``period`` microbatches earlier, when it is one time for all of them (else None)."""
-    high = microbatches - period - span
+    pass ``period`` microbatches earlier, when it is one time for all of them (else None); ``end``: the passes'
+    end times by [rank, kind, microbatch, chunk] (``Placed.end``, ``n`` microbatches)."""
+    high = end.shape[2] - period - span
     low = high - span
     if low < span:
         return None
-    end = {(p.rank, *p.step): p.end for p in passes if low <= p.step.microbatch < high + period}
-    shifts = [
-        end[(rank, kind, mb + period, chunk)] - when for (rank, kind, mb, chunk), when in end.items() if mb < high
-    ]
-    if not shifts or any(abs(s - shifts[0]) > STEADY_TOLERANCE * step for s in shifts):
+    shifts = end[:, :, low + period : high + period] - end[:, :, low:high]
+    shifts = shifts[~np.isnan(shifts)]  # kinds the order has no passes of
+    if not len(shifts) or np.abs(shifts - shifts[0]).max() > STEADY_TOLERANCE * step:
         return None
-    return shifts[0]
+    return float(shifts[0])

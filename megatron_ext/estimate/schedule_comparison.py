@@ -37,19 +37,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from megatron_ext.estimate.flops import layer_forward_flops
 from megatron_ext.estimate.memory import estimate_memory
 from megatron_ext.estimate.pipeline_schedule import (
-    PipelinePass,
+    Placed,
+    Rows,
     StepFigures,
-    TimedPass,
     Timeline,
     figures_at_scale,
-    gpipe_order,
-    messages_sent,
-    peak_in_flight,
-    schedule_order,
-    simulate,
+    gpipe_rows,
+    peak_held,
+    place,
+    schedule_rows,
+    sending,
     uniform_chunk_times,
 )
 from megatron_ext.estimate.search import LayoutEstimate, evaluate, zero_bubble_possible
@@ -114,14 +116,12 @@ class ScheduleRun:
         return tuple(c / self.vp for c in self.in_flight_chunks)
 
 
-def orders_of(
-    schedule: str, *, pp: int, vp: int, num_microbatches: int, group_size: int | None = None
-) -> list[list[PipelinePass]]:
-    """Every rank's order of passes under ``schedule``."""
+def orders_of(schedule: str, *, pp: int, vp: int, num_microbatches: int, group_size: int | None = None) -> list[Rows]:
+    """Every rank's order of passes under ``schedule``, as rows."""
     if schedule == "gpipe":
-        return [gpipe_order(pp=pp, num_microbatches=num_microbatches, pipeline_rank=r) for r in range(pp)]
+        return [gpipe_rows(pp=pp, num_microbatches=num_microbatches, pipeline_rank=r) for r in range(pp)]
     return [
-        schedule_order(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=r, group_size=group_size)
+        schedule_rows(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=r, group_size=group_size)
         for r in range(pp)
     ]
 
@@ -150,28 +150,38 @@ def schedule_figures(
     if schedule in ("gpipe", "1f1b") and vp != 1:
         raise ValueError(f"{schedule} runs one model chunk per rank, got {vp}")
 
-    def timed(n: int) -> tuple[StepFigures, Timeline]:
+    def place_step(n: int) -> tuple[StepFigures, Placed]:
         orders = orders_of(schedule, pp=pp, vp=vp, num_microbatches=n, group_size=group_size)
-        timeline = simulate(
-            pp=pp, vp=vp, num_microbatches=n, orders=orders, chunk_times=chunk_times, p2p_time=p2p_time,
+        placed = place(
+            orders, pp=pp, vp=vp, num_microbatches=n, chunk_times=chunk_times, p2p_time=p2p_time,
             blocking_p2p=vp == 1,
         )  # fmt: skip
         figures = StepFigures(
-            makespan=timeline.makespan,
-            in_flight=tuple(peak_in_flight(o) for o in orders),
-            messages=tuple(messages_sent(o, pp=pp, vp=vp, pipeline_rank=r) for r, o in enumerate(orders)),
+            makespan=placed.makespan,
+            in_flight=tuple(peak_held(o) for o in orders),
+            messages=tuple(int(sending(o, pp=pp, vp=vp, pipeline_rank=r).sum()) for r, o in enumerate(orders)),
         )
-        return figures, timeline
+        return figures, placed
 
-    def place(n: int) -> tuple[StepFigures, tuple[TimedPass, ...]]:
-        figures, timeline = timed(n)
-        return figures, timeline.passes
+    def at(n: int) -> tuple[StepFigures, np.ndarray]:
+        figures, placed = place_step(n)
+        return figures, placed.end
 
     if whole:
-        return timed(num_microbatches)
+        figures, placed = place_step(num_microbatches)
+        slowest = max(chunk_times, key=lambda row: sum(map(sum, row)))
+        timeline = Timeline(
+            pp=pp,
+            vp=vp,
+            num_microbatches=num_microbatches,
+            forward_time=sum(t[0] for t in slowest),
+            backward_time=sum(t[1] for t in slowest),
+            passes=placed.passes(),
+        )
+        return figures, timeline
     if schedule == "gpipe":
         return gpipe_figures(pp=pp, num_microbatches=num_microbatches, chunk_times=chunk_times, p2p_time=p2p_time), None
-    return figures_at_scale(place, num_microbatches=num_microbatches, pp=pp, vp=vp, group_size=group_size), None
+    return figures_at_scale(at, num_microbatches=num_microbatches, pp=pp, vp=vp, group_size=group_size), None
 
 
 def gpipe_figures(*, pp: int, num_microbatches: int, chunk_times: ChunkTimes, p2p_time: float) -> StepFigures:

@@ -30,14 +30,19 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from megatron_ext.estimate.pipeline_schedule import (
     STEADY_TOLERANCE,
     PipelinePass,
+    Rows,
     StepFigures,
     TimedPass,
+    as_passes,
     figures_at_scale,
-    schedule_order,
-    simulate,
+    peak_held,
+    place,
+    schedule_rows,
 )
 from megatron_ext.parallel.pipeline import warmup_passes
 
@@ -104,29 +109,35 @@ class ZeroBubbleTimeline:
         return (self.makespan - self.ideal) / self.ideal
 
 
-def split_order(order: Sequence[PipelinePass], *, defer: int) -> list[PipelinePass]:
+def split_rows(rows: Rows, *, defer: int) -> Rows:
     """An unsplit schedule's order with each B followed by a W, except that the rank keeps ``defer`` W passes
     back and runs them last: the F and B passes keep their order, and the deferred W passes fill the cool-down."""
-    out: list[PipelinePass] = []
-    backwards = [s for s in order if s.kind == "B"]
-    index = -1
-    for step in order:
-        out.append(step)
-        if step.kind == "B":
-            index += 1
-            if index >= defer:
-                w = backwards[index - defer]
-                out.append(PipelinePass("W", w.microbatch, w.chunk))
-    out += [PipelinePass("W", b.microbatch, b.chunk) for b in backwards[max(0, len(backwards) - defer) :]]
+    backward = rows[:, 0] == 1
+    count = int(backward.sum())
+    kept = min(defer, count)
+    # Each pass moves later by the W passes placed before it: one after each B but the first ``defer``.
+    before = np.cumsum(backward) - backward
+    at = np.arange(len(rows)) + np.maximum(before - defer, 0)
+    out = np.empty((len(rows) + count, 3), dtype=np.int64)
+    out[at] = rows
+    weights = rows[backward].copy()
+    weights[:, 0] = 2
+    b_at = at[backward]
+    out[b_at[defer:] + 1] = weights[: count - kept]  # the W of the B ``defer`` before
+    out[len(out) - kept :] = weights[count - kept :]
     return out
 
 
-def zb_h1_order(*, pp: int, num_microbatches: int, pipeline_rank: int) -> list[PipelinePass]:
+def zb_h1_rows(*, pp: int, num_microbatches: int, pipeline_rank: int) -> Rows:
     """ZB-H1's order on one rank (Qi et al. 2024, §3.1): 1F1B's F and B passes
-    (``pipeline_schedule.schedule_order``), each B followed by a W, rank ``r`` keeping ``r`` W passes back for its
+    (``pipeline_schedule.schedule_rows``), each B followed by a W, rank ``r`` keeping ``r`` W passes back for its
     cool-down, where it waits for the last B passes to travel from the last rank to rank 0."""
-    order = schedule_order(pp=pp, vp=1, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank)
-    return split_order(order, defer=pipeline_rank)
+    rows = schedule_rows(pp=pp, vp=1, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank)
+    return split_rows(rows, defer=pipeline_rank)
+
+
+def zb_h1_order(*, pp: int, num_microbatches: int, pipeline_rank: int) -> list[PipelinePass]:
+    return as_passes(zb_h1_rows(pp=pp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank))
 
 
 def memory_limits(schedule: str, *, pp: int, vp: int, num_microbatches: int) -> list[float]:
@@ -200,15 +211,18 @@ def zero_bubble_at_scale(
         raise ValueError(f"{schedule} is not placed in fixed orders: simulate_zero_bubble places it")
 
     @functools.cache
-    def orders_at(n: int) -> list[list[list[PipelinePass]]]:
+    def orders_at(n: int) -> list[list[Rows]]:
         return fixed_orders(schedule, pp=pp, vp=vp, num_microbatches=n)
 
-    def figures(n: int, which: int) -> tuple[StepFigures, tuple[TimedPass, ...]]:
-        place = functools.partial(_place_in_order, schedule, pp=pp, vp=vp, times=chunk_times, p2p_time=p2p_time)
-        timeline = place(m=n, orders=orders_at(n)[which])
-        if timeline is None:  # cannot happen: Megatron-Core's orders with W passes added run as they do
-            raise RuntimeError(f"the {schedule} order of p={pp}, m={n} deadlocks")
-        return zero_bubble_figures(timeline), timeline.passes
+    def figures(n: int, which: int) -> tuple[StepFigures, np.ndarray]:
+        orders = orders_at(n)[which]
+        placed = place(orders, pp=pp, vp=vp, num_microbatches=n, chunk_times=chunk_times, p2p_time=p2p_time)
+        step = StepFigures(
+            makespan=placed.makespan,
+            in_flight=tuple(peak_held(rows, released_by=2) for rows in orders),
+            messages=_messages(schedule, pp=pp, vp=vp, num_microbatches=n),
+        )
+        return step, placed.end
 
     def at_scale(which: int) -> StepFigures:
         place = functools.partial(figures, which=which)
@@ -229,17 +243,23 @@ def zero_bubble_at_scale(
 
 def zero_bubble_figures(timeline: ZeroBubbleTimeline) -> StepFigures:
     """A zero-bubble step's length, the chunk activations each rank holds at most, and the messages it sends."""
-    placement = Placement(timeline.pp, timeline.vp, v_shape=timeline.schedule == "zb-v")
-    # Every rank runs each (kind, chunk) once per microbatch.
-    messages = tuple(
-        timeline.num_microbatches
-        * sum(placement.sends(rank, PipelinePass(kind, 0, chunk)) for kind in "FB" for chunk in range(timeline.vp))
-        for rank in range(timeline.pp)
-    )
     return StepFigures(
         makespan=timeline.makespan,
         in_flight=tuple(round(peak * timeline.vp) for peak in timeline.peak_activations),
-        messages=messages,
+        messages=_messages(
+            timeline.schedule, pp=timeline.pp, vp=timeline.vp, num_microbatches=timeline.num_microbatches
+        ),
+    )
+
+
+def _messages(schedule: str, *, pp: int, vp: int, num_microbatches: int) -> tuple[int, ...]:
+    """Per rank, the activations and gradients it sends in a step: every rank runs each (kind, chunk) once per
+    microbatch."""
+    placement = Placement(pp, vp, v_shape=schedule == "zb-v")
+    return tuple(
+        num_microbatches
+        * sum(placement.sends(rank, PipelinePass(kind, 0, chunk)) for kind in "FB" for chunk in range(vp))
+        for rank in range(pp)
     )
 
 
@@ -276,29 +296,22 @@ def interleaved_defers(*, pp: int, vp: int, num_microbatches: int, share: float)
     return [int((warmups[0] - w) * share) for w in warmups]
 
 
-def _interleaved_orders(
-    *, pp: int, vp: int, num_microbatches: int
-) -> tuple[list[list[int]], list[list[list[PipelinePass]]]]:
+def _interleaved_orders(*, pp: int, vp: int, num_microbatches: int) -> tuple[list[list[int]], list[list[Rows]]]:
     """ZB interleaved's candidates (the W passes each rank keeps back, and every rank's order): rank ``r`` may
     hold what rank 0 holds, ``w_0 − w_r`` chunks more than its own interleaved peak, so it keeps that many W
     passes back (ZB-H1's ``r``, generalised), or half as many, or none."""
     m = num_microbatches
     defers = [interleaved_defers(pp=pp, vp=vp, num_microbatches=m, share=share) for share in INTERLEAVED_SHARES]
-    orders = [
-        [
-            split_order(schedule_order(pp=pp, vp=vp, num_microbatches=m, pipeline_rank=r), defer=d)
-            for r, d in enumerate(ds)
-        ]
-        for ds in defers
-    ]
+    unsplit = [schedule_rows(pp=pp, vp=vp, num_microbatches=m, pipeline_rank=r) for r in range(pp)]
+    orders = [[split_rows(rows, defer=d) for rows, d in zip(unsplit, ds, strict=True)] for ds in defers]
     return defers, orders
 
 
-def fixed_orders(schedule: str, *, pp: int, vp: int, num_microbatches: int) -> list[list[list[PipelinePass]]]:
+def fixed_orders(schedule: str, *, pp: int, vp: int, num_microbatches: int) -> list[list[Rows]]:
     """The fixed orders ZB-H1 (one: ``zb_h1_order``) and ZB interleaved (``_interleaved_orders``) choose from,
     each with every rank's order."""
     if schedule == "zb-h1":
-        return [[zb_h1_order(pp=pp, num_microbatches=num_microbatches, pipeline_rank=r) for r in range(pp)]]
+        return [[zb_h1_rows(pp=pp, num_microbatches=num_microbatches, pipeline_rank=r) for r in range(pp)]]
     return _interleaved_orders(pp=pp, vp=vp, num_microbatches=num_microbatches)[1]
 
 
@@ -323,7 +336,7 @@ def _place(
     m: int,
     times: Sequence[Sequence[tuple[float, float, float]]],
     p2p_time: float,
-    orders: list[list[PipelinePass]] | None = None,
+    orders: list[Rows] | None = None,
     w_first_above: int = 0,
 ) -> ZeroBubbleTimeline | None:
     """One step placed pass by pass: the ranks' fixed ``orders`` (``_place_in_order``), or the greedy choice;
@@ -358,43 +371,26 @@ def _place_in_order(
     m: int,
     times: Sequence[Sequence[tuple[float, float, float]]],
     p2p_time: float,
-    orders: list[list[PipelinePass]],
+    orders: list[Rows],
 ) -> ZeroBubbleTimeline | None:
     """Fixed orders: every pass at the earliest time its rank is free and its input has arrived, the transfers
-    delaying only the pass that needs them (``pipeline_schedule.simulate``, the interleaved placement). What a
-    rank holds follows from its order alone: a chunk's microbatch from its F until its W has run."""
+    delaying only the pass that needs them (``pipeline_schedule.place``, the interleaved placement). What a
+    rank holds follows from its order alone: a chunk's microbatch from its F until its W has run, and only for
+    its W from its B."""
     try:
-        timeline = simulate(pp=pp, vp=vp, num_microbatches=m, orders=orders, chunk_times=times, p2p_time=p2p_time)
+        placed = place(orders, pp=pp, vp=vp, num_microbatches=m, chunk_times=times, p2p_time=p2p_time)
     except RuntimeError:  # a pass waits for one that never runs
         return None
-    peaks = [_order_peaks(order) for order in orders]
     return ZeroBubbleTimeline(
         schedule=schedule,
         pp=pp,
         vp=vp,
         num_microbatches=m,
-        passes=timeline.passes,  # rank by rank in the order run: by (rank, start)
+        passes=placed.passes(),  # rank by rank in the order run: by (rank, start)
         ideal=max(m * sum(map(sum, row)) for row in times),
-        peak_activations=tuple(held / vp for held, _ in peaks),
-        peak_w_store=tuple(store / vp for _, store in peaks),
+        peak_activations=tuple(peak_held(rows, released_by=2) / vp for rows in orders),
+        peak_w_store=tuple(peak_held(rows, held_from=1, released_by=2) / vp for rows in orders),
     )
-
-
-def _order_peaks(order: Sequence[PipelinePass]) -> tuple[int, int]:
-    """(most chunk activations held at once, most held only for a W still to run) along one rank's order."""
-    held = store = peak = peak_store = 0
-    for step in order:
-        if step.kind == "F":
-            held += 1
-            if held > peak:
-                peak = held
-        elif step.kind == "B":
-            store += 1
-            if store > peak_store:
-                peak_store = store
-        else:
-            held, store = held - 1, store - 1
-    return peak, peak_store
 
 
 class _StepState:

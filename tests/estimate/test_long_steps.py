@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.presets import get_preset
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.memory import estimate_memory
-from megatron_ext.estimate.pipeline_schedule import StepFigures, TimedPass, figures_at_scale, simulate
+from megatron_ext.estimate.pipeline_schedule import (
+    StepFigures,
+    _steady_shift,
+    figures_at_scale,
+    place,
+    schedule_rows,
+    simulate,
+)
 from megatron_ext.estimate.schedule_comparison import compare_schedules, schedule_figures
 from megatron_ext.estimate.search import Cluster, search
 from megatron_ext.estimate.workload import Workload
@@ -52,7 +60,7 @@ def test_a_long_step_read_off_a_shorter_one_is_the_whole_step(seed: int) -> None
     rng = random.Random(seed)
     for spread in (0.0, 0.001, 0.3):
         pp, vp = rng.choice([2, 3, 4, 6]), rng.choice([2, 3])
-        m = rng.choice([pp * 12, pp * 12 + pp, pp * 20])
+        m = rng.choice([pp * 24, pp * 24 + pp, pp * 40])  # long enough to be read off a step of at most half
         p2p = rng.choice([0.0, 0.02, 0.5])
         split = _uneven(rng, pp=pp, vp=vp, spread=spread)
         flat = [[tuple(sum(t[k] for t in row) for k in range(3))] for row in split]
@@ -82,23 +90,26 @@ def test_a_long_step_is_read_off_a_short_one_only_once_it_repeats() -> None:
     a longer step is placed, not a wrong one extended."""
     placed: list[int] = []
 
-    def place(times: list[list[tuple[float, float]]], *, blocking: bool):  # type: ignore[no-untyped-def]
-        def at(n: int) -> tuple[StepFigures, tuple[TimedPass, ...]]:
+    def placing(times: list[list[tuple[float, float]]], *, blocking: bool):  # type: ignore[no-untyped-def]
+        def at(n: int) -> tuple[StepFigures, np.ndarray]:
             placed.append(n)
-            timeline = simulate(pp=4, vp=1, num_microbatches=n, chunk_times=times, p2p_time=0.01, blocking_p2p=blocking)
-            return StepFigures(timeline.makespan, (0,) * 4, (n,) * 4), timeline.passes
+            orders = [schedule_rows(pp=4, vp=1, num_microbatches=n, pipeline_rank=r) for r in range(4)]
+            step = place(
+                orders, pp=4, vp=1, num_microbatches=n, chunk_times=times, p2p_time=0.01, blocking_p2p=blocking
+            )
+            return StepFigures(step.makespan, (0,) * 4, (n,) * 4), step.end
 
         return at
 
     even = [[(1.0, 2.0)]] * 4
-    got = figures_at_scale(place(even, blocking=True), num_microbatches=1000, pp=4)
+    got = figures_at_scale(placing(even, blocking=True), num_microbatches=1000, pp=4)
     assert placed == [3 * (4 + 1) + 2]  # three spans of rank 0's warm-up (p − 1) and two microbatches, two periods
     whole = simulate(pp=4, vp=1, num_microbatches=1000, chunk_times=even, p2p_time=0.01, blocking_p2p=True)
     assert got.makespan == pytest.approx(whole.makespan, rel=1e-12) and got.messages == (1000,) * 4
     placed.clear()
     nearly = [[(1.0, 2.0)], [(1.0, 2.0)], [(1.0, 2.003)], [(1.0, 2.0)]]
-    got = figures_at_scale(place(nearly, blocking=False), num_microbatches=1000, pp=4)
-    assert placed == [17, 34, 68, 136, 272, 544, 1000]
+    got = figures_at_scale(placing(nearly, blocking=False), num_microbatches=1000, pp=4)
+    assert placed == [17, 34, 68, 136, 272, 1000]  # not 544: more than half the step
     whole = simulate(pp=4, vp=1, num_microbatches=1000, chunk_times=nearly, p2p_time=0.01)
     assert got.makespan == pytest.approx(whole.makespan, rel=1e-12)
 
@@ -121,3 +132,16 @@ def test_the_best_microbatch_group_is_one_whose_activations_fit() -> None:
     assert grouped.fits and grouped.step_s < default.step_s and 16 < grouped.run.group_size < 128  # type: ignore[operator]
     everything, _ = ParallelLayout.check(**grouped.layout.as_values() | {"microbatch_group_size_per_vp_stage": 128})
     assert everything is not None and estimate_memory(workload, everything).total_bytes > cluster.gpu.memory_bytes
+
+
+def test_the_window_repeats_only_when_every_pass_in_it_does() -> None:
+    """The steady state is read only when every kind of pass, on every rank, ends the same time after its
+    namesake one period earlier: forward passes already in step while a backward pass still drifts is not it."""
+    n, period, span = 40, 1, 5
+    microbatch = np.arange(n, dtype=float)
+    end = np.full((2, 3, n, 1), np.nan)  # two ranks, kinds F B W, one chunk; no W passes
+    end[:, 0, :, 0] = 3.0 * microbatch
+    end[:, 1, :, 0] = 3.0 * microbatch + 1.0
+    assert _steady_shift(end, period=period, span=span, step=float(end[:, :2].max())) == 3.0
+    end[1, 1, :, 0] += 0.5 * 0.9**microbatch  # rank 1's backward passes still settling
+    assert _steady_shift(end, period=period, span=span, step=float(end[:, :2].max())) is None

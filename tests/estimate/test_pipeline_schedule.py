@@ -256,3 +256,17 @@ def test_the_slowest_stage_sets_the_pace() -> None:
     )
     with pytest.raises(ValueError, match="4 ranks × 2 chunks"):
         simulate(pp=4, vp=2, num_microbatches=8, chunk_times=slow_last)
+
+
+@pytest.mark.unit
+def test_a_broken_order_is_refused() -> None:
+    """A recorded or hand-written order that names a pass outside the step, or waits for a pass no rank runs,
+    is an error, not a timeline (the sweep would otherwise wait forever)."""
+    orders = [schedule_order(pp=2, vp=1, num_microbatches=4, pipeline_rank=r) for r in range(2)]
+    with pytest.raises(ValueError, match="outside m=4, v=1"):
+        simulate(pp=2, vp=1, num_microbatches=4, orders=[orders[0] + [PipelinePass("F", 4, 0)], orders[1]])
+    missing = [step for step in orders[1] if step != PipelinePass("B", 2, 0)]
+    with pytest.raises(RuntimeError, match="deadlocks"):
+        simulate(pp=2, vp=1, num_microbatches=4, orders=[orders[0], missing])
+    # The same orders, whole, place.
+    assert simulate(pp=2, vp=1, num_microbatches=4, orders=orders).makespan == pytest.approx(4 * 3 + 3)
