@@ -42,20 +42,16 @@ else:
     ALL, CALIBRATION = _tables.ALL, _tables.CALIBRATION
     with_constants, worst = _tables.with_constants, _tables.worst
 
-DEPTHS = [0.0, 64.0, 128.0, 256.0, 384.0, 512.0, 768.0, 1024.0]
-"""The GEMM depths (``k``) at which a tile's fixed cost halves its rate, tried for every GPU."""
 A100_GRID = {
     "compute_efficiency": [round(0.60 + 0.01 * i, 2) for i in range(31)],
     "memory_efficiency": [round(0.50 + 0.02 * i, 2) for i in range(21)],
-    "gemm_depth_half": DEPTHS,
 }
-"""A100: the GEMMs' best share of peak and their depth loss, and the element-wise kernels' share of HBM bandwidth
-(unfused attention)."""
+"""A100: the GEMMs' best share of peak and the element-wise kernels' share of HBM bandwidth (unfused attention).
+The GEMMs' shape losses are not fitted: they come from GEMM benchmarks by shape (``estimate.kernels``)."""
 H100_GRID = {
     "compute_efficiency": [round(0.50 + 0.005 * i, 3) for i in range(81)],
-    "gemm_depth_half": DEPTHS,
 }
-"""H100: the GEMMs' best share of peak and their depth loss (fused attention's share comes from the kernel
+"""H100: the GEMMs' best share of peak (fused attention's share and the GEMMs' shape losses come from kernel
 benchmarks, ``estimate.kernels``; the memory efficiency is the A100 fit's)."""
 
 

@@ -240,7 +240,7 @@ def kernels(plan: Plan, out: Path) -> dict[str, Any]:
             model = (
                 profile.peak_flops
                 * profile.compute_efficiency
-                * gemm_shape_efficiency(rows, cols, depth, sms=profile.sms, depth_half=profile.gemm_depth_half)
+                * gemm_shape_efficiency(rows, cols, depth, sms=profile.sms, depth_half=profile.depth_half())
             )
             gemms.append({"gemm": name, "m": rows, "n": cols, "k": depth, "tokens": m,
                           "measured_tflops": measured / 1e12, "modelled_tflops": model / 1e12})  # fmt: skip

@@ -308,6 +308,7 @@ def cpu_profile(*, memory_bytes: int) -> GpuProfile:
         inter_node_bandwidth=1e9,
         compute_efficiency=0.5,
         sms=1,  # no waves of tiles: the shape losses are the GPU's
+        gemm_depth_half=0.0,
         memory_efficiency=0.5,
         attention_kernels="ampere",
         link_latency_s=100e-6,

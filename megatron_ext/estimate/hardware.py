@@ -5,8 +5,8 @@ cluster: dense tensor-core peak, memory capacity and bandwidth, the bandwidth of
 inside a node (NVLink/NVSwitch) and between nodes (one InfiniBand NIC per GPU,
 as on DGX/HGX systems), and the calibrated constants: the best fraction of peak
 that the transformer's matrix multiplications reach (``compute_efficiency``, and
-``fp8_compute_efficiency`` in FP8) before their shapes' losses (``sms``,
-``gemm_depth_half``: ``estimate.kernels``), and the fraction of HBM bandwidth its
+``fp8_compute_efficiency`` in FP8) before their shapes' losses (``sms`` and a tile's fixed time,
+``estimate.kernels``: from GEMM benchmarks by shape, not fitted here), and the fraction of HBM bandwidth its
 element-wise kernels reach (``memory_efficiency``), before pipeline bubbles and
 exposed communication. Fused attention's share of peak is not fitted: it comes from
 kernel benchmarks by shape (``estimate.kernels``; ``attention_kernels`` names the
@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+from megatron_ext.estimate.kernels import gemm_depth_half
 
 GIB = 1024**3
 MIB = 1024**2
@@ -114,8 +116,9 @@ class GpuProfile:
     """Calibrated fraction of ``peak_flops`` that Megatron's matrix multiplications reach."""
     sms: int = 132
     """Streaming multiprocessors: the GEMMs' tiles run in waves of this many (``kernels.gemm_shape_efficiency``)."""
-    gemm_depth_half: float = 0.0
-    """The GEMM depth (``k``) at which a tile's fixed cost halves the rate (fitted; 0: no depth loss)."""
+    gemm_depth_half: float | None = None
+    """The bf16 GEMMs' depth (``k``) at which a tile's fixed time halves their rate; None: derived from the peak
+    and the multiprocessors (``kernels.gemm_depth_half``); 0: no depth loss. ``depth_half`` scales it to FP8."""
     memory_efficiency: float = 1.0
     """Calibrated fraction of ``memory_bandwidth`` that the element-wise kernels (norms, activations, dropout,
     residuals, unfused softmax) reach."""
@@ -136,6 +139,14 @@ class GpuProfile:
     """A fixed share of ``peak_flops`` for fused attention, in the kernel's count (causal: half the ``s²``
     square; backward 2.5 forwards), instead of the benchmarks' curve by sequence length and head dimension
     (``--attention-efficiency``); None: the curve."""
+
+    def depth_half(self, peak: float | None = None) -> float:
+        """``k½`` of GEMMs running at ``peak`` (default the bf16 peak): a tile's fixed time in multiply-adds at
+        that rate, so FP8's doubled peak doubles it."""
+        peak = self.peak_flops if peak is None else peak
+        if self.gemm_depth_half is not None:
+            return self.gemm_depth_half * peak / self.peak_flops
+        return gemm_depth_half(peak, self.sms)
 
     def with_overrides(
         self,
@@ -194,26 +205,19 @@ class GpuProfile:
         return p
 
 
-A100_COMPUTE_EFFICIENCY = 0.87
+A100_COMPUTE_EFFICIENCY = 0.73
 """The GEMMs' best share of the A100's peak (before their shapes' losses, ``kernels.gemm_shape_efficiency``):
-fitted with ``A100_GEMM_DEPTH_HALF`` and ``MEMORY_EFFICIENCY`` to Narayanan et al. 2021, Table 1."""
+fitted with ``MEMORY_EFFICIENCY`` to Narayanan et al. 2021, Table 1."""
 
-A100_GEMM_DEPTH_HALF = 1024.0
-"""The GEMM depth at which a tile's fixed cost halves the A100's rate: fitted with ``A100_COMPUTE_EFFICIENCY``."""
-
-MEMORY_EFFICIENCY = 0.66
+MEMORY_EFFICIENCY = 0.70
 """The element-wise kernels' share of HBM bandwidth: fitted on A100 (Table 1), taken for every GPU."""
 
 H100_COMPUTE_EFFICIENCY = 0.63
-"""The GEMMs' best share of the H100's peak: fitted with ``H100_GEMM_DEPTH_HALF`` to the calibration sweeps of
+"""The GEMMs' best share of the H100's peak: fitted to the calibration sweeps of
 NVIDIA's dgxc-benchmarking H100 tables (Llama 3.1 8B and 405B, Nemotron-4 340B; fused attention at the kernel
 benchmarks' curve, ``estimate.kernels``)."""
 
-H100_GEMM_DEPTH_HALF = 256.0
-
-"""The GEMM depth at which a tile's fixed cost halves the H100's rate: fitted with ``H100_COMPUTE_EFFICIENCY``."""
-
-H100_FP8_COMPUTE_EFFICIENCY = 0.55
+H100_FP8_COMPUTE_EFFICIENCY = 0.57
 """FP8 GEMMs' best share of the H100's FP8 peak: fitted to the BF16 / FP8 step-time ratios of the calibration
 models' pairs in NVIDIA's dgxc-benchmarking tables (Llama 3.1 8B, 405B and its proxy, Nemotron-4 340B)."""
 
@@ -231,7 +235,6 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 intra_node_bandwidth=230e9,
                 inter_node_bandwidth=23e9,
                 compute_efficiency=A100_COMPUTE_EFFICIENCY,
-                gemm_depth_half=A100_GEMM_DEPTH_HALF,
                 sms=108,
                 memory_efficiency=MEMORY_EFFICIENCY,
                 attention_kernels="ampere",
@@ -246,7 +249,6 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 intra_node_bandwidth=230e9,
                 inter_node_bandwidth=23e9,
                 compute_efficiency=A100_COMPUTE_EFFICIENCY,
-                gemm_depth_half=A100_GEMM_DEPTH_HALF,
                 sms=108,
                 memory_efficiency=MEMORY_EFFICIENCY,
                 attention_kernels="ampere",
@@ -263,7 +265,6 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 intra_node_bandwidth=370e9,
                 inter_node_bandwidth=46e9,
                 compute_efficiency=H100_COMPUTE_EFFICIENCY,
-                gemm_depth_half=H100_GEMM_DEPTH_HALF,
                 memory_efficiency=MEMORY_EFFICIENCY,
             ),
             GpuProfile(
@@ -278,7 +279,6 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 intra_node_bandwidth=370e9,
                 inter_node_bandwidth=46e9,
                 compute_efficiency=H100_COMPUTE_EFFICIENCY,
-                gemm_depth_half=H100_GEMM_DEPTH_HALF,
                 memory_efficiency=MEMORY_EFFICIENCY,
             ),
         )

@@ -116,6 +116,31 @@ GEMM_TILE = 128
 """The output tile of one thread block of a large bf16 GEMM (cuBLAS/CUTLASS on A100 and H100: 128 × 128 and
 wider): a GEMM is cut into such tiles, one per streaming multiprocessor at a time."""
 
+GEMM_TILE_FIXED_S = 1.1e-6
+"""A GEMM tile's fixed time, seconds: filling its pipeline (the first loads of its operands from memory) and its
+epilogue (the accumulators out to memory), during which its multiprocessor's tensor cores idle. Fitted (minimax
+over each GEMM's rate relative to the deepest ``k``) on one table, tilelang's FP16 GEMMs of M = N = 8192 by
+K = 256…16384 on H800 SXM (``tests/estimate/test_gemm_shapes.py``, ``TILELANG_FP16_H800``: ``k½`` = 252 there);
+validated on cuBLAS on H100 (XLA's measured table) and on two FP8 tables (tilelang, DeepGEMM), none fitted."""
+
+
+def gemm_depth_half(peak_flops: float, sms: int) -> float:
+    """The depth ``k½`` at which a GEMM tile's fixed time equals its multiply-adds: ``τ · (P / sms) / (2·T²)``.
+
+    A ``T × T`` tile does ``2·T²`` FLOPs per unit of ``k`` at its multiprocessor's share of the peak, ``P / sms``
+    (``P``: the peak these GEMMs run at, bf16 or FP8), and spends ``τ`` (``GEMM_TILE_FIXED_S``) on its pipeline's
+    fill and its epilogue, whatever ``k``: its rate is ``k / (k + k½)`` of the best.
+
+    The evidence (``tests/estimate/test_gemm_shapes.py``): the published GEMM tables by K follow ``k/(k + k½)``
+    within a few percent from K = 256 to 16384; tilelang's FP8 table measured before and after a change to its
+    benchmark's epilogue alone (the output tile's shared-memory layout, tile-ai/tilelang b2acfc37) moves ``k½``
+    from about 800 to 440, so the fixed cost is a tile's and lies in its epilogue, not in the main loop; and
+    FP8's doubled rate, with a one-byte output where FP16's is two, raises ``k½`` 1.7-fold (436 against 252):
+    a fixed time, not the output's bytes. No published A100 table by K was found: A100's ``k½`` (97) is this
+    formula's with the H100's ``τ``, not a measurement.
+    """
+    return GEMM_TILE_FIXED_S * peak_flops / sms / (2 * GEMM_TILE * GEMM_TILE)
+
 
 def gemm_shape_efficiency(m: float, n: float, k: float, *, sms: int, depth_half: float) -> float:
     """The share of a GEMM's best rate that an ``m × k`` by ``k × n`` product reaches, from its shape alone.
@@ -124,10 +149,8 @@ def gemm_shape_efficiency(m: float, n: float, k: float, *, sms: int, depth_half:
 
     * **wave quantization**: the ``⌈m/T⌉·⌈n/T⌉`` output tiles run in waves of ``sms`` (one tile per
       multiprocessor): a last partial wave leaves the others idle, ``tiles / (waves · sms)``;
-    * **depth**: a tile's fixed cost (loading the first operands, writing the result) is amortised over the
-      ``k`` dimension: ``k / (k + depth_half)``, half the best rate at ``k = depth_half``.
-
-    ``depth_half`` is the GPU profile's, fitted with the GEMMs' best share of peak to the calibration runs.
+    * **depth**: a tile's fixed time (its pipeline's fill and its epilogue, ``gemm_depth_half``) is amortised
+      over the ``k`` dimension: ``k / (k + depth_half)``, half the best rate at ``k = depth_half``.
     """
     tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE)
     waves = math.ceil(tiles / sms)

@@ -290,11 +290,10 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
     peak = gpu.peak_flops if workload.mixed_precision else gpu.peak_flops_fp32
     rate = peak * gpu.compute_efficiency
     # FP8: the layers' four GEMMs (QKV, projection, FC1, FC2) at the FP8 peak; the logits and attention core not.
-    gemm_rate = (
-        fp8_peak(workload, gpu) * (gpu.fp8_compute_efficiency or gpu.compute_efficiency)
-        if workload.fp8_format
-        else rate
-    )
+    gemm_peak = fp8_peak(workload, gpu) if workload.fp8_format else peak
+    gemm_rate = gemm_peak * (gpu.fp8_compute_efficiency or gpu.compute_efficiency) if workload.fp8_format else rate
+    # A tile's fixed time is k½ multiply-adds at the rate its GEMMs run at (``kernels.gemm_depth_half``).
+    depth, output_depth = gpu.depth_half(gemm_peak), gpu.depth_half(peak)
     bandwidth = gpu.memory_bandwidth * gpu.memory_efficiency
 
     # The layer's four GEMMs (QKV, projection, FC1, FC2) on this TP rank, each at its shape's efficiency
@@ -304,7 +303,7 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
     g, d = m.effective_num_query_groups, m.effective_kv_channels
     linears = ((n + 2 * g) * d / t, h), (h, n * d / t), (f * (2 if m.swiglu else 1) / t, h), (h, f / t)
     gemm_passes = 3 + (1 if workload.recompute_granularity == "full" else 0)
-    layer_gemm_s = _gemm_seconds(linears, gemm_rate, gemm_passes, tokens=tokens, gpu=gpu)
+    layer_gemm_s = _gemm_seconds(linears, gemm_rate, gemm_passes, tokens=tokens, gpu=gpu, depth_half=depth)
     attention_s = _attention_core_seconds(workload, gpu, attention_fwd, seq_length=s, tp=t, peak=peak, rate=rate)
     layer_compute = (
         layer_gemm_s
@@ -315,27 +314,34 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
     return UnitTimes(
         layer_compute_s=layer_compute,
         layer_tp_s=_tp_collectives_seconds(workload, gpu, layout, seq_length=s, layer_gemm_s=layer_gemm_s),
-        output_compute_s=_gemm_seconds(((vocab / t, h),), rate, 3, tokens=tokens, gpu=gpu),
+        output_compute_s=_gemm_seconds(((vocab / t, h),), rate, 3, tokens=tokens, gpu=gpu, depth_half=output_depth),
         recompute_flops=recompute,
         layer_cp_s=_cp_ring_exposed_seconds(
             workload, gpu, layout, seq_length=s, attention_s=attention_s, gpus_per_node=gpus_per_node
         ),
-        layer_weight_grad_s=_gemm_seconds(linears, gemm_rate, 1, tokens=tokens, gpu=gpu),
+        layer_weight_grad_s=_gemm_seconds(linears, gemm_rate, 1, tokens=tokens, gpu=gpu, depth_half=depth),
     )
 
 
 def _gemm_seconds(
-    shapes: tuple[tuple[float, float], ...], gemm_rate: float, passes: int, *, tokens: float, gpu: GpuProfile
+    shapes: tuple[tuple[float, float], ...],
+    gemm_rate: float,
+    passes: int,
+    *,
+    tokens: float,
+    gpu: GpuProfile,
+    depth_half: float,
 ) -> float:
     """``passes`` passes of GEMMs of ``tokens`` rows by each (outputs, inputs) in ``shapes``, ``2·tokens·out·in``
-    FLOPs each, at ``gemm_rate`` times the efficiency of that shape (``kernels.gemm_pass_efficiency``)."""
+    FLOPs each, at ``gemm_rate`` times the efficiency of that shape (``kernels.gemm_pass_efficiency``, with a
+    tile's fixed time ``depth_half`` multiply-adds deep)."""
     return sum(
         passes
         * 2
         * tokens
         * out
         * inp
-        / (gemm_rate * gemm_pass_efficiency(tokens, out, inp, sms=gpu.sms, depth_half=gpu.gemm_depth_half))
+        / (gemm_rate * gemm_pass_efficiency(tokens, out, inp, sms=gpu.sms, depth_half=depth_half))
         for out, inp in shapes
     )
 

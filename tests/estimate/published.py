@@ -4,11 +4,14 @@ Fused attention's share of peak is never fitted here: it comes from kernel bench
 
 Calibration (the constants of ``megatron_ext/estimate/hardware.py`` are the minimax fit to these rows):
 
-* A100: Narayanan et al. 2021, Table 1 (``NARAYANAN_TABLE_1``): the GEMMs' best share of peak and depth loss,
-  and the element-wise kernels' share of HBM bandwidth.
+* A100: Narayanan et al. 2021, Table 1 (``NARAYANAN_TABLE_1``): the GEMMs' best share of peak and the
+  element-wise kernels' share of HBM bandwidth.
 * H100: NVIDIA's dgxc-benchmarking BF16 sweeps of Llama 3.1 8B, Llama 3.1 405B (and its proxies) and
-  Nemotron-4 340B (``DGXC_H100``, ``DGXC_CALIBRATION``): the GEMMs' best share of peak and depth loss; the
-  memory efficiency is the A100 value.
+  Nemotron-4 340B (``DGXC_H100``, ``DGXC_CALIBRATION``): the GEMMs' best share of peak; the memory efficiency
+  is the A100 value.
+
+The GEMMs' shape losses are not fitted to these runs: a tile's fixed time comes from a published GEMM benchmark
+by shape (``tests/estimate/test_gemm_shapes.py``, ``estimate.kernels.gemm_depth_half``).
 
 Validation (never used to fit anything):
 
@@ -664,7 +667,7 @@ DGXC_LATER_RELEASES = {
 # recipes' settings (taken as the dgxc-benchmarking recipes': bf16 with FP8 GEMMs in the hybrid format, the
 # distributed optimizer, overlapped reduction and all-gather, bf16 gradient reduction, SP, --tp-comm-overlap,
 # fused attention, recomputation none but selective for the 340B). The table misses the validation goal (largest
-# +14.0 %, the Nemotron 8B): a comparison, not a validation (docs/layout-model.md).
+# +14.9 %, the Nemotron 8B): a comparison, not a validation (docs/layout-model.md).
 _N = "NVIDIA NeMo performance summary (8e3d65dc), NeMo 24.07, DGX H100 FP8"
 _N_ASSUMED = (
     "shapes from NeMo's model configurations; the dgxc recipes' settings (bf16 gradient reduction, overlaps, SP, "
