@@ -275,7 +275,8 @@ class Placed:
     """A step placed: every pass's start and end, indexed ``[rank, kind code, microbatch, chunk]`` (NaN where
     the step has no such pass), and the orders placed."""
 
-    start: np.ndarray
+    start: np.ndarray | None
+    """None when only the ends were kept (``place_all``'s ``starts``)."""
     end: np.ndarray
     orders: tuple[Rows, ...]
 
@@ -285,6 +286,8 @@ class Placed:
 
     def passes(self) -> tuple[TimedPass, ...]:
         """Every pass, rank by rank in the order run."""
+        if self.start is None:
+            raise ValueError("the step was placed without its passes' starts (place_all's starts=False)")
         out = []
         for rank, rows in enumerate(self.orders):
             key = (rank, rows[:, 0], rows[:, 1], rows[:, 2])
@@ -293,6 +296,19 @@ class Placed:
             ):
                 out.append(TimedPass(rank, PipelinePass(KINDS[kind], mb, chunk), start, end))
         return tuple(out)
+
+
+class Step(NamedTuple):
+    """One step to place (``place_all``): every rank's order, the passes' times, the transfers."""
+
+    orders: Sequence[Rows]
+    """Every rank's order."""
+    chunk_times: Sequence[Sequence[Sequence[float]]]
+    """``[rank][chunk]``: (forward, backward) of one microbatch, or (F, B, W) with W passes."""
+    p2p_time: float = 0.0
+    """One transfer between ranks."""
+    blocking_p2p: bool = False
+    """Whether a rank that sends is busy for the transfer (1F1B), or the transfer only delays the receiver."""
 
 
 def place(
@@ -306,16 +322,101 @@ def place(
     blocking_p2p: bool = False,
 ) -> Placed:
     """Place every pass at the earliest time its rank is free and its input has arrived (``simulate``, whose
-    docstring says what the arguments mean; here every rank's order and ``chunk_times`` are given).
+    docstring says what the arguments mean; here every rank's order and ``chunk_times`` are given)."""
+    step = Step(orders, chunk_times, p2p_time, blocking_p2p)
+    return place_all([step], pp=pp, vp=vp, num_microbatches=num_microbatches)[0]
+
+
+def place_all(steps: Sequence[Step], *, pp: int, vp: int, num_microbatches: int, starts: bool = True) -> list[Placed]:
+    """Place several steps of one pipeline (``place``), side by side in one sweep.
 
     The orders are fixed, so every pass's time follows from the passes before it in its rank's order and the one
     whose output it needs, whichever way the step is swept. The sweep advances every rank whose next input is
     there by one pass at a time, all ranks at once: a wavefront of array operations, which in a pipeline's
-    steady state moves every rank each time (a rank's next pass needs its neighbour's previous one).
+    steady state moves every rank each time (a rank's next pass needs its neighbour's previous one). A sweep
+    costs about the same for a few hundred ranks as for one, so steps compared with each other (with and
+    without transfers, the candidate orders of a schedule) are swept together, each on ranks and keys of its own.
+    ``starts``: keep every pass's start too (``Placed.passes``; else only the ends, all the figures need).
     """
     m = num_microbatches
+    ranks = len(steps) * pp
+    # Step i's keys: a block of its (rank, kind, microbatch, chunk) keys (``_structure``), then three of its own:
+    # the input of a pass that needs none (its time 0), and for a rank past its last pass a pass that never
+    # becomes ready (it waits for a key whose time stays NaN, and writes to one never read), so that a rank that is
+    # done sits there and the sweep needs no bookkeeping of who is done.
+    block = 3 * m * vp * pp + 3
+    # Steps that differ only in their transfers share their orders' structure: each structure once, side by side.
+    found: dict[tuple[int, int], int] = {}
+    structures: list[tuple[np.ndarray, ...]] = []
+    for step in steps:
+        if (id(step.orders), id(step.chunk_times)) not in found:
+            found[(id(step.orders), id(step.chunk_times))] = len(structures)
+            structures.append(_structure(step, pp=pp, vp=vp, m=m))
+    width = max((len(structure[0]) for structure in structures), default=0)
+    # Per pass, position by position and within a position every structure's ranks (the passes placed together
+    # lie close in memory); past a rank's last pass, the pass that never runs.
+    columns = len(structures) * pp
+    keys = np.full((2, width + 1, columns), block - 1, dtype=np.int64)  # a pass's own key, its input's
+    keys[1] = block - 2
+    values = np.zeros((3, width + 1, columns))  # from another rank, duration, sends to another rank
+    for j, (own, dep, remote, duration, sends) in enumerate(structures):
+        where = np.s_[: len(own), j * pp : (j + 1) * pp]
+        keys[0][where] = np.where(own >= 0, own, block - 1)
+        keys[1][where] = np.where(dep >= 0, dep, np.where(dep == NO_INPUT, block - 3, block - 2))
+        values[0][where], values[1][where], values[2][where] = remote, duration, sends
+    # Separate one-dimensional arrays: a gather from each is several times faster than one from a stacked array.
+    own_at, needs_at = keys[0].ravel(), keys[1].ravel()
+    remote_at, took_at, sends_at = values[0].ravel(), values[1].ravel(), values[2].ravel()
+    # Per rank of the sweep: its structure's column, its step's first key, transfer and blocking send.
+    column = np.concatenate([found[(id(s.orders), id(s.chunk_times))] * pp + np.arange(pp) for s in steps])
+    base = np.repeat(np.arange(len(steps)) * block, pp)
+    p2p = np.repeat([s.p2p_time for s in steps], pp)
+    hold = np.repeat([s.p2p_time if s.blocking_p2p else 0.0 for s in steps], pp)
+
+    end = np.full(len(steps) * block, np.nan)
+    end[base[::pp] + block - 3] = 0.0
+    start = np.full(len(steps) * block, np.nan) if starts else end
+    at = column.copy()  # every rank's next pass
+    clock = np.zeros(ranks)
+    left = sum(len(rows) for step in steps for rows in step.orders)
+    while left:
+        # One pass per rank: those whose input has not arrived get NaN times, written where they already are NaN.
+        begin = np.maximum(clock, end[needs_at[at] + base] + remote_at[at] * p2p)
+        finish = begin + took_at[at]
+        placed = own_at[at] + base
+        if starts:
+            start[placed] = begin
+        end[placed] = finish
+        clock = np.fmax(clock, finish + sends_at[at] * hold)
+        moved = finish == finish
+        count = int(np.count_nonzero(moved))
+        if not count:  # cannot happen for Megatron-Core's order; guards against a broken order
+            raise RuntimeError("the pipeline order deadlocks: a pass waits for one that never runs")
+        left -= count
+        at += moved * columns
+
+    def by_rank(times: np.ndarray, i: int) -> np.ndarray:
+        """Step ``i``'s times indexed [rank, kind, microbatch, chunk] (a view)."""
+        return times[i * block : (i + 1) * block - 3].reshape(m, vp, 3, pp).transpose(3, 2, 0, 1)
+
+    return [
+        Placed(start=by_rank(start, i) if starts else None, end=by_rank(end, i), orders=tuple(step.orders))
+        for i, step in enumerate(steps)
+    ]
+
+
+NO_INPUT, NO_PASS = -1, -2
+"""``_structure``'s key of a pass's input when it needs none, and its keys past a rank's last pass."""
+
+
+def _structure(step: Step, *, pp: int, vp: int, m: int) -> tuple[np.ndarray, ...]:
+    """Per position in the orders (rows) and rank (columns) of ``step``: the pass's key, by (microbatch, chunk,
+    kind, rank), ``((mb·v + chunk)·3 + kind)·p + rank``; the key of the pass whose output it needs (``NO_INPUT``:
+    none, a W's B runs before it on its rank's order); whether that comes from another rank; its duration;
+    whether it sends to another rank (``sending``). Past a rank's last pass, keys ``NO_PASS``."""
+    orders = step.orders
     times = np.zeros((pp, vp, 3))
-    given = np.asarray(chunk_times, dtype=float)
+    given = np.asarray(step.chunk_times, dtype=float)
     if given.ndim != 3 or given.shape[:2] != (pp, vp) or not 2 <= given.shape[2] <= 3:
         raise ValueError(f"chunk_times must give (forward, backward[, weight]) for {pp} ranks × {vp} chunks")
     times[:, :, : given.shape[2]] = given
@@ -326,70 +427,32 @@ def place(
     table = np.zeros((pp, width, 3), dtype=np.int64)
     for r, rows in enumerate(orders):
         table[r, : len(rows)] = rows
-    kind, mb, chunk = table[..., 0], table[..., 1], table[..., 2]
-    if ((mb >= m) | (chunk >= vp) | (kind > 2) | (table < 0).any(axis=2)).any():
+    kind, mb, chunk = np.ascontiguousarray(table.transpose(2, 1, 0))  # rank by rank within a position
+    if ((mb >= m) | (chunk >= vp) | (kind > 2) | (kind < 0) | (mb < 0) | (chunk < 0)).any():
         raise ValueError(f"an order names a microbatch or chunk outside m={m}, v={vp}")
-    # Every pass's key into the flat (rank, kind, microbatch, chunk) array of end times, and the key of the pass
-    # whose output it needs (``ready_now``, the last, for none: a W's B runs before it on its rank's order).
-    stride = m * vp
-    rank = np.arange(pp, dtype=np.int64)[:, None]
-    offset = mb * vp + chunk
-    own = (rank * 3 + kind) * stride + offset
-    ready_now = 3 * pp * stride
-    forward, backward = kind == 0, kind == 1
+    # Per (kind, rank, chunk): the input's key less the pass's (microbatch, chunk) slot's, and where it comes from.
+    k, rank, c = np.meshgrid(np.arange(3), np.arange(pp), np.arange(vp), indexing="ij")
     last = rank == pp - 1
     conditions = [
-        forward & (rank > 0),  # the same chunk's output from the previous rank
-        forward & (rank == 0) & (chunk > 0),  # rank 0: the previous chunk's from the last rank
-        backward & ~last,  # the same chunk's gradient from the next rank
-        backward & last & (chunk < vp - 1),  # the last rank: the next chunk's from rank 0
-        backward & last,  # the last stage: its own forward
+        (k == 0) & (rank > 0),  # the same chunk's output from the previous rank
+        (k == 0) & (rank == 0) & (c > 0),  # rank 0: the previous chunk's from the last rank
+        (k == 1) & ~last,  # the same chunk's gradient from the next rank
+        (k == 1) & last & (c < vp - 1),  # the last rank: the next chunk's from rank 0
+        (k == 1) & last,  # the last stage: its own forward
     ]
-    dep = np.select(
-        conditions,
-        [(rank - 1) * 3 * stride + offset, (pp - 1) * 3 * stride + offset - 1, ((rank + 1) * 3 + 1) * stride + offset,
-         stride + offset + 1, rank * 3 * stride + offset],
-        default=ready_now,
-    )  # fmt: skip
-    remote = (conditions[0] | conditions[2] | ((conditions[1] | conditions[3]) & (pp > 1))).astype(float)
-    duration = times[rank, chunk, kind]
-    hold = np.zeros((pp, width))
-    if blocking_p2p:
-        for r, rows in enumerate(orders):
-            hold[r, : len(rows)] = sending(rows, pp=pp, vp=vp, pipeline_rank=r) * p2p_time
-    # After each rank's passes, a pass that never becomes ready (it waits for ``never``, whose end stays NaN, and
-    # writes to ``nowhere``): a rank that is done sits on it, and the sweep needs no bookkeeping of who is done.
-    never, nowhere = ready_now + 1, ready_now + 2
-    keys = np.full((2, pp, width + 1), nowhere, dtype=np.int64)  # the pass's own key, and the one it needs
-    keys[1] = never
-    spans = np.zeros((3, pp, width + 1))  # its transfer's delay, its duration, what it holds its rank after it
-    passes = np.arange(width)[None, :] < lengths[:, None]
-    keys[0, :, :width] = np.where(passes, own, nowhere)
-    keys[1, :, :width] = np.where(passes, dep, never)
-    spans[:, :, :width] = np.where(passes, [remote * p2p_time, duration, hold], 0.0)
-    flat_keys, flat_spans = keys.reshape(2, -1), spans.reshape(3, -1)
-
-    end = np.full(ready_now + 3, np.nan)
-    end[ready_now] = 0.0
-    start = np.full(ready_now + 3, np.nan)
-    at = np.arange(pp) * (width + 1)  # every rank's next pass
-    clock = np.zeros(pp)
-    left = int(lengths.sum())
-    while left:
-        # One pass per rank: those whose input has not arrived get NaN times, written where they already are NaN.
-        (mine, needed), (delay, took, held) = flat_keys[:, at], flat_spans[:, at]
-        finish = np.maximum(clock, end[needed] + delay) + took
-        start[mine] = finish - took
-        end[mine] = finish
-        clock = np.fmax(clock, finish + held)
-        moved = finish == finish
-        count = int(np.count_nonzero(moved))
-        if not count:  # cannot happen for Megatron-Core's order; guards against a broken order
-            raise RuntimeError("the pipeline order deadlocks: a pass waits for one that never runs")
-        left -= count
-        at += moved
-    shape = (pp, 3, m, vp)
-    return Placed(start=start[:ready_now].reshape(shape), end=end[:ready_now].reshape(shape), orders=tuple(orders))
+    offsets = np.select(conditions, [rank - 1, -2 * pp - 1, pp + rank + 1, 4 * pp, rank], default=0)
+    needs = np.select(conditions, [True] * 5, default=False)
+    remote = conditions[0] | conditions[2] | ((conditions[1] | conditions[3]) & (pp > 1))
+    sends = np.stack([sending(np.stack([np.full(vp, kk), np.zeros(vp, dtype=np.int64), np.arange(vp)], axis=1),
+                              pp=pp, vp=vp, pipeline_rank=r) for kk in range(3) for r in range(pp)])  # fmt: skip
+    which = (kind * pp + np.arange(pp)) * vp + chunk  # the pass's (kind, rank, chunk)
+    slot = (mb * vp + chunk) * (3 * pp)
+    own = slot + kind * pp + np.arange(pp)
+    dep = np.where(needs.ravel()[which], slot + offsets.ravel()[which], NO_INPUT)
+    beyond = np.arange(width)[:, None] >= lengths[None, :]
+    own[beyond], dep[beyond] = NO_PASS, NO_PASS
+    duration = times.transpose(2, 0, 1).ravel()[which]
+    return own, dep, remote.ravel()[which].astype(float), duration, sends.ravel()[which].astype(float)
 
 
 def simulate(
@@ -468,16 +531,17 @@ STEADY_TOLERANCE = 1e-9
 
 
 def figures_at_scale(
-    place: Callable[[int], tuple[StepFigures, np.ndarray]],
+    place: Callable[[int, Sequence[int]], Sequence[tuple[StepFigures, np.ndarray]]],
     *,
+    variants: int = 1,
     num_microbatches: int,
     pp: int,
     vp: int = 1,
     group_size: int | None = None,
-) -> StepFigures:
-    """The figures of ``place(num_microbatches)`` (a step placed: its figures and its passes' end times, as
-    ``Placed.end``), read off a shorter
-    step when the step is long and that shorter step has reached its steady state.
+) -> list[StepFigures]:
+    """The figures of each of ``variants`` steps of one pipeline (``place(n, which)``: the steps ``which`` of
+    ``n`` microbatches placed together, each one's figures and its passes' end times as ``Placed.end``), read
+    off a shorter step when the step is long and that shorter step has reached its steady state.
 
     A fixed order repeats every ``period`` microbatches past its warm-up (1 without interleaving, the microbatch
     group with it), and its passes' times follow from the times before them by the same max-plus recurrence
@@ -489,7 +553,7 @@ def figures_at_scale(
     ``(2(p − 1) + (v − 1)·N)/v`` interleaved), ``n`` starts at three spans of ``w + period + 1`` microbatches
     and two periods (warm-up and transient, the window, the cool-down) and doubles until the window repeats
     (a pipeline whose stages are nearly even can take long to settle) or would be more than half the step, which
-    is then simulated whole.
+    is then simulated whole; each variant on its own, those not yet read placed together.
     ``tests/estimate/test_long_steps.py`` checks this against whole steps.
     """
     m = num_microbatches
@@ -499,18 +563,24 @@ def figures_at_scale(
     warmup = warmup_passes(pp=pp, vp=vp, num_microbatches=pp * vp * period, pipeline_rank=0, group_size=group_size)
     span = -(-warmup // vp) + period + 1
     n = 3 * span + 2 * period
-    while 2 * (n + (m - n) % period) <= m:  # a shorter step of more than half the step would save too little
+    found: list[StepFigures | None] = [None] * variants
+    pending = list(range(variants))
+    while pending and 2 * (n + (m - n) % period) <= m:  # a shorter step of more than half the step saves little
         n += (m - n) % period
-        figures, end = place(n)
-        shift = _steady_shift(end, period=period, span=span, step=figures.makespan)
-        if shift is not None:
-            return StepFigures(
-                makespan=figures.makespan + (m - n) // period * shift,
-                in_flight=figures.in_flight,  # reached in the warm-up
-                messages=tuple(k * m // n for k in figures.messages),  # each rank sends per microbatch
-            )
+        for which, (figures, end) in zip(pending, place(n, pending), strict=True):
+            shift = _steady_shift(end, period=period, span=span, step=figures.makespan)
+            if shift is not None:
+                found[which] = StepFigures(
+                    makespan=figures.makespan + (m - n) // period * shift,
+                    in_flight=figures.in_flight,  # reached in the warm-up
+                    messages=tuple(k * m // n for k in figures.messages),  # each rank sends per microbatch
+                )
+        pending = [which for which in pending if found[which] is None]
         n *= 2
-    return place(m)[0]
+    if pending:
+        for which, (figures, _) in zip(pending, place(m, pending), strict=True):
+            found[which] = figures
+    return [figures for figures in found if figures is not None]
 
 
 def _steady_shift(end: np.ndarray, *, period: int, span: int, step: float) -> float | None:

@@ -44,12 +44,13 @@ from megatron_ext.estimate.memory import estimate_memory
 from megatron_ext.estimate.pipeline_schedule import (
     Placed,
     Rows,
+    Step,
     StepFigures,
     Timeline,
     figures_at_scale,
     gpipe_rows,
     peak_held,
-    place,
+    place_all,
     schedule_rows,
     sending,
     uniform_chunk_times,
@@ -137,51 +138,58 @@ def schedule_figures(
     pp: int,
     num_microbatches: int,
     chunk_times: ChunkTimes,
-    p2p_time: float,
+    p2p_times: Sequence[float],
     group_size: int | None = None,
     whole: bool = False,
-) -> tuple[StepFigures, Timeline | None]:
-    """One step of ``schedule`` (``SCHEDULES``) with ``chunk_times[rank][chunk]`` = (forward, backward) of one
-    microbatch: its figures, and with ``whole`` every pass placed (else a long step is read off shorter ones,
-    ``pipeline_schedule.figures_at_scale``, and no timeline is kept)."""
+) -> list[tuple[StepFigures, Timeline | None]]:
+    """Steps of ``schedule`` (``SCHEDULES``) with ``chunk_times[rank][chunk]`` = (forward, backward) of one
+    microbatch, one for each transfer time of ``p2p_times`` (placed together): each one's figures, and with
+    ``whole`` every pass placed (else a long step is read off shorter ones, ``pipeline_schedule.figures_at_scale``,
+    and no timeline is kept)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; one of {', '.join(SCHEDULES)}")
     vp = len(chunk_times[0])
     if schedule in ("gpipe", "1f1b") and vp != 1:
         raise ValueError(f"{schedule} runs one model chunk per rank, got {vp}")
 
-    def place_step(n: int) -> tuple[StepFigures, Placed]:
+    def place_steps(n: int, which: Sequence[int]) -> list[tuple[StepFigures, Placed]]:
         orders = orders_of(schedule, pp=pp, vp=vp, num_microbatches=n, group_size=group_size)
-        placed = place(
-            orders, pp=pp, vp=vp, num_microbatches=n, chunk_times=chunk_times, p2p_time=p2p_time,
-            blocking_p2p=vp == 1,
-        )  # fmt: skip
-        figures = StepFigures(
-            makespan=placed.makespan,
-            in_flight=tuple(peak_held(o) for o in orders),
-            messages=tuple(int(sending(o, pp=pp, vp=vp, pipeline_rank=r).sum()) for r, o in enumerate(orders)),
-        )
-        return figures, placed
+        steps = [Step(orders, chunk_times, p2p_times[k], blocking_p2p=vp == 1) for k in which]
+        in_flight = tuple(peak_held(o) for o in orders)
+        messages = tuple(int(sending(o, pp=pp, vp=vp, pipeline_rank=r).sum()) for r, o in enumerate(orders))
+        return [
+            (StepFigures(makespan=placed.makespan, in_flight=in_flight, messages=messages), placed)
+            for placed in place_all(steps, pp=pp, vp=vp, num_microbatches=n, starts=whole)
+        ]
 
-    def at(n: int) -> tuple[StepFigures, np.ndarray]:
-        figures, placed = place_step(n)
-        return figures, placed.end
+    def at(n: int, which: Sequence[int]) -> list[tuple[StepFigures, np.ndarray]]:
+        return [(figures, placed.end) for figures, placed in place_steps(n, which)]
 
     if whole:
-        figures, placed = place_step(num_microbatches)
         slowest = max(chunk_times, key=lambda row: sum(map(sum, row)))
-        timeline = Timeline(
-            pp=pp,
-            vp=vp,
-            num_microbatches=num_microbatches,
-            forward_time=sum(t[0] for t in slowest),
-            backward_time=sum(t[1] for t in slowest),
-            passes=placed.passes(),
-        )
-        return figures, timeline
+        return [
+            (
+                figures,
+                Timeline(
+                    pp=pp,
+                    vp=vp,
+                    num_microbatches=num_microbatches,
+                    forward_time=sum(t[0] for t in slowest),
+                    backward_time=sum(t[1] for t in slowest),
+                    passes=placed.passes(),
+                ),
+            )
+            for figures, placed in place_steps(num_microbatches, range(len(p2p_times)))
+        ]
     if schedule == "gpipe":
-        return gpipe_figures(pp=pp, num_microbatches=num_microbatches, chunk_times=chunk_times, p2p_time=p2p_time), None
-    return figures_at_scale(at, num_microbatches=num_microbatches, pp=pp, vp=vp, group_size=group_size), None
+        m = num_microbatches
+        return [
+            (gpipe_figures(pp=pp, num_microbatches=m, chunk_times=chunk_times, p2p_time=t), None) for t in p2p_times
+        ]
+    found = figures_at_scale(
+        at, variants=len(p2p_times), num_microbatches=num_microbatches, pp=pp, vp=vp, group_size=group_size
+    )
+    return [(figures, None) for figures in found]
 
 
 def gpipe_figures(*, pp: int, num_microbatches: int, chunk_times: ChunkTimes, p2p_time: float) -> StepFigures:
@@ -240,8 +248,12 @@ def run_schedule(
     common: dict[str, Any] = dict(
         pp=pp, num_microbatches=num_microbatches, chunk_times=chunk_times, group_size=group_size, whole=whole
     )
-    step, timeline = simulated or schedule_figures(schedule, **common, p2p_time=p2p_time)
-    compute = schedule_figures(schedule, **common, p2p_time=0.0)[0] if p2p_time > 0 else step
+    if simulated is None:  # with the transfers and without, placed together
+        runs = schedule_figures(schedule, **common, p2p_times=(p2p_time, 0.0) if p2p_time > 0 else (p2p_time,))
+        (step, timeline), compute = runs[0], runs[-1][0]
+    else:
+        step, timeline = simulated
+        compute = schedule_figures(schedule, **common, p2p_times=(0.0,))[0][0] if p2p_time > 0 else step
     return ScheduleRun(
         schedule=schedule,
         vp=len(chunk_times[0]),
@@ -283,9 +295,9 @@ def run_zero_bubble(
             passes=timeline.passes,
         )
     else:
-        step, chosen = zero_bubble_at_scale(schedule, **common, p2p_time=p2p_time)
-        # The same order with free transfers: the schedule's own bubble.
-        compute = zero_bubble_at_scale(schedule, **common, p2p_time=0.0, candidate=chosen)[0] if p2p_time > 0 else step
+        # The order chosen, with free transfers too: the schedule's own bubble.
+        found, _ = zero_bubble_at_scale(schedule, **common, p2p_times=(p2p_time, 0.0) if p2p_time > 0 else (0.0,))
+        step, compute = found[0], found[-1]
         pictured = None
     return ScheduleRun(
         schedule=schedule,
@@ -328,11 +340,13 @@ def best_group(
     keeps its step's every pass (``run_schedule``); ``groups``: the sizes to try (``group_candidates``).
     """
     known = {pp: default} if default is not None else {}
-    common: dict[str, Any] = dict(
-        pp=pp, num_microbatches=num_microbatches, chunk_times=chunk_times, p2p_time=p2p_time, whole=whole
-    )
+    common: dict[str, Any] = dict(pp=pp, num_microbatches=num_microbatches, chunk_times=chunk_times, whole=whole)
     tried = group_candidates(pp=pp, num_microbatches=num_microbatches) if groups is None else groups
-    placed = {n: schedule_figures("interleaved-group", **common, group_size=n) for n in tried if n not in known}
+    placed = {
+        n: schedule_figures("interleaved-group", **common, p2p_times=(p2p_time,), group_size=n)[0]
+        for n in tried
+        if n not in known
+    }
     steps = {n: known[n].makespan if n in known else placed[n][0].makespan for n in tried}
     if not steps:
         return None
@@ -340,7 +354,9 @@ def best_group(
     best = next(n for n, step in steps.items() if step <= fastest * (1 + GROUP_TIE))
     if best in known:
         return dataclasses.replace(known[best], schedule="interleaved-group", group_size=best), steps
-    return run_schedule("interleaved-group", **common, group_size=best, simulated=placed[best]), steps
+    return run_schedule(
+        "interleaved-group", **common, p2p_time=p2p_time, group_size=best, simulated=placed[best]
+    ), steps
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,12 +36,14 @@ from megatron_ext.estimate.pipeline_schedule import (
     STEADY_TOLERANCE,
     PipelinePass,
     Rows,
+    Step,
     StepFigures,
     TimedPass,
     as_passes,
     figures_at_scale,
     peak_held,
     place,
+    place_all,
     schedule_rows,
 )
 from megatron_ext.parallel.pipeline import warmup_passes
@@ -200,37 +202,31 @@ def zero_bubble_at_scale(
     num_microbatches: int,
     vp: int,
     chunk_times: Sequence[Sequence[tuple[float, float, float]]],
-    p2p_time: float,
-    candidate: int | None = None,
-) -> tuple[StepFigures, int]:
-    """``simulate_zero_bubble``'s step of ZB-H1 or ZB interleaved as figures, and which of its candidate orders
-    (``fixed_orders``) it is: each candidate's step read off shorter steps when it is long
-    (``pipeline_schedule.figures_at_scale``), then the one that finishes first within the memory limit; or
-    the step of the ``candidate`` given."""
+    p2p_times: Sequence[float],
+) -> tuple[list[StepFigures], int]:
+    """``simulate_zero_bubble``'s step of ZB-H1 or ZB interleaved as figures, at each transfer time of
+    ``p2p_times``, and which of its candidate orders (``fixed_orders``) it is: every candidate's step at every
+    transfer time placed together and read off shorter steps when it is long
+    (``pipeline_schedule.figures_at_scale``); the candidate is the one that finishes first within the memory
+    limit at the first transfer time (the others: the same order, e.g. with free transfers)."""
     if schedule not in ("zb-h1", "zb-interleaved"):
         raise ValueError(f"{schedule} is not placed in fixed orders: simulate_zero_bubble places it")
+    times = len(p2p_times)
 
-    @functools.cache
-    def orders_at(n: int) -> list[list[Rows]]:
-        return fixed_orders(schedule, pp=pp, vp=vp, num_microbatches=n)
+    def place_steps(n: int, which: Sequence[int]) -> list[tuple[StepFigures, np.ndarray]]:
+        candidates = fixed_orders(schedule, pp=pp, vp=vp, num_microbatches=n)
+        steps = [Step(candidates[k // times], chunk_times, p2p_times[k % times]) for k in which]
+        messages = _messages(schedule, pp=pp, vp=vp, num_microbatches=n)
+        held = {k // times: tuple(peak_held(rows, released_by=2) for rows in candidates[k // times]) for k in which}
+        placed = place_all(steps, pp=pp, vp=vp, num_microbatches=n, starts=False)
+        return [
+            (StepFigures(makespan=step.makespan, in_flight=held[k // times], messages=messages), step.end)
+            for k, step in zip(which, placed, strict=True)
+        ]
 
-    def figures(n: int, which: int) -> tuple[StepFigures, np.ndarray]:
-        orders = orders_at(n)[which]
-        placed = place(orders, pp=pp, vp=vp, num_microbatches=n, chunk_times=chunk_times, p2p_time=p2p_time)
-        step = StepFigures(
-            makespan=placed.makespan,
-            in_flight=tuple(peak_held(rows, released_by=2) for rows in orders),
-            messages=_messages(schedule, pp=pp, vp=vp, num_microbatches=n),
-        )
-        return step, placed.end
-
-    def at_scale(which: int) -> StepFigures:
-        place = functools.partial(figures, which=which)
-        return figures_at_scale(place, num_microbatches=num_microbatches, pp=pp, vp=vp)
-
-    if candidate is not None:
-        return at_scale(candidate), candidate
-    candidates = [at_scale(k) for k in range(1 if schedule == "zb-h1" else len(INTERLEAVED_SHARES))]
+    count = 1 if schedule == "zb-h1" else len(INTERLEAVED_SHARES)
+    found = figures_at_scale(place_steps, variants=count * times, num_microbatches=num_microbatches, pp=pp, vp=vp)
+    candidates = found[::times]  # at the first transfer time
     limits = memory_limits(schedule, pp=pp, vp=vp, num_microbatches=num_microbatches)
     fitting = [
         k for k, c in enumerate(candidates) if all(n / vp <= b + 1e-9 for n, b in zip(c.in_flight, limits, strict=True))
@@ -238,7 +234,7 @@ def zero_bubble_at_scale(
     if not fitting:
         raise RuntimeError(f"no {schedule} order of p={pp}, m={num_microbatches} keeps within the memory limit")
     chosen = fitting[_fastest([candidates[k].makespan for k in fitting])]
-    return candidates[chosen], chosen
+    return found[chosen * times : (chosen + 1) * times], chosen
 
 
 def zero_bubble_figures(timeline: ZeroBubbleTimeline) -> StepFigures:

@@ -4,6 +4,7 @@ comparison's microbatch groups are those whose activations fit."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -23,7 +24,12 @@ from megatron_ext.estimate.pipeline_schedule import (
 from megatron_ext.estimate.schedule_comparison import compare_schedules, schedule_figures
 from megatron_ext.estimate.search import Cluster, search
 from megatron_ext.estimate.workload import Workload
-from megatron_ext.estimate.zero_bubble import simulate_zero_bubble, zero_bubble_at_scale, zero_bubble_figures
+from megatron_ext.estimate.zero_bubble import (
+    fixed_orders,
+    simulate_zero_bubble,
+    zero_bubble_at_scale,
+    zero_bubble_figures,
+)
 from megatron_ext.parallel.layout import ParallelLayout
 from megatron_ext.parallel.pipeline import valid_group_sizes
 
@@ -73,15 +79,21 @@ def test_a_long_step_read_off_a_shorter_one_is_the_whole_step(seed: int) -> None
             ("interleaved", merged, None),
             ("interleaved-group", merged, group),
         ):
-            common = dict(pp=pp, num_microbatches=m, chunk_times=times, p2p_time=p2p, group_size=n)
-            got, timeline = schedule_figures(schedule, **common)  # type: ignore[arg-type]
-            whole, _ = schedule_figures(schedule, **common, whole=True)  # type: ignore[arg-type]
-            assert timeline is None and _agree(got, whole), (schedule, pp, vp, m, spread, p2p)
+            # With the transfers and without, placed together as the comparison does.
+            common = dict(pp=pp, num_microbatches=m, chunk_times=times, p2p_times=(p2p, 0.0), group_size=n)
+            got = schedule_figures(schedule, **common)  # type: ignore[arg-type]
+            whole = schedule_figures(schedule, **common, whole=True)  # type: ignore[arg-type]
+            for (short, timeline), (every, _) in zip(got, whole, strict=True):
+                assert timeline is None and _agree(short, every), (schedule, pp, vp, m, spread, p2p)
         for schedule, times in (("zb-h1", flat), ("zb-interleaved", split)):
-            common = dict(pp=pp, num_microbatches=m, vp=len(times[0]), chunk_times=times, p2p_time=p2p)
-            got, _ = zero_bubble_at_scale(schedule, **common)  # type: ignore[arg-type]
-            whole = zero_bubble_figures(simulate_zero_bubble(schedule, **common))  # type: ignore[arg-type]
-            assert _agree(got, whole), (schedule, pp, vp, m, spread, p2p)
+            v = len(times[0])
+            common = dict(pp=pp, num_microbatches=m, vp=v, chunk_times=times)
+            (with_p2p, free), chosen = zero_bubble_at_scale(schedule, **common, p2p_times=(p2p, 0.0))  # type: ignore[arg-type]
+            whole = zero_bubble_figures(simulate_zero_bubble(schedule, **common, p2p_time=p2p))  # type: ignore[arg-type]
+            assert _agree(with_p2p, whole), (schedule, pp, vp, m, spread, p2p)
+            orders = fixed_orders(schedule, pp=pp, vp=v, num_microbatches=m)[chosen]
+            free_whole = place(orders, pp=pp, vp=v, num_microbatches=m, chunk_times=times)
+            assert free.makespan == pytest.approx(free_whole.makespan, rel=1e-9), (schedule, pp, vp, m, spread)
 
 
 def test_a_long_step_is_read_off_a_short_one_only_once_it_repeats() -> None:
@@ -91,24 +103,25 @@ def test_a_long_step_is_read_off_a_short_one_only_once_it_repeats() -> None:
     placed: list[int] = []
 
     def placing(times: list[list[tuple[float, float]]], *, blocking: bool):  # type: ignore[no-untyped-def]
-        def at(n: int) -> tuple[StepFigures, np.ndarray]:
+        def at(n: int, which: Sequence[int]) -> list[tuple[StepFigures, np.ndarray]]:
+            assert list(which) == [0]
             placed.append(n)
             orders = [schedule_rows(pp=4, vp=1, num_microbatches=n, pipeline_rank=r) for r in range(4)]
             step = place(
                 orders, pp=4, vp=1, num_microbatches=n, chunk_times=times, p2p_time=0.01, blocking_p2p=blocking
             )
-            return StepFigures(step.makespan, (0,) * 4, (n,) * 4), step.end
+            return [(StepFigures(step.makespan, (0,) * 4, (n,) * 4), step.end)]
 
         return at
 
     even = [[(1.0, 2.0)]] * 4
-    got = figures_at_scale(placing(even, blocking=True), num_microbatches=1000, pp=4)
+    (got,) = figures_at_scale(placing(even, blocking=True), num_microbatches=1000, pp=4)
     assert placed == [3 * (4 + 1) + 2]  # three spans of rank 0's warm-up (p − 1) and two microbatches, two periods
     whole = simulate(pp=4, vp=1, num_microbatches=1000, chunk_times=even, p2p_time=0.01, blocking_p2p=True)
     assert got.makespan == pytest.approx(whole.makespan, rel=1e-12) and got.messages == (1000,) * 4
     placed.clear()
     nearly = [[(1.0, 2.0)], [(1.0, 2.0)], [(1.0, 2.003)], [(1.0, 2.0)]]
-    got = figures_at_scale(placing(nearly, blocking=False), num_microbatches=1000, pp=4)
+    (got,) = figures_at_scale(placing(nearly, blocking=False), num_microbatches=1000, pp=4)
     assert placed == [17, 34, 68, 136, 272, 1000]  # not 544: more than half the step
     whole = simulate(pp=4, vp=1, num_microbatches=1000, chunk_times=nearly, p2p_time=0.01)
     assert got.makespan == pytest.approx(whole.makespan, rel=1e-12)
