@@ -85,6 +85,10 @@ def test_a_long_step_read_off_a_shorter_one_is_the_whole_step(seed: int) -> None
             whole = schedule_figures(schedule, **common, whole=True)  # type: ignore[arg-type]
             for (short, timeline), (every, _) in zip(got, whole, strict=True):
                 assert timeline is None and _agree(short, every), (schedule, pp, vp, m, spread, p2p)
+            # Swept side by side, each step is what it is swept alone.
+            for t, (every, _) in zip((p2p, 0.0), whole, strict=True):
+                alone = schedule_figures(schedule, **common | {"p2p_times": (t,)}, whole=True)  # type: ignore[arg-type]
+                assert alone[0][0] == every, (schedule, pp, vp, m, spread, t)
         for schedule, times in (("zb-h1", flat), ("zb-interleaved", split)):
             v = len(times[0])
             common = dict(pp=pp, num_microbatches=m, vp=v, chunk_times=times)
