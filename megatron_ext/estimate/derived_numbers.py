@@ -11,8 +11,9 @@ from megatron_ext.estimate.coverage import approximations
 from megatron_ext.estimate.memory import checkpoint_bytes_per_parameter
 from megatron_ext.estimate.shapes import ParameterCounts
 from megatron_ext.estimate.shapes import parameter_counts as model_parameter_counts
-from megatron_ext.estimate.zero_bubble import simulate_zero_bubble, zb_h1_bubble_fraction
+from megatron_ext.estimate.zero_bubble import simulate_zero_bubble
 from megatron_ext.parallel.layout import ParallelLayout
+from megatron_ext.parallel.pipeline import zb_h1_bubble_fraction
 
 
 def zero_bubble_line(layout: ParallelLayout) -> str:

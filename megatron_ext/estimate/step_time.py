@@ -104,9 +104,8 @@ from megatron_ext.estimate.kernels import FORWARD_AND_BACKWARD, attention_kernel
 from megatron_ext.estimate.memory import unfused_attention
 from megatron_ext.estimate.step_overhead import ring_latency, step_overhead
 from megatron_ext.estimate.workload import Workload
-from megatron_ext.estimate.zero_bubble import zb_bubble_scale
 from megatron_ext.parallel.layout import ParallelLayout
-from megatron_ext.parallel.pipeline import pipeline_bubble, stage_imbalance
+from megatron_ext.parallel.pipeline import pipeline_bubble, stage_imbalance, zb_bubble_scale
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,7 +138,7 @@ class StepTimeEstimate:
     """Context parallelism's key/value ring exchange of the ``m`` microbatches that attention does not hide."""
     bubble_scale: float = 1.0
     """The schedule's bubble over 1F1B's (interleaved or not): 1, or a zero-bubble schedule's
-    (``zero_bubble.zb_bubble_scale``)."""
+    (``parallel.pipeline.zb_bubble_scale``)."""
     stage_microbatch_s: tuple[float, ...]
     """One microbatch's forward and backward (and TP communication) on every pipeline stage."""
     model_flops: float

@@ -53,7 +53,7 @@ class Workload:
     precision."""
     zero_bubble: bool = False
     """``--enable-zero-bubble``: the backward split into B and W passes, W passes filling part of the bubble (ZB-H1,
-    or ZB interleaved with virtual stages), priced as ``zero_bubble.zb_bubble_scale`` of 1F1B's bubble at 1F1B's
+    or ZB interleaved with virtual stages), priced as ``parallel.pipeline.zb_bubble_scale`` of 1F1B's bubble at 1F1B's
     activation memory (``estimate.zero_bubble`` simulates both within it)."""
     approximated: tuple[str, ...] = ()
     """The flags given whose effect the estimate follows only approximately, as ``pretrain_gpt.py`` spells them

@@ -10,7 +10,7 @@ stage's microbatch activations; 1F1B holds ``p − r`` on rank ``r``, ``p`` at m
 
 * **ZB-H1** (``zb_h1_order``): 1F1B's F and B order, each B followed by its W, rank ``r`` keeping ``r`` W passes
   back for its cool-down. Its idle time per rank is the paper's ``(p − 1)·(t_F + t_B − t_W)`` against 1F1B's
-  ``(p − 1)·(t_F + t_B + t_W)`` (``zb_h1_bubble``): a third of it when the three passes take equal time, at
+  ``(p − 1)·(t_F + t_B + t_W)`` (``parallel.pipeline.zb_h1_bubble``): a third of it when the three passes take equal time, at
   1F1B's peak memory.
 * **ZB-V**: two chunks per rank placed in a V: rank ``r`` holds stages ``r`` and ``2p − 1 − r``, so the first and
   the last stage are both on rank 0, and a microbatch goes down the ranks and back up; at 1F1B's memory.
@@ -553,29 +553,3 @@ class _StepState:
             peak_activations=tuple(self.peak),
             peak_w_store=tuple(self.peak_store),
         )
-
-
-def zb_h1_bubble(*, pp: int, forward_time: float, backward_time: float, weight_time: float) -> float:
-    """ZB-H1's idle time per rank: ``(p − 1)·(t_F + t_B − t_W)`` (Qi et al. 2024, §3.1, where ``t_W ≤ t_B``);
-    a W longer than a B fills only a B's gap of the cool-down, ``(p − 1)·t_F``."""
-    return (pp - 1) * (forward_time + backward_time - min(weight_time, backward_time))
-
-
-def zb_bubble_scale(*, forward_time: float, backward_time: float, weight_time: float) -> float:
-    """A zero-bubble schedule's bubble over its unsplit schedule's, as the step estimate prices it: ZB-H1's
-    ``(t_F + t_B − min(t_W, t_B))/(t_F + t_B + t_W)`` (``zb_h1_bubble`` over ``one_f_one_b_bubble``). ZB
-    interleaved takes the same share of interleaved 1F1B's bubble: exact at equal F, B and W, and above what the
-    simulator places otherwise (``tests/estimate/test_zero_bubble.py``)."""
-    times = {"forward_time": forward_time, "backward_time": backward_time, "weight_time": weight_time}
-    return zb_h1_bubble(pp=2, **times) / one_f_one_b_bubble(pp=2, **times)
-
-
-def zb_h1_bubble_fraction(*, pp: int, num_microbatches: int) -> float:
-    """ZB-H1's bubble relative to the ideal step when F, B and W take equal time: ``(p − 1)/(3·m)``, a third of
-    1F1B's ``(p − 1)/m`` (``zb_h1_bubble`` over ``m·(t_F + t_B + t_W)``)."""
-    return zb_h1_bubble(pp=pp, forward_time=1, backward_time=1, weight_time=1) / (3 * num_microbatches)
-
-
-def one_f_one_b_bubble(*, pp: int, forward_time: float, backward_time: float, weight_time: float) -> float:
-    """1F1B's idle time per rank with the backward unsplit: ``(p − 1)·(t_F + t_B + t_W)``."""
-    return (pp - 1) * (forward_time + backward_time + weight_time)

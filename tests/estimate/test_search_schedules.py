@@ -16,7 +16,8 @@ from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.search import Cluster, pretrain_flags, schedule_name, scheduled, search
 from megatron_ext.estimate.workload import Workload
-from megatron_ext.estimate.zero_bubble import simulate_zero_bubble, zb_bubble_scale
+from megatron_ext.estimate.zero_bubble import simulate_zero_bubble
+from megatron_ext.parallel.pipeline import zb_bubble_scale
 
 pytestmark = pytest.mark.unit
 

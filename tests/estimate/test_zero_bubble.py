@@ -18,11 +18,10 @@ from megatron_ext.estimate.zero_bubble import (
     Placement,
     ZeroBubbleTimeline,
     memory_limits,
-    one_f_one_b_bubble,
     simulate_zero_bubble,
-    zb_h1_bubble,
     zb_h1_order,
 )
+from megatron_ext.parallel.pipeline import one_f_one_b_bubble, zb_h1_bubble
 
 pytestmark = pytest.mark.unit
 
