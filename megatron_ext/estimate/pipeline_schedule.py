@@ -263,6 +263,13 @@ class Timeline:
         return bubble_fraction(pp=self.pp, vp=self.vp, num_microbatches=self.num_microbatches)
 
 
+def slowest_stage_times(chunk_times: Sequence[Sequence[Sequence[float]]]) -> tuple[float, float]:
+    """(forward, backward) of one microbatch through the slowest stage (the most busy time: it sets the pace,
+    a timeline's ideal); a split W counts with the backward."""
+    slowest = max(chunk_times, key=lambda row: sum(map(sum, row)))
+    return sum(t[0] for t in slowest), sum(sum(t[1:]) for t in slowest)
+
+
 def uniform_chunk_times(
     *, pp: int, vp: int, forward_time: float, backward_time: float
 ) -> list[list[tuple[float, float]]]:
@@ -498,8 +505,7 @@ def simulate(
     times = chunk_times or uniform_chunk_times(pp=pp, vp=vp, forward_time=forward_time, backward_time=backward_time)
     if chunk_times is not None:
         # The timeline's ideal is the slowest stage's busy time: it sets the pace.
-        slowest = max(times, key=lambda row: sum(map(sum, row)))
-        forward_time, backward_time = sum(t[0] for t in slowest), sum(sum(t[1:]) for t in slowest)
+        forward_time, backward_time = slowest_stage_times(times)
     placed = place(
         rows, pp=pp, vp=vp, num_microbatches=num_microbatches, chunk_times=times, p2p_time=p2p_time,
         blocking_p2p=blocking_p2p,

@@ -53,6 +53,7 @@ from megatron_ext.estimate.pipeline_schedule import (
     place_all,
     schedule_rows,
     sending,
+    slowest_stage_times,
     uniform_chunk_times,
 )
 from megatron_ext.estimate.search import LayoutEstimate, evaluate, zero_bubble_possible
@@ -166,7 +167,7 @@ def schedule_figures(
         return [(figures, placed.end) for figures, placed in place_steps(n, which)]
 
     if whole:
-        slowest = max(chunk_times, key=lambda row: sum(map(sum, row)))
+        forward_time, backward_time = slowest_stage_times(chunk_times)
         return [
             (
                 figures,
@@ -174,8 +175,8 @@ def schedule_figures(
                     pp=pp,
                     vp=vp,
                     num_microbatches=num_microbatches,
-                    forward_time=sum(t[0] for t in slowest),
-                    backward_time=sum(t[1] for t in slowest),
+                    forward_time=forward_time,
+                    backward_time=backward_time,
                     passes=placed.passes(),
                 ),
             )
@@ -285,13 +286,13 @@ def run_zero_bubble(
         timeline = simulate_zero_bubble(schedule, **common, p2p_time=p2p_time)
         free = simulate_zero_bubble(schedule, **common) if p2p_time > 0 else timeline
         step, compute = zero_bubble_figures(timeline), zero_bubble_figures(free)
-        slowest = max(chunk_times, key=lambda row: sum(map(sum, row)))
+        forward_time, backward_time = slowest_stage_times(chunk_times)
         pictured: Timeline | None = Timeline(
             pp=pp,
             vp=timeline.vp,
             num_microbatches=num_microbatches,
-            forward_time=sum(f for f, _, _ in slowest),
-            backward_time=sum(b + w for _, b, w in slowest),
+            forward_time=forward_time,
+            backward_time=backward_time,
             passes=timeline.passes,
         )
     else:
