@@ -699,6 +699,41 @@ NEMO_24_07_FP8 = [
 ]  # fmt: skip
 
 
+# MLPerf Training v3.1 (November 2023), GPT-3 175B closed division, NVIDIA's and Azure's submissions on DGX H100
+# (Eos) and ND H100 v5: mlcommons/training_results_v3.1 at d06288b2. The layout from the submission's
+# NVIDIA/benchmarks/gpt3/implementations/pytorch: config_DGXH100_<nodes>x8x<minibatch>x4x8_mbs1.sh (TP 4, PP 8,
+# micro-batch 1, FP8 in the hybrid format, --tp-comm-overlap), config_common.sh and conf/custom.yaml (NeMo 23.09:
+# bf16 with TE, SP, interleaving over 12 virtual stages, overlapped p2p, no recomputation, no dropout,
+# layernorm-1p) and conf/optim/distributed_fused_adam.yaml (the distributed optimizer, gradients reduced in bf16,
+# overlapped with the backward pass and the parameters' gather with the forward). The global batch is each
+# run's log's (``global_batch_size``, with ``gradient_accumulation_steps`` the microbatches per pipeline: the 64-node
+# config file says 192 sequences per replica, its logs 2048 in all); the step time is the median of the
+# ``train_step_timing`` the logs record every step, over every result file of the system (3 each, 474 to 864 steps).
+_M = "MLPerf Training v3.1 (d06288b2), GPT-3 175B, H100 FP8"
+_M_ASSUMED = (
+    "the tokenizer's size is not in the submission: GPT-3's 51,200 as the other GPT-3 rows (the logits are under "
+    "1 % of the step); Transformer Engine's fused attention; the result directories' node counts times 8 GPUs"
+)
+MLPERF_V31_GPT3 = [
+    _row(
+        table=_M, name=name, gpu="h100-sxm", model=GPT3_175B, layers=96, hidden=12288, heads=96, seq_length=2048,
+        vocab_size=51200, tp=4, pp=8, vp=12, gpus=gpus, global_batch=batch, micro_batch=1, sequence_parallel=True,
+        distributed_optimizer=True, overlap=True, tp_comm_overlap=True, grad_reduce_in_bf16=True,
+        fp8_format="hybrid", attention="auto", step_s=step, assumed=_M_ASSUMED,
+    )
+    for name, gpus, batch, step in [
+        ("eos_n64 (512 GPUs)", 512, 2048, 11.052),
+        ("eos_n96 (768 GPUs)", 768, 3072, 11.075),
+        ("eos-dfw_n512 (4,096 GPUs)", 4096, 2048, 1.6088),
+        ("eos-dfw_n768 (6,144 GPUs)", 6144, 3072, 1.6153),
+        ("eos-dfw_n1024 (8,192 GPUs)", 8192, 4096, 1.6193),
+        ("eos-dfw_n1280 (10,240 GPUs)", 10240, 2560, 0.9256),
+        ("eos-dfw_n1344 (10,752 GPUs)", 10752, 2688, 0.9296),
+        ("Azure ND_H100_v5_n1344 (10,752 GPUs)", 10752, 2688, 0.9473),
+    ]
+]  # fmt: skip
+
+
 ALL = (
     NARAYANAN_TABLE_1
     + KORTHIKANTI_2022
@@ -712,6 +747,7 @@ ALL = (
     + DGXC_H100_FP8_V25_05
     + MEGATRON_LM_H100
     + NEMO_24_07_FP8
+    + MLPERF_V31_GPT3
 )
 CALIBRATION = [r for r in ALL if r.calibration]
 VALIDATION = [r for r in ALL if not r.calibration and not r.comparison]
