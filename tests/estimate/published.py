@@ -88,6 +88,9 @@ class PublishedRun:
     """The whole model (GQA, SwiGLU, ...), when the row is not a GPT-3-style shape of the fields above."""
     scatter_gather: bool = False
     """Megatron-LM 2021's pipeline scatter/gather optimisation."""
+    p2p_overlap: bool = True
+    """The interleaved schedule's p2p overlapped with compute (``--no-overlap-p2p-communication`` when False: Megatron-LM
+    before its ``overlap_p2p_comm``)."""
     attention: str = "unfused"
     """``unfused`` (Megatron's fused softmax, scores in memory; before 2023), or a fused ``--attention-backend``."""
     step_s: float | None = None
@@ -123,6 +126,7 @@ class PublishedRun:
             overlap_grad_reduce=self.overlap,
             overlap_param_gather=self.overlap and self.distributed_optimizer,
             p2p_scatter_gather=self.scatter_gather,
+            overlap_p2p_comm=self.p2p_overlap,
             grad_reduce_in_bf16=self.grad_reduce_in_bf16,
             tp_comm_overlap=self.tp_comm_overlap and self.sequence_parallel,
         )
@@ -734,6 +738,31 @@ MLPERF_V31_GPT3 = [
 ]  # fmt: skip
 
 
+# MegaScale (Jiang et al., NSDI 2024, arXiv 2402.15627), Table 2: its baseline, Megatron-LM at commit 285068c8,
+# training a 175B GPT (Table 1: 96 layers, hidden 12288, 128 heads, TP 8, PP 8; §6.1: six interleaved stages,
+# sequence 2048, vocabulary 64,000) on NVIDIA Ampere GPUs at a batch of 768 (256 to 1,024 GPUs) and 6,144 (3,072 to
+# 12,288 GPUs), one iteration time each. Megatron-LM at that commit (its mirror) reduces the gradients after the
+# backward pass in fp32 (bf16 training forces fp32 accumulation and all-reduce), overlaps no pipeline transfer,
+# and runs Megatron's fused softmax unless --use-flash-attn is given.
+_S = "MegaScale (NSDI 2024), Table 2, Megatron-LM 285068c8, 175B"
+_S_ASSUMED = (
+    "A100 80 GB, bf16, micro-batch 1; the code's defaults for what is off unless set (no distributed optimizer, "
+    "no flash attention); which fit in memory only with the memory savings Korthikanti et al. 2022 ran their 175B "
+    "with on this code: sequence parallelism and selective recomputation"
+)
+MEGASCALE_175B = [
+    _row(
+        table=_S, name=f"175B on {gpus}", gpu="a100-80g", layers=96, hidden=12288, heads=128, seq_length=2048,
+        vocab_size=64000, tp=8, pp=8, vp=6, gpus=gpus, global_batch=batch, micro_batch=1, precision="bf16",
+        recompute="selective", sequence_parallel=True, p2p_overlap=False, step_s=step, assumed=_S_ASSUMED,
+    )
+    for gpus, batch, step in [
+        (256, 768, 40.0), (512, 768, 21.2), (768, 768, 15.2), (1024, 768, 11.9),
+        (3072, 6144, 29.02), (6144, 6144, 14.78), (8192, 6144, 12.24), (12288, 6144, 8.57),
+    ]
+]  # fmt: skip
+
+
 ALL = (
     NARAYANAN_TABLE_1
     + KORTHIKANTI_2022
@@ -748,6 +777,7 @@ ALL = (
     + MEGATRON_LM_H100
     + NEMO_24_07_FP8
     + MLPERF_V31_GPT3
+    + MEGASCALE_175B
 )
 CALIBRATION = [r for r in ALL if r.calibration]
 VALIDATION = [r for r in ALL if not r.calibration and not r.comparison]
