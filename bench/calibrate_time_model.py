@@ -49,10 +49,11 @@ A100_GRID = {
 """A100: the GEMMs' best share of peak and the element-wise kernels' share of HBM bandwidth (unfused attention).
 The GEMMs' shape losses are not fitted: they come from GEMM benchmarks by shape (``estimate.kernels``)."""
 H100_GRID = {
-    "compute_efficiency": [round(0.50 + 0.005 * i, 3) for i in range(81)],
+    "compute_efficiency": [round(0.55 + 0.005 * i, 3) for i in range(31)],
+    "memory_efficiency": [round(0.50 + 0.02 * i, 2) for i in range(24)],
 }
-"""H100: the GEMMs' best share of peak (fused attention's share and the GEMMs' shape losses come from kernel
-benchmarks, ``estimate.kernels``; the memory efficiency is the A100 fit's)."""
+"""H100: the GEMMs' best share of peak and the element-wise kernels' share of HBM bandwidth (fused attention's share
+and the GEMMs' shape losses come from kernel benchmarks, ``estimate.kernels``)."""
 
 
 def minimax(rows: list[PublishedRun], gpu: GpuProfile, grid: dict[str, list[float]]) -> tuple[dict[str, float], float]:

@@ -32,8 +32,8 @@ APPROXIMATED: dict[str, str] = {
     "openai_gelu": "memory and time as the exact GeLU's (an element-wise function of the same tensor; unfused, its "
     "intermediates are not counted)",
     "qk_layernorm": "its parameters are counted, not the normalized queries and keys kept for the backward pass",
-    "cross_entropy_loss_fusion": "the output logits are counted as the unfused loss keeps them (the fused one "
-    "keeps less)",
+    "cross_entropy_loss_fusion": "memory: the output logits are counted as the unfused loss keeps them (the fused "
+    "one keeps less); its time is counted, kernel by kernel",
     "no_bias_gelu_fusion": _KERNEL,
     "no_bias_swiglu_fusion": _KERNEL,
     "no_bias_dropout_fusion": _KERNEL,

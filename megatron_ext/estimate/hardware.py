@@ -210,12 +210,16 @@ A100_COMPUTE_EFFICIENCY = 0.73
 fitted with ``MEMORY_EFFICIENCY`` to Narayanan et al. 2021, Table 1."""
 
 MEMORY_EFFICIENCY = 0.70
-"""The element-wise kernels' share of HBM bandwidth: fitted on A100 (Table 1), taken for every GPU."""
+"""The element-wise kernels' share of HBM bandwidth on A100: fitted on Table 1."""
 
 H100_COMPUTE_EFFICIENCY = 0.63
-"""The GEMMs' best share of the H100's peak: fitted to the calibration sweeps of
+"""The GEMMs' best share of the H100's peak: fitted with ``H100_MEMORY_EFFICIENCY`` to the calibration sweeps of
 NVIDIA's dgxc-benchmarking H100 tables (Llama 3.1 8B and 405B, Nemotron-4 340B; fused attention at the kernel
 benchmarks' curve, ``estimate.kernels``)."""
+
+H100_MEMORY_EFFICIENCY = 0.78
+"""The element-wise kernels' share of the H100's HBM bandwidth (and the H200's, the same Hopper kernels): fitted
+with ``H100_COMPUTE_EFFICIENCY`` to the same sweeps."""
 
 H100_FP8_COMPUTE_EFFICIENCY = 0.57
 """FP8 GEMMs' best share of the H100's FP8 peak: fitted to the BF16 / FP8 step-time ratios of the calibration
@@ -265,7 +269,7 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 intra_node_bandwidth=370e9,
                 inter_node_bandwidth=46e9,
                 compute_efficiency=H100_COMPUTE_EFFICIENCY,
-                memory_efficiency=MEMORY_EFFICIENCY,
+                memory_efficiency=H100_MEMORY_EFFICIENCY,
             ),
             GpuProfile(
                 name="h200",
@@ -279,7 +283,7 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType(
                 intra_node_bandwidth=370e9,
                 inter_node_bandwidth=46e9,
                 compute_efficiency=H100_COMPUTE_EFFICIENCY,
-                memory_efficiency=MEMORY_EFFICIENCY,
+                memory_efficiency=H100_MEMORY_EFFICIENCY,
             ),
         )
     }

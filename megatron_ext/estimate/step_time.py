@@ -245,7 +245,8 @@ class UnitTimes:
     layer_tp_s: float
     """A layer's tensor-parallel collectives."""
     output_compute_s: float
-    """The logits GEMM (forward and backward) of the last stage."""
+    """The logits GEMM (forward and backward) and the cross entropy over them (``cross_entropy_bytes``) of the last
+    stage."""
     recompute_flops: float
     """FLOPs recomputation adds per layer and microbatch."""
     layer_cp_s: float = 0.0
@@ -313,13 +314,35 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
     return UnitTimes(
         layer_compute_s=layer_compute,
         layer_tp_s=_tp_collectives_seconds(workload, gpu, layout, seq_length=s, layer_gemm_s=layer_gemm_s),
-        output_compute_s=_gemm_seconds(((vocab / t, h),), rate, 3, tokens=tokens, gpu=gpu, depth_half=output_depth),
+        output_compute_s=_gemm_seconds(((vocab / t, h),), rate, 3, tokens=tokens, gpu=gpu, depth_half=output_depth)
+        + cross_entropy_bytes(workload, tokens=tokens, vocab_per_rank=vocab / t) / bandwidth,
         recompute_flops=recompute,
         layer_cp_s=_cp_ring_exposed_seconds(
             workload, gpu, layout, seq_length=s, attention_s=attention_s, gpus_per_node=gpus_per_node
         ),
         layer_weight_grad_s=_gemm_seconds(linears, gemm_rate, 1, tokens=tokens, gpu=gpu, depth_half=depth),
     )
+
+
+def cross_entropy_bytes(workload: Workload, *, tokens: float, vocab_per_rank: float) -> float:
+    """Bytes the vocabulary-parallel cross entropy reads and writes, forward and backward, over ``tokens`` rows of
+    ``vocab_per_rank`` logits on one rank: passes over the logits at HBM bandwidth, a few per element.
+
+    Megatron-Core's ``tensor_parallel/cross_entropy.py`` (the default) runs one kernel per step over logits of
+    ``e`` bytes (the training precision): the cast to fp32 (``e`` read, 4 written), the maximum (4 read), its
+    subtraction, the exponential (4 read and 4 written each), the sum (4 read) and the division into the softmax
+    the backward pass keeps (4 and 4); backward, the product with the loss's gradient (4 and 4) and the cast back
+    (4 read, ``e`` written): ``48 + 2e`` bytes an element, 52 in bf16. ``--cross-entropy-loss-fusion``
+    (``fusions/fused_cross_entropy.py``, its steps compiled together) makes four: the cast with the maximum, the
+    subtraction with the exponential and the sum, the division, the product with the cast back: ``24 + 2e``,
+    28 in bf16. In fp32 there is no cast (40 and 28 bytes)."""
+    e = workload.activation_bytes
+    cast = e < 4  # bf16 or fp16 logits go to fp32 for the loss, and their gradient comes back
+    if workload.model.cross_entropy_loss_fusion:
+        per_element = (e + 4 if cast else 4) + 8 + 8 + (4 + e if cast else 8)
+    else:
+        per_element = (e + 4 if cast else 0) + 4 + 8 + 8 + 4 + 8 + 8 + (4 + e if cast else 0)
+    return tokens * vocab_per_rank * per_element
 
 
 def _gemm_seconds(

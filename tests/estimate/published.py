@@ -88,6 +88,9 @@ class PublishedRun:
     """The whole model (GQA, SwiGLU, ...), when the row is not a GPT-3-style shape of the fields above."""
     scatter_gather: bool = False
     """Megatron-LM 2021's pipeline scatter/gather optimisation."""
+    ce_fusion: bool = False
+    """``--cross-entropy-loss-fusion`` (NeMo's ``cross_entropy_loss_fusion``): the fused vocabulary-parallel cross
+    entropy."""
     p2p_overlap: bool = True
     """The interleaved schedule's p2p overlapped with compute (``--no-overlap-p2p-communication`` when False: Megatron-LM
     before its ``overlap_p2p_comm``)."""
@@ -119,7 +122,7 @@ class PublishedRun:
             attention_backend=self.attention,
         )
         return Workload(
-            model=model,
+            model=dataclasses.replace(model, cross_entropy_loss_fusion=self.ce_fusion),
             precision=self.precision,
             fp8_format=self.fp8_format,
             recompute_granularity=self.recompute,
@@ -417,7 +420,10 @@ def dgxc_rows(
     overlapped gradient reduction and parameter all-gather, SP, fused attention and TP communication overlap;
     ``calibration``: the models (by the start of their name) whose rows fit the constants;
     ``embedding_and_loss_in_split``: the sweeps (by name) whose layers are split counting the embedding and the loss
-    as layers (on PP > 1); ``fp8_format``: an FP8 table's (the layers' GEMMs in FP8 on top of bf16)."""
+    as layers (on PP > 1); ``fp8_format``: an FP8 table's (the layers' GEMMs in FP8 on top of bf16). The Llama and
+    Nemotron recipes fuse the cross entropy (``cross_entropy_loss_fusion: true`` in v24.11.1's and v25.02's
+    configuration files, NeMo 2's ``GPTConfig`` default in the later releases' recipes); the GPT-3 175B
+    configuration (``nemo_megatron/gpt3_175b_hydra.yaml``) does not set it."""
     return [
         _row(
             table=table,
@@ -444,6 +450,7 @@ def dgxc_rows(
             grad_reduce_in_bf16=True,
             fp8_format=fp8_format,
             embedding_and_loss_in_split=name in embedding_and_loss_in_split and pp > 1,
+            ce_fusion=not name.startswith("GPT-3"),
             attention="auto",
             step_s=step,
             calibration=name.startswith(calibration),
@@ -670,8 +677,10 @@ DGXC_LATER_RELEASES = {
 # Nemotron3Config8B and Nemotron4Config22B with one key/value head per query head, Nemotron4Config340B), the
 # recipes' settings (taken as the dgxc-benchmarking recipes': bf16 with FP8 GEMMs in the hybrid format, the
 # distributed optimizer, overlapped reduction and all-gather, bf16 gradient reduction, SP, --tp-comm-overlap,
-# fused attention, recomputation none but selective for the 340B). The table misses the validation goal (largest
-# +14.9 %, the Nemotron 8B): a comparison, not a validation (docs/layout-model.md).
+# fused attention, recomputation none but selective for the 340B); the cross entropy fused where NeMo-Framework-
+# Launcher 24.07's training configuration of the model sets cross_entropy_loss_fusion (Llama 3 8B and 70B, Nemotron
+# 8B and 22B), not for the others (GPT-3, Llama 2, Nemotron 340B). The table misses the validation goal: a
+# comparison, not a validation (docs/layout-model.md).
 _N = "NVIDIA NeMo performance summary (8e3d65dc), NeMo 24.07, DGX H100 FP8"
 _N_ASSUMED = (
     "shapes from NeMo's model configurations; the dgxc recipes' settings (bf16 gradient reduction, overlaps, SP, "
@@ -685,6 +694,7 @@ NEMO_24_07_FP8 = [
         vp=vp, cp=cp, gpus=gpus, global_batch=batch, micro_batch=mb, recompute=recompute, sequence_parallel=tp > 1,
         distributed_optimizer=True, overlap=True, tp_comm_overlap=True, grad_reduce_in_bf16=True,
         fp8_format="hybrid", attention="auto", tokens_per_gpu_s=tokens, comparison=True, assumed=_N_ASSUMED,
+        ce_fusion=name.startswith(("LLAMA3", "Nemotron-8B", "Nemotron-22B")),
     )
     for name, model, gpus, batch, mb, tp, pp, cp, vp, recompute, tokens in [
         ("GPT3-5B", gpt3(24, 4096, 32), 64, 2048, 4, 1, 1, 1, 1, "none", 23406),

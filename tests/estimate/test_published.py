@@ -68,7 +68,7 @@ def test_calibration_rows_within_five_percent(row: PublishedRun) -> None:
     ("profile", "steps"),
     [
         ("a100-80g", {"compute_efficiency": 0.01, "memory_efficiency": 0.02}),
-        ("h100-sxm", {"compute_efficiency": 0.005}),
+        ("h100-sxm", {"compute_efficiency": 0.005, "memory_efficiency": 0.02}),
     ],
 )
 def test_shipped_constants_are_the_minimax_fit_to_their_calibration_rows(profile: str, steps: dict) -> None:
@@ -294,7 +294,7 @@ def test_nemo_24_07_fp8_runs_are_within_fifteen_percent(row: PublishedRun) -> No
 
 def test_nemo_24_07_fp8_is_a_comparison_predicted_faster_than_it_ran() -> None:
     """Most of its runs are predicted faster than they ran (all but the GPT-3 175B on 512 GPUs at micro-batch 2),
-    and the table misses the validation goal (largest +14.9%, the Nemotron-8B): listed, not validated.
+    and the table misses the validation goal (largest +12.1%, the Nemotron-8B): listed, not validated.
     Should a change of the model bring it within the goal, it joins the validation rows."""
     residuals = [r.residual() for r in NEMO_24_07_FP8]
     assert [r.name for r in NEMO_24_07_FP8 if r.residual() <= 0] == ["GPT3-175B on 512"]

@@ -61,13 +61,13 @@ def test_an_uneven_split_is_recommended_where_the_even_one_is_imbalanced() -> No
     assert even["pipeline_split"] == "uniform" and even["stage_imbalance"] > 0.10
     assert max(range(4), key=lambda r: even["stages"][r]["microbatch_s"]) == 3  # the output layer's stage
     assert better["stage_imbalance"] < 0.07 and better["step_time_s"] < even["step_time_s"] * 0.95
-    # docs/layout-model.md's figures: 21% -> 4.6%, 12.7% faster.
-    assert round(even["stage_imbalance"], 2) == 0.21 and round(better["stage_imbalance"], 3) == 0.046
-    assert 1 - better["step_time_s"] / even["step_time_s"] == pytest.approx(0.127, abs=0.005)
-    # Integer layers: the output weighs between two and three layers, so no split of 32 layers on 4 ranks does
-    # better than the heaviest stage holding 9 of the 32 + output's 34.4 layers' work.
+    # docs/layout-model.md's figures: 30% -> 1.1%, 21% faster.
+    assert round(even["stage_imbalance"], 2) == 0.30 and round(better["stage_imbalance"], 3) == 0.011
+    assert 1 - better["step_time_s"] / even["step_time_s"] == pytest.approx(0.21, abs=0.005)
+    # Integer layers: the output (its GEMM and the cross entropy) weighs between three and four layers, so no split
+    # of 32 layers on 4 ranks does better than the heaviest stage holding 9 of the 32 + output's 35.6 layers' work.
     output = (32 * (1 + even["stage_imbalance"]) - 32) / (4 - (1 + even["stage_imbalance"]))  # (8 + o)/((32 + o)/4)
-    assert 2.0 < output < 3.0 and better["stage_imbalance"] == pytest.approx(9 / ((32 + output) / 4) - 1, abs=0.01)
+    assert 3.0 < output < 4.0 and better["stage_imbalance"] == pytest.approx(9 / ((32 + output) / 4) - 1, abs=0.01)
     assert sum(sum(s["layers"]) for s in better["stages"]) == 32
     assert better["stages"][3]["layers"][0] < 8  # the last stage gives layers away
     assert "--decoder-last-pipeline-num-layers" in better["pretrain_flags"] or "layout" in better["pretrain_flags"]
@@ -121,7 +121,8 @@ def test_even_stages_only() -> None:
 
 
 def test_integer_layers_bound_the_balance_on_deep_pipelines() -> None:
-    """README: 32 layers with a 256k vocabulary on PP 8 cannot get under about 16% (a layer is a quarter of a stage)."""
+    """README: 32 layers with a 256k vocabulary on PP 8 cannot get under about 12% (a layer is over a fifth of a
+    stage)."""
     doc = run_calculator("--tp", "8", "--pp", "8")
     assert doc["layouts"][0]["stage_imbalance"] > 0.3
-    assert 0.15 <= doc["better_split"]["stage_imbalance"] <= 0.17
+    assert 0.11 <= doc["better_split"]["stage_imbalance"] <= 0.13
