@@ -455,10 +455,10 @@ def _split_chunk_times(workload: Workload, estimate: LayoutEstimate) -> Callable
                 n = candidate.stages[r][c].num_layers
                 layers = n * layer
                 last = (r, c) == (p - 1, v - 1)
-                output = units.output_compute_s if last else 0.0
+                output, output_forward = (units.output_compute_s, units.output_forward_s) if last else (0.0, 0.0)
                 weights = n * units.layer_weight_grad_s  # the output layer keeps its W in B (split_backward)
-                backward = layers * (1 - forward_share) + output * 2 / 3
-                row.append((layers * forward_share + output / 3, backward - weights, weights))
+                backward = layers * (1 - forward_share) + output - output_forward
+                row.append((layers * forward_share + output_forward, backward - weights, weights))
             out.append(row)
         return out
 

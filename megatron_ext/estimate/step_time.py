@@ -247,6 +247,8 @@ class UnitTimes:
     output_compute_s: float
     """The logits GEMM (forward and backward) and the cross entropy over them (``cross_entropy_bytes``) of the last
     stage."""
+    output_forward_s: float
+    """The forward part of ``output_compute_s``."""
     recompute_flops: float
     """FLOPs recomputation adds per layer and microbatch."""
     layer_cp_s: float = 0.0
@@ -311,11 +313,14 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
         + _element_wise_bytes(workload, layout, seq_length=s) / bandwidth
         + gpu.pass_overhead_s
     )
+    # The logits GEMM (forward and the two backward GEMMs) and the loss over its output.
+    output_gemm_s = _gemm_seconds(((vocab / t, h),), rate, 3, tokens=tokens, gpu=gpu, depth_half=output_depth)
+    loss_forward, loss_backward = cross_entropy_bytes(workload, tokens=tokens, vocab_per_rank=vocab / t)
     return UnitTimes(
         layer_compute_s=layer_compute,
         layer_tp_s=_tp_collectives_seconds(workload, gpu, layout, seq_length=s, layer_gemm_s=layer_gemm_s),
-        output_compute_s=_gemm_seconds(((vocab / t, h),), rate, 3, tokens=tokens, gpu=gpu, depth_half=output_depth)
-        + cross_entropy_bytes(workload, tokens=tokens, vocab_per_rank=vocab / t) / bandwidth,
+        output_compute_s=output_gemm_s + (loss_forward + loss_backward) / bandwidth,
+        output_forward_s=output_gemm_s / 3 + loss_forward / bandwidth,
         recompute_flops=recompute,
         layer_cp_s=_cp_ring_exposed_seconds(
             workload, gpu, layout, seq_length=s, attention_s=attention_s, gpus_per_node=gpus_per_node
@@ -324,25 +329,34 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
     )
 
 
-def cross_entropy_bytes(workload: Workload, *, tokens: float, vocab_per_rank: float) -> float:
-    """Bytes the vocabulary-parallel cross entropy reads and writes, forward and backward, over ``tokens`` rows of
-    ``vocab_per_rank`` logits on one rank: passes over the logits at HBM bandwidth, a few per element.
+def cross_entropy_bytes(workload: Workload, *, tokens: float, vocab_per_rank: float) -> tuple[float, float]:
+    """Bytes the vocabulary-parallel cross entropy reads and writes over ``tokens`` rows of ``vocab_per_rank``
+    logits on one rank, (forward, backward): passes over the logits at HBM bandwidth, a few per element.
 
     Megatron-Core's ``tensor_parallel/cross_entropy.py`` (the default) runs one kernel per step over logits of
-    ``e`` bytes (the training precision): the cast to fp32 (``e`` read, 4 written), the maximum (4 read), its
-    subtraction, the exponential (4 read and 4 written each), the sum (4 read) and the division into the softmax
-    the backward pass keeps (4 and 4); backward, the product with the loss's gradient (4 and 4) and the cast back
-    (4 read, ``e`` written): ``48 + 2e`` bytes an element, 52 in bf16. ``--cross-entropy-loss-fusion``
-    (``fusions/fused_cross_entropy.py``, its steps compiled together) makes four: the cast with the maximum, the
-    subtraction with the exponential and the sum, the division, the product with the cast back: ``24 + 2e``,
-    28 in bf16. In fp32 there is no cast (40 and 28 bytes)."""
+    ``e`` bytes (the training precision): forward, the cast to fp32 (``e`` read, 4 written), the maximum (4
+    read), its subtraction and the exponential (4 read and 4 written each), the sum (4 read) and the division
+    into the softmax the backward pass keeps (4 and 4): ``32 + (e + 4)`` bytes an element; backward, the
+    product with the loss's gradient in place (4 and 4) and the cast back (4 read, ``e`` written): ``8 +
+    (4 + e)``. 38 and 14 in bf16; in fp32 no cast (32 and 8).
+
+    ``--cross-entropy-loss-fusion`` (``fusions/fused_cross_entropy.py``, compiled by ``torch.compile``; counted
+    from the code torch 2.13's Inductor generates for it, whose graph passes do not depend on the device):
+    forward, the cast with the maximum (``e`` read, 4 written; in fp32 only the read), the subtraction with the
+    exponential and the sum, the division (8 each); backward, the update of the kept softmax is not done in
+    place (a copy, 4 and 4, then one kernel reads it, writes the softmax back, 4 and 4, and the gradient in
+    bf16, 2), and a gradient in another precision is cast back (2 read, ``e`` written): 22 and 18 bytes in
+    bf16, 22 and 22 in fp16, 20 and 24 in fp32."""
     e = workload.activation_bytes
     cast = e < 4  # bf16 or fp16 logits go to fp32 for the loss, and their gradient comes back
     if workload.model.cross_entropy_loss_fusion:
-        per_element = (e + 4 if cast else 4) + 8 + 8 + (4 + e if cast else 8)
+        forward = (e + 4 if cast else 4) + 8 + 8
+        backward = 8 + 10 + (2 + e if workload.precision != "bf16" else 0)
     else:
-        per_element = (e + 4 if cast else 0) + 4 + 8 + 8 + 4 + 8 + 8 + (4 + e if cast else 0)
-    return tokens * vocab_per_rank * per_element
+        forward = (e + 4 if cast else 0) + 4 + 8 + 8 + 4 + 8
+        backward = 8 + (4 + e if cast else 0)
+    elements = tokens * vocab_per_rank
+    return elements * forward, elements * backward
 
 
 def _gemm_seconds(

@@ -151,7 +151,9 @@ def test_a_blend_of_many_datasets_gets_the_open_files_megatron_core_keeps(tmp_pa
 
     proc = waits.run([sys.executable, "-c", CHILD, "600:5000,800:800", *argv], timeout=QUICK_S, env=env)
     assert proc.returncode == 0, proc.stderr
-    raised, out, _ = proc.stdout.split("---\n")
+    parts = proc.stdout.split("---\n")
+    assert len(parts) == 3, proc.stdout
+    raised, out, _ = parts
     assert "soft limit: 5000" in raised and "refused" not in raised, raised  # raised to the hard limit
     assert "refused: the data has 60 datasets" in out and "about 1,232, over" in out, out
     assert "hard limit of 800 (ulimit -Hn)" in out and "--no-mmap-bin-files (1,112)" in out, out
