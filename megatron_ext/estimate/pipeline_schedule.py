@@ -239,6 +239,22 @@ class Timeline:
     passes: tuple[TimedPass, ...]
     """All passes, rank by rank in execution order."""
 
+    @classmethod
+    def of_chunk_times(
+        cls,
+        passes: tuple[TimedPass, ...],
+        *,
+        pp: int,
+        vp: int,
+        num_microbatches: int,
+        chunk_times: Sequence[Sequence[Sequence[float]]],
+    ) -> Timeline:
+        """The timeline of ``passes`` placed with ``chunk_times``: its ideal is the slowest stage's busy time, which
+        sets the pace (``slowest_stage_times``)."""
+        forward_time, backward_time = slowest_stage_times(chunk_times)
+        return cls(pp=pp, vp=vp, num_microbatches=num_microbatches, forward_time=forward_time,
+                   backward_time=backward_time, passes=passes)  # fmt: skip
+
     @property
     def makespan(self) -> float:
         return max(p.end for p in self.passes)
@@ -503,21 +519,15 @@ def simulate(
     else:
         rows = [as_rows(order) for order in orders]
     times = chunk_times or uniform_chunk_times(pp=pp, vp=vp, forward_time=forward_time, backward_time=backward_time)
-    if chunk_times is not None:
-        # The timeline's ideal is the slowest stage's busy time: it sets the pace.
-        forward_time, backward_time = slowest_stage_times(times)
     placed = place(
         rows, pp=pp, vp=vp, num_microbatches=num_microbatches, chunk_times=times, p2p_time=p2p_time,
         blocking_p2p=blocking_p2p,
     )  # fmt: skip
-    return Timeline(
-        pp=pp,
-        vp=vp,
-        num_microbatches=num_microbatches,
-        forward_time=forward_time,
-        backward_time=backward_time,
-        passes=placed.passes(),
-    )
+    if chunk_times is not None:
+        return Timeline.of_chunk_times(placed.passes(), pp=pp, vp=vp, num_microbatches=num_microbatches,
+                                       chunk_times=chunk_times)  # fmt: skip
+    return Timeline(pp=pp, vp=vp, num_microbatches=num_microbatches, forward_time=forward_time,
+                    backward_time=backward_time, passes=placed.passes())  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,6 @@ from megatron_ext.estimate.pipeline_schedule import (
     place_all,
     schedule_rows,
     sending,
-    slowest_stage_times,
     uniform_chunk_times,
 )
 from megatron_ext.estimate.search import LayoutEstimate, evaluate, zero_bubble_possible
@@ -167,19 +166,10 @@ def schedule_figures(
         return [(figures, placed.end) for figures, placed in place_steps(n, which)]
 
     if whole:
-        forward_time, backward_time = slowest_stage_times(chunk_times)
+        picture = functools.partial(Timeline.of_chunk_times, pp=pp, vp=vp, num_microbatches=num_microbatches,
+                                    chunk_times=chunk_times)  # fmt: skip
         return [
-            (
-                figures,
-                Timeline(
-                    pp=pp,
-                    vp=vp,
-                    num_microbatches=num_microbatches,
-                    forward_time=forward_time,
-                    backward_time=backward_time,
-                    passes=placed.passes(),
-                ),
-            )
+            (figures, picture(placed.passes()))
             for figures, placed in place_steps(num_microbatches, range(len(p2p_times)))
         ]
     if schedule == "gpipe":
@@ -286,14 +276,8 @@ def run_zero_bubble(
         timeline = simulate_zero_bubble(schedule, **common, p2p_time=p2p_time)
         free = simulate_zero_bubble(schedule, **common) if p2p_time > 0 else timeline
         step, compute = zero_bubble_figures(timeline), zero_bubble_figures(free)
-        forward_time, backward_time = slowest_stage_times(chunk_times)
-        pictured: Timeline | None = Timeline(
-            pp=pp,
-            vp=timeline.vp,
-            num_microbatches=num_microbatches,
-            forward_time=forward_time,
-            backward_time=backward_time,
-            passes=timeline.passes,
+        pictured: Timeline | None = Timeline.of_chunk_times(
+            timeline.passes, pp=pp, vp=timeline.vp, num_microbatches=num_microbatches, chunk_times=chunk_times
         )
     else:
         # The order chosen, with free transfers too: the schedule's own bubble.
