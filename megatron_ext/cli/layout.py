@@ -39,10 +39,10 @@ from megatron_ext.config.arguments import BatchArgs, ConfigError, ParallelArgs
 from megatron_ext.config.exit_codes import ExitCode, fail
 from megatron_ext.config.flags import options, value_type
 from megatron_ext.estimate.derived_numbers import zero_bubble_line
+from megatron_ext.estimate.fp8 import fp8_peak
 from megatron_ext.estimate.relayout import RelayoutError, describe, relayout
 from megatron_ext.estimate.schedule_comparison import compare_schedules
 from megatron_ext.estimate.search import Cluster, better_split, evaluate, search_like, search_with_savers
-from megatron_ext.estimate.step_time import fp8_peak
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import LayoutError
 

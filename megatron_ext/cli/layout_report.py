@@ -57,7 +57,10 @@ def describe_inputs(workload: Workload, cluster: Cluster, batch: int | None) -> 
     ]
     options = [workload.precision if workload.mixed_precision else "fp32 (no --bf16/--fp16)"]
     if workload.fp8_format:
-        options.append(f"FP8 GEMMs ({workload.fp8_format}; MFU counts the {workload.precision} peak)")
+        options.append(
+            f"FP8 GEMMs ({workload.fp8_format}, {workload.fp8_recipe} scaling; MFU counts the {workload.precision} "
+            "peak)"
+        )
     options.append(f"recompute {workload.recompute_granularity}")
     if workload.recompute_granularity == "full":
         options[-1] += f" ({workload.recompute_method}, {workload.recompute_num_layers} layer(s))"

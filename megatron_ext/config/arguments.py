@@ -164,6 +164,12 @@ class ModelArgs(_Options):
         estimate=True,
     )
     cross_entropy_loss_fusion: bool = opt(False, "Fused vocabulary-parallel cross entropy (GPU).")
+    cross_entropy_fusion_impl: str = opt(
+        "native",
+        "The kernel --cross-entropy-loss-fusion runs: Megatron-Core's native one. te (Transformer Engine's) is "
+        "refused with it, as Megatron-LM refuses it (stability issues), and does nothing without it.",
+        choices=["native", "te"],
+    )
     no_bias_gelu_fusion: bool = opt(
         False,
         "Do not fuse bias and GeLU (fused on GPU by default, as in Megatron-LM). Megatron-Core's fused bias-GeLU is "
@@ -233,6 +239,12 @@ class ModelArgs(_Options):
             raise ConfigError(
                 f"--max-position-embeddings {max_pos} is smaller than --seq-length {self.seq_length}: learned "
                 f"positions need one per token; raise it to {self.seq_length} or more (or use --position-embedding-type rope)"
+            )
+        if self.cross_entropy_loss_fusion and self.cross_entropy_fusion_impl == "te":
+            raise ConfigError(
+                "--cross-entropy-fusion-impl te with --cross-entropy-loss-fusion: Transformer Engine's fused cross "
+                "entropy has known stability issues and Megatron-LM refuses it; give --cross-entropy-fusion-impl "
+                "native, or omit --cross-entropy-loss-fusion"
             )
         if self.squared_relu and self.swiglu:
             raise ConfigError("--squared-relu and --swiglu each set the MLP's activation; give one (as Megatron-LM)")

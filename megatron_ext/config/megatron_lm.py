@@ -219,11 +219,6 @@ REFUSALS: tuple[Refusal, ...] = (
         "--fine-grained-offloading-max-inflight-offloads",
     ),
     _r(
-        "Megatron-Core's 'te' cross-entropy needs Transformer Engine; --cross-entropy-loss-fusion uses the native "
-        "fused kernel",
-        "--cross-entropy-fusion-impl",
-    ),
-    _r(
         "the layer spec follows --transformer-impl (local or transformer_engine); custom specs by module path are "
         "not loaded",
         "--spec",

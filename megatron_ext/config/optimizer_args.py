@@ -102,8 +102,8 @@ class OptimizerArgs(EmergingOptimizerArgs, _Options):
     fp8_recipe: str = opt(
         "delayed",
         "With --fp8-format: Transformer Engine's scaling recipe (mxfp8 needs Blackwell).",
-        choices=["delayed", "tensorwise", "mxfp8", "blockwise"],
-    )
+        choices=["delayed", "tensorwise", "mxfp8", "blockwise"], estimate=True,
+    )  # fmt: skip
     fp8_margin: int = opt(0, "With --fp8-format: the scaling factor's margin (powers of 2).", minimum=0)
     fp8_interval: int = opt(1, "With --fp8-format: steps between scaling-factor updates (deprecated in TE).", minimum=1)
     fp8_amax_history_len: int = opt(1, "With --fp8-format delayed scaling: the amax history's length.", minimum=1)

@@ -109,6 +109,8 @@ NO_EFFECT: dict[str, str] = {
     "attention_softmax_in_fp32": "the fp32 scores are transient; the kept probabilities are in the training precision",
     "apply_query_key_layer_scaling": "a scale inside the softmax",
     "norm_epsilon": "a constant of the normalization",
+    "cross_entropy_fusion_impl": "native is the loss --cross-entropy-loss-fusion runs; te is refused with it and "
+    "unused without it",
     "apply_layernorm_1p": "the same parameters and cost as LayerNorm",
     "window_size": "taken only where the window covers the sequence: full causal attention",
     "init_method_std": "the initial weights' scale",
@@ -145,7 +147,7 @@ NO_EFFECT: dict[str, str] = {
     "seed": "the random numbers",
     "fp16_lm_cross_entropy": "Megatron-Core 0.19 computes the cross entropy in fp32 with or without it",
     **dict.fromkeys(
-        ("fp8_recipe", "fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo", "no_fp8_wgrad"),
+        ("fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo", "no_fp8_wgrad"),
         _FP8_DETAIL,
     ),
     "log_num_zeros_in_grad": "a count over the gradients when the step is logged",

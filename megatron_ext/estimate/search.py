@@ -558,6 +558,7 @@ def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
         fp16=workload.precision == "fp16",
         grad_reduce_in_bf16=workload.grad_reduce_in_bf16,
         fp8_format=workload.fp8_format,
+        fp8_recipe=workload.fp8_recipe,
         recompute_granularity=None if workload.recompute_granularity == "none" else workload.recompute_granularity,
         recompute_method=workload.recompute_method if full else None,
         recompute_num_layers=workload.recompute_num_layers if full else None,

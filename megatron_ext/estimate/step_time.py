@@ -33,7 +33,7 @@ collective (``2·(t − 1)`` for an all-reduce); the published profiles have nei
 **FP8** (``--fp8-format``, Transformer Engine): the layers' GEMMs run at the
 profile's FP8 peak times the same ``compute_efficiency``; the logits GEMM and
 the attention core stay in the training precision; the casts to FP8 are
-element-wise bytes (``fp8_cast_bytes``).
+element-wise bytes, by ``--fp8-recipe`` (``fp8.fp8_cast_bytes``).
 
 **Tensor-parallel communication** (Narayanan et al. 2021, §3.3; Korthikanti
 et al. 2022, §4.2.2): per layer and microbatch two all-reduces of the
@@ -99,6 +99,7 @@ from megatron_ext.estimate.flops import (
     flops_per_step,
     layer_forward_flops,
 )
+from megatron_ext.estimate.fp8 import fp8_cast_bytes, fp8_peak
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.kernels import FORWARD_AND_BACKWARD, attention_kernel_efficiency, gemm_pass_efficiency
 from megatron_ext.estimate.memory import unfused_attention
@@ -426,7 +427,7 @@ def _element_wise_bytes(workload: Workload, layout: ParallelLayout, *, seq_lengt
         recompute_bytes = core_bytes
     else:
         recompute_bytes = 0.0
-    cast_fwd, cast_bwd = fp8_cast_bytes(workload, sequences=b, seq_length=s, tp=t)
+    cast_fwd, cast_bwd = fp8_cast_bytes(workload, sequences=b, seq_length=s, tp=t, sequence_parallel=sp)
     if workload.recompute_granularity == "full":
         recompute_bytes += cast_fwd
     return 3 * layer_fwd_bytes + recompute_bytes + cast_fwd + cast_bwd
@@ -472,44 +473,6 @@ def _cp_ring_exposed_seconds(
     # Megatron-Core's order tp-cp-dp-pp: the CP ring sits inside a node while TP × CP fits in one.
     link = gpu.intra_node_bandwidth if t * cp <= gpus_per_node else gpu.inter_node_bandwidth
     return max(0.0, ring_bytes / link - attention_s)
-
-
-def fp8_peak(workload: Workload, gpu: GpuProfile) -> float:
-    """The FP8 peak ``--fp8-format``'s GEMMs run at; a ValueError naming the GPU when it has no FP8."""
-    if gpu.peak_flops_fp8 is None:
-        raise ValueError(
-            f"--fp8-format {workload.fp8_format}: the {gpu.name} profile has no FP8 tensor cores (FP8 needs Hopper "
-            "or newer: --gpu h100-sxm, h200)"
-        )
-    return gpu.peak_flops_fp8
-
-
-def fp8_cast_bytes(workload: Workload, *, sequences: int, seq_length: float, tp: int) -> tuple[float, float]:
-    """Bytes that ``--fp8-format``'s casts read and write in one layer's forward and backward pass on one rank.
-
-    Transformer Engine casts each FP8 GEMM's input to FP8 in the forward pass and its output gradient in the
-    backward, each read in the training precision (``e`` bytes) and written in FP8 twice, as it is and transposed
-    (Hopper's FP8 GEMMs take one layout; the weight-gradient GEMM needs the other): ``e + 2`` bytes an element.
-    The casts of QKV's and FC1's inputs are fused into the norm before them (``LayerNormLinear``) and cost nothing
-    extra; the projection's input (``n·d/t`` wide) and FC2's (``f/t``) are cast on their own. In the backward pass
-    the output gradients of QKV (``(n + 2g)·d/t``), FC1 (``f/t``, ``2f/t`` with SwiGLU), the projection and FC2
-    (``h`` each: the whole gradient, before the row-parallel GEMM) are cast. (0, 0) without FP8.
-    """
-    if not workload.fp8_format:
-        return 0.0, 0.0
-    m = workload.model
-    n, g, d, f, h = (
-        m.num_attention_heads,
-        m.effective_num_query_groups,
-        m.effective_kv_channels,
-        m.effective_ffn_hidden_size,
-        m.hidden_size,
-    )
-    tokens = sequences * seq_length
-    cast = workload.activation_bytes + 2
-    forward = tokens * (n * d + f) / tp * cast
-    backward = tokens * (((n + 2 * g) * d + (2 if m.swiglu else 1) * f) / tp + 2 * h) * cast
-    return forward, backward
 
 
 def link_latency(gpu: GpuProfile) -> float:

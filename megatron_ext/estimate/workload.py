@@ -14,6 +14,7 @@ from megatron_ext.estimate.shapes import ParameterCounts, parameter_counts
 PRECISIONS = ("bf16", "fp16", "fp32")
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +52,12 @@ class Workload:
     """``--fp8-format``: the transformer layers' GEMMs run in FP8 (Transformer Engine), at the GPU's FP8 peak,
     their inputs and output gradients cast to FP8 first; the logits and the attention core stay in the training
     precision."""
+    fp8_recipe: str = "delayed"
+    """``--fp8-recipe``: how Transformer Engine scales each FP8 tensor, which decides the casts' memory traffic
+    (``step_time.fp8_cast_bytes``): ``delayed`` (from an amax history: casts fused into the norms and activations),
+    ``tensorwise`` (current scaling: each tensor's amax first, a pass of its own where the kernel producing it does
+    not compute it), ``blockwise`` (1×128 and 128×128 blocks, each block's scale in the cast kernel) or ``mxfp8``
+    (Blackwell's microscaling; no profile here has it)."""
     zero_bubble: bool = False
     """``--enable-zero-bubble``: the backward split into B and W passes, W passes filling part of the bubble (ZB-H1,
     or ZB interleaved with virtual stages), priced as ``parallel.pipeline.zb_bubble_scale`` of 1F1B's bubble at 1F1B's
@@ -99,6 +106,7 @@ class Workload:
             ddp_num_buckets=parallel.ddp_num_buckets,
             grad_reduce_in_bf16=optim.grad_reduce_in_bf16,
             fp8_format=optim.fp8_format,
+            fp8_recipe=optim.fp8_recipe,
             overlap_p2p_comm=not parallel.no_overlap_p2p_communication,
             tp_comm_overlap=parallel.tp_comm_overlap,
             zero_bubble=parallel.enable_zero_bubble,
@@ -120,6 +128,8 @@ class Workload:
             problems.append(
                 f"--recompute-method {self.recompute_method!r} is not one of {', '.join(RECOMPUTE_METHODS)}"
             )
+        if self.fp8_recipe not in FP8_RECIPES:
+            problems.append(f"--fp8-recipe {self.fp8_recipe!r} is not one of {', '.join(FP8_RECIPES)}")
         if self.grad_reduce_in_bf16 and self.precision != "bf16":
             problems.append("--grad-reduce-in-bf16 needs --bf16")
         if self.recompute_num_layers < 1:

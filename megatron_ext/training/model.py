@@ -212,7 +212,7 @@ def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> d
         # the fused path raises instead of falling back.
         masked_softmax_fusion=on_gpu and not m.no_masked_softmax_fusion and _has_softmax_kernels(),
         cross_entropy_loss_fusion=on_gpu and m.cross_entropy_loss_fusion,
-        cross_entropy_fusion_impl="native",
+        cross_entropy_fusion_impl=m.cross_entropy_fusion_impl,  # te only without the fusion: unused
         # With TE, Megatron-Core turns this into TE's backend switches; the local
         # spec's SDPA kernel choice is made in layer_spec().
         attention_backend=AttnBackend[m.attention_backend] if te else AttnBackend.local,

@@ -248,3 +248,14 @@ def test_weights_and_biases_flags_need_what_megatron_lm_needs() -> None:
         parse_args([*BASE, "--wandb-project", "p", "--wandb-exp-name", "e"])
     alias = parse_args([*BASE, "--disable-log-loss-scale-to-tensorboard"])
     assert alias.run.no_log_loss_scale_to_tensorboard
+
+
+def test_the_cross_entropy_kernel_choice_is_taken_as_megatron_lm_takes_it() -> None:
+    """``--cross-entropy-fusion-impl``: native is the fused loss this project runs; te with the fusion is refused
+    with Megatron-LM's reason (Transformer Engine's fused loss is unstable), and without it chooses nothing."""
+    fused = [*BASE, "--cross-entropy-loss-fusion"]
+    assert parse_args([*fused, "--cross-entropy-fusion-impl", "native"]).model.cross_entropy_fusion_impl == "native"
+    with pytest.raises(ConfigError, match="stability issues and Megatron-LM refuses it"):
+        parse_args([*fused, "--cross-entropy-fusion-impl", "te"])
+    unfused = parse_args([*BASE, "--cross-entropy-fusion-impl", "te"])
+    assert not unfused.model.cross_entropy_loss_fusion

@@ -7,8 +7,8 @@ Calibration (the constants of ``megatron_ext/estimate/hardware.py`` are the mini
 * A100: Narayanan et al. 2021, Table 1 (``NARAYANAN_TABLE_1``): the GEMMs' best share of peak and the
   element-wise kernels' share of HBM bandwidth.
 * H100: NVIDIA's dgxc-benchmarking BF16 sweeps of Llama 3.1 8B, Llama 3.1 405B (and its proxies) and
-  Nemotron-4 340B (``DGXC_H100``, ``DGXC_CALIBRATION``): the GEMMs' best share of peak; the memory efficiency
-  is the A100 value.
+  Nemotron-4 340B (``DGXC_H100``, ``DGXC_CALIBRATION``): the GEMMs' best share of peak and the element-wise
+  kernels' share of HBM bandwidth.
 
 The GEMMs' shape losses are not fitted to these runs: a tile's fixed time comes from a published GEMM benchmark
 by shape (``tests/estimate/test_gemm_shapes.py``, ``estimate.kernels.gemm_depth_half``).
@@ -16,16 +16,19 @@ by shape (``tests/estimate/test_gemm_shapes.py``, ``estimate.kernels.gemm_depth_
 Validation (never used to fit anything):
 
 * A100: Korthikanti et al. 2022, Tables 3 and 5 and §6.3 (``KORTHIKANTI_2022``); the Megatron-LM README's
-  GPT-3 175B on 1024 A100s (``MEGATRON_LM_A100_175B``).
+  GPT-3 175B on 1024 A100s (``MEGATRON_LM_A100_175B``); MegaScale's Megatron-LM baseline, 256 to 12,288 GPUs
+  (``MEGASCALE_175B``).
 * H100: the dgxc-benchmarking sweeps of Llama 3.1 70B, Nemotron-4 15B and GPT-3 175B; the FP8 / BF16 pairs of
   ``tests/estimate/test_fp8.py``; the later dgxc-benchmarking releases' BF16 and FP8 tables, v25.02.02,
-  v25.04.02 and v25.05.05 (NeMo 24.12 to 25.04: ``DGXC_LATER_RELEASES``).
+  v25.04.02 and v25.05.05 (NeMo 24.12 to 25.04: ``DGXC_LATER_RELEASES``); MLPerf Training v3.1's GPT-3 175B,
+  512 to 10,752 GPUs (``MLPERF_V31_GPT3``).
 
 Comparison (listed, neither fitted nor validated): the Megatron-LM README's H100 weak-scaling table
 (``MEGATRON_LM_H100``): Megatron-Core r0.8.0, and the micro-batch, virtual stages and recomputation of its runs
 are not published (the rows take the calculator's best); NeMo 24.07's FP8 performance summary on H100
 (``NEMO_24_07_FP8``): its models' shapes and recipe settings are not published with it, and it misses the
-validation goal.
+validation goal; Megatron-Bridge's H100 FP8 runs with current scaling, NeMo 25.11 to 26.06
+(``MEGATRON_BRIDGE_H100_FP8``): published whole, and the model misses the validation goal on them.
 
 Every row's residual is the predicted throughput over the measured one, minus 1 (for iteration times: the
 measured time over the predicted one, minus 1); ``docs/layout-model.md`` lists them all.
@@ -70,6 +73,9 @@ class PublishedRun:
     precision: str = "bf16"
     fp8_format: str | None = None
     """``--fp8-format`` (the layers' GEMMs in FP8 on top of ``precision``), or None."""
+    fp8_recipe: str = "delayed"
+    """``--fp8-recipe`` with ``fp8_format``: Transformer Engine's scaling (``delayed`` before NeMo 25.04's
+    performance recipes; ``tensorwise``, current scaling, in Megatron-Bridge's)."""
     recompute: str = "none"
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
@@ -106,8 +112,8 @@ class PublishedRun:
     calibration: bool = False
     """Used to fit the profile's constants (else validation only)."""
     comparison: bool = False
-    """Neither fitted nor validated: a table whose runs' settings are partly unpublished and whose software is
-    older; its residuals are listed and checked for their sign only (``docs/layout-model.md``)."""
+    """Neither fitted nor validated: a table whose runs' settings are partly unpublished, or one the model misses the
+    validation goal on; its residuals are listed and their sign and size checked (``docs/layout-model.md``)."""
     assumed: str = ""
     """What the source does not state and the row assumes."""
 
@@ -125,6 +131,7 @@ class PublishedRun:
             model=dataclasses.replace(model, cross_entropy_loss_fusion=self.ce_fusion),
             precision=self.precision,
             fp8_format=self.fp8_format,
+            fp8_recipe=self.fp8_recipe,
             recompute_granularity=self.recompute,
             overlap_grad_reduce=self.overlap,
             overlap_param_gather=self.overlap and self.distributed_optimizer,
@@ -670,6 +677,49 @@ DGXC_LATER_RELEASES = {
 """The later dgxc-benchmarking releases' tables (BF16 and FP8), by source: validation rows."""
 
 
+# Megatron-Bridge's performance summaries (github NVIDIA-NeMo/Megatron-Bridge, docs/performance-summary-archive.md at
+# commit 067f987d): the DGX-H100 pre-training rows of dense models, NeMo containers 25.11 to 26.06, tokens per second
+# per GPU. Llama 3 70B at TP 4, PP 8, VP 5 on 64 GPUs (global batch 128 in 25.11, 256 after) and Llama 3.1 405B at
+# TP 8, PP 8, CP 2, VP 8 on 1,024 (512, then 1,536); sequence 8192, micro-batch 1. FP8 with current scaling: "FP8-CS"
+# in 25.11's table, and from v0.3.0 (26.02) the releases' only H100 FP8 recipes are LLAMA3_70B_ and
+# LLAMA31_405B_PRETRAIN_CONFIG_H100_FP8_CS (scripts/performance at tags v0.3.0 to v0.5.0). 25.09's rows do not say
+# their precision: left out. The recipes' settings (those files, src/megatron/bridge/recipes/llama/llama3.py and
+# training/mixed_precision.py's bf16_with_fp8_current_scaling_mixed): bf16 with FP8 GEMMs in the hybrid format and
+# --fp8-recipe tensorwise, FP8 parameter gather, the distributed optimizer with overlapped reduction and gather, bf16
+# gradient reduction (grad_reduce_in_fp32 False), SP, --tp-comm-overlap with the tuned userbuffer settings, fused
+# attention, no recomputation, the cross entropy fused (Transformer Engine's, cross_entropy_fusion_impl "te"); the
+# 405B counts the embedding and the loss as layers in its pipeline split. An even split of the 70B: its explicit
+# layout came in August 2026, after these releases. The settings are published whole, but the table misses the
+# validation goal (docs/layout-model.md): listed as a comparison, each row's sign and size checked.
+_B = "Megatron-Bridge performance summary (067f987d), NeMo 25.11-26.06, DGX H100 FP8 current scaling"
+_B_ASSUMED = (
+    "bf16, FP8 hybrid with --fp8-recipe tensorwise; FP8 parameter all-gather counted in bf16; Transformer Engine's "
+    "cross entropy priced as Megatron-Core's fused one; no recompute"
+)
+MEGATRON_BRIDGE_H100_FP8 = [
+    _row(
+        table=_B, name=f"{name} ({release})", gpu="h100-sxm", model=model, heads=model.num_attention_heads,
+        hidden=model.hidden_size, layers=model.num_layers, seq_length=model.seq_length,
+        vocab_size=int(model.vocab_size or 0), tp=tp, pp=pp, vp=vp, cp=cp, gpus=gpus, global_batch=batch,
+        micro_batch=1, sequence_parallel=True, distributed_optimizer=True, overlap=True, tp_comm_overlap=True,
+        grad_reduce_in_bf16=True, fp8_format="hybrid", fp8_recipe="tensorwise", attention="auto", ce_fusion=True,
+        embedding_and_loss_in_split=name.startswith("Llama 3.1 405B"), tokens_per_gpu_s=tokens, comparison=True,
+        assumed=_B_ASSUMED,
+    )
+    for release, name, model, gpus, batch, tp, pp, cp, vp, tokens in [
+        ("25.11", "Llama 3 70B", llama(80, 8192, 28672, 64, 8), 64, 128, 4, 8, 1, 5, 1602),
+        ("26.02", "Llama 3 70B", llama(80, 8192, 28672, 64, 8), 64, 256, 4, 8, 1, 5, 1621),
+        ("26.02.01", "Llama 3 70B", llama(80, 8192, 28672, 64, 8), 64, 256, 4, 8, 1, 5, 1639),
+        ("26.04", "Llama 3 70B", llama(80, 8192, 28672, 64, 8), 64, 256, 4, 8, 1, 5, 1633),
+        ("26.04.01", "Llama 3 70B", llama(80, 8192, 28672, 64, 8), 64, 256, 4, 8, 1, 5, 1664),
+        ("25.11", "Llama 3.1 405B", llama(126, 16384, 53248, 128, 16), 1024, 512, 8, 8, 2, 8, 292),
+        ("26.02", "Llama 3.1 405B", llama(126, 16384, 53248, 128, 16), 1024, 1536, 8, 8, 2, 8, 311),
+        ("26.04.01", "Llama 3.1 405B", llama(126, 16384, 53248, 128, 16), 1024, 1536, 8, 8, 2, 8, 328),
+        ("26.06", "Llama 3.1 405B", llama(126, 16384, 53248, 128, 16), 1024, 1536, 8, 8, 2, 8, 326),
+    ]
+]  # fmt: skip
+
+
 # NVIDIA NeMo's performance summary (github NVIDIA/NeMo, docs/source/performance/performance_summary.md at commit
 # 8e3d65dc, "24.07 perf numbers", September 2024; later moved to docs.nvidia.com): pre-training on DGX H100 at FP8,
 # NeMo 24.07; per row GPUs, global batch, micro-batch, sequence, TP, PP, CP, VP and tokens per second per GPU.
@@ -786,6 +836,7 @@ ALL = (
     + DGXC_H100_FP8_V25_05
     + MEGATRON_LM_H100
     + NEMO_24_07_FP8
+    + MEGATRON_BRIDGE_H100_FP8
     + MLPERF_V31_GPT3
     + MEGASCALE_175B
 )

@@ -15,9 +15,10 @@ from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.layout_flags import model_layout_facts
 from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate.flops import attention_core_forward_flops, layer_forward_flops
+from megatron_ext.estimate.fp8 import fp8_cast_bytes
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.search import Cluster, evaluate, pretrain_flags
-from megatron_ext.estimate.step_time import fp8_cast_bytes, unit_times
+from megatron_ext.estimate.step_time import unit_times
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import ParallelLayout
 from tests.estimate.published import GPT3_175B, llama, nemotron
@@ -52,6 +53,48 @@ def test_the_casts_are_the_unfused_inputs_and_every_output_gradient() -> None:
     # hidden-wide gradients of the projection and FC2.
     assert backward == tokens * ((48 * 128 + 2 * 14336) / 4 + 2 * 4096) * cast
     assert fp8_cast_bytes(Workload(model=LLAMA), sequences=2, seq_length=8192, tp=4) == (0.0, 0.0)
+
+
+def test_each_recipe_counts_the_casts_its_kernels_do() -> None:
+    """Transformer Engine's kernels by recipe (``fp8.fp8_cast_bytes``): tensorwise and blockwise cast QKV's and FC1's
+    inputs after the norm instead of in it; tensorwise reads every tensor whose producer does not compute its amax
+    once more for it."""
+
+    def casts(recipe: str, *, sp: bool = True) -> tuple[float, float]:
+        workload = Workload(model=LLAMA, fp8_format="hybrid", fp8_recipe=recipe)
+        return fp8_cast_bytes(workload, sequences=2, seq_length=8192, tp=4, sequence_parallel=sp)
+
+    tokens, bf16, cast = 2 * 8192, 2, 2 + 2
+    forward, backward = casts("delayed")
+    # QKV's and FC1's inputs, 4096 wide, 1/4 of the tokens each with SP (cast before the all-gather).
+    after_the_norm = tokens * 2 * 4096 / 4 * cast
+    assert casts("blockwise") == (forward + after_the_norm, backward)
+    # The amax passes: the projection's input (32 heads × 128 / 4) forward; QKV's output gradient ((32 + 2 × 8) ×
+    # 128 / 4) and the projection's and FC2's (4096 each) backward. FC2's input and FC1's output gradient get theirs
+    # from the activation's kernels.
+    amax_forward, amax_backward = tokens * 32 * 128 / 4 * bf16, tokens * (48 * 128 / 4 + 2 * 4096) * bf16
+    assert casts("tensorwise") == (forward + after_the_norm + amax_forward, backward + amax_backward)
+    # Without SP every rank casts the whole input.
+    assert casts("blockwise", sp=False)[0] - casts("delayed", sp=False)[0] == tokens * 2 * 4096 * cast
+
+
+def test_the_recipe_prices_one_layout_reaches_pretrain_gpt_and_mxfp8_is_refused_on_hopper() -> None:
+    base = ("--model llama3.1-70b --gpus 64 --gpu h100-sxm --global-batch-size 128 --bf16 --fp8-format hybrid "
+            "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 8 --virtual-pipeline-model-parallel-size 5 "
+            "--sequence-parallel --use-distributed-optimizer --json").split()  # fmt: skip
+    steps = {}
+    for recipe in ("delayed", "blockwise", "tensorwise"):
+        out = io.StringIO()
+        assert layout_tool([*base, "--fp8-recipe", recipe], stdout=out, stderr=io.StringIO()) == 0
+        record = json.loads(out.getvalue())["layouts"][0]
+        steps[recipe] = record["step_time_s"]
+        cfg = parse_args([*shlex.split(record["pretrain_flags"]), "--mock-data"], world_size=64)
+        assert Workload.of_config(cfg).fp8_recipe == recipe
+    # Bytes on top of GEMM-bound layers: a few parts in a thousand to a percent.
+    assert steps["delayed"] < steps["blockwise"] < steps["tensorwise"] < 1.03 * steps["delayed"]
+    err = io.StringIO()
+    assert layout_tool([*base, "--fp8-recipe", "mxfp8"], stdout=io.StringIO(), stderr=err) == 2
+    assert "--fp8-recipe mxfp8: the h100-sxm profile's tensor cores have no MXFP8" in err.getvalue()
 
 
 @pytest.mark.parametrize("recompute", ["none", "full"])

@@ -32,6 +32,7 @@ from tests.estimate.published import (
     DGXC_H100_V25_04,
     DGXC_LATER_RELEASES,
     MEGASCALE_175B,
+    MEGATRON_BRIDGE_H100_FP8,
     MEGATRON_LM_H100,
     MLPERF_V31_GPT3,
     NARAYANAN_TABLE_1,
@@ -280,9 +281,9 @@ def test_the_v25_04_405b_layers_split_evenly_only_counting_the_embedding_and_the
             dataclasses.replace(row, embedding_and_loss_in_split=False).layout()
 
 
-def test_the_comparison_tables_are_the_readme_and_nemo_24_07_tables() -> None:
-    """Every comparison row is in one of the two tables whose sign and size the tests below check."""
-    assert COMPARISON == MEGATRON_LM_H100 + NEMO_24_07_FP8
+def test_the_comparison_tables_are_the_readme_nemo_24_07_and_megatron_bridge_tables() -> None:
+    """Every comparison row is in one of the three tables whose sign and size the tests below check."""
+    assert COMPARISON == MEGATRON_LM_H100 + NEMO_24_07_FP8 + MEGATRON_BRIDGE_H100_FP8
 
 
 @pytest.mark.parametrize("row", NEMO_24_07_FP8, ids=[r.name for r in NEMO_24_07_FP8])
@@ -299,6 +300,20 @@ def test_nemo_24_07_fp8_is_a_comparison_predicted_faster_than_it_ran() -> None:
     residuals = [r.residual() for r in NEMO_24_07_FP8]
     assert [r.name for r in NEMO_24_07_FP8 if r.residual() <= 0] == ["GPT3-175B on 512"]
     sizes = [abs(x) for x in residuals]
+    assert statistics.median(sizes) >= 0.05 or max(sizes) >= VALIDATION_TOLERANCE
+
+
+def test_megatron_bridge_current_scaling_runs_are_a_comparison_the_model_misses() -> None:
+    """Megatron-Bridge's H100 FP8 runs with current scaling (NeMo 25.11 to 26.06; settings published whole): the
+    Llama 3 70B at TP 4, PP 8, VP 5 is predicted slower than it ran in every release (its last rank holds the output
+    layer and the loss beside ten layers), by less than 10%, as dgxc v25.04's FP8 run of that layout; the Llama 3.1
+    405B faster, by at most 10.1%. The table misses the validation goal; should a change of the model bring it
+    within, it becomes a validation table."""
+    residuals = {r.name: r.residual() for r in MEGATRON_BRIDGE_H100_FP8}
+    assert all(r.fp8_recipe == "tensorwise" for r in MEGATRON_BRIDGE_H100_FP8)
+    for name, residual in residuals.items():
+        assert -0.10 < residual < 0 if name.startswith("Llama 3 70B") else 0 < residual < 0.11, (name, residual)
+    sizes = [abs(x) for x in residuals.values()]
     assert statistics.median(sizes) >= 0.05 or max(sizes) >= VALIDATION_TOLERANCE
 
 
