@@ -36,7 +36,9 @@ Engine / flash: no ``a·s²`` terms, only fp32 softmax statistics ``4·a·s·b``
 plus one (``pipeline.in_flight_passes``): ``min(m, p − r)`` microbatches under
 1F1B, ``(v + 1)·p − 1`` chunks of ``l/(p·v)`` layers on the first stage of an
 interleaved pipeline, ``p·(1 + (p − 1)/(p·v))`` microbatches' worth of its
-layers (Narayanan et al. 2021, §2.2.2; the factor Megatron-LM applies).
+layers (Narayanan et al. 2021, §2.2.2; the factor Megatron-LM applies). Chunks of
+different sizes (uneven splits) are held for their own spans along that order
+(``pipeline.peak_held``).
 
 **Embedding and output.** As Megatron-LM counts them: the token ids (8 bytes)
 and the embedding dropout mask per in-flight microbatch on the first stage;
@@ -52,7 +54,7 @@ from dataclasses import dataclass
 
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import ParallelLayout
-from megatron_ext.parallel.pipeline import in_flight_passes
+from megatron_ext.parallel.pipeline import in_flight_passes, peak_held
 
 
 def unfused_attention(workload: Workload) -> bool:
@@ -231,9 +233,21 @@ def estimate_memory(
             )
         )
         microbatches = chunks / vp
-        # Uneven chunks: the in-flight passes counted at the rank's largest chunk (an upper bound).
-        chunk_bytes, working = chunk_activations(max(c.num_layers for c in layout.stages[rank]))
-        activations = chunks * chunk_bytes + working
+        per_chunk = [chunk_activations(c.num_layers) for c in layout.stages[rank]]
+        working = max(w for _, w in per_chunk)
+        if in_flight is None:
+            # Each chunk held for its own span in Megatron-Core's order (uneven chunks differ).
+            held = peak_held(
+                [stored for stored, _ in per_chunk],
+                pp=pp,
+                num_microbatches=layout.num_microbatches,
+                pipeline_rank=rank,
+                group_size=layout.microbatch_group_size_per_vp_stage,
+            )
+        else:
+            # Another schedule's count: its passes taken at the rank's largest chunk (an upper bound).
+            held = chunks * max(stored for stored, _ in per_chunk)
+        activations = held + working
         if rank == 0:
             activations += microbatches * embedding
         if rank == pp - 1:

@@ -50,7 +50,7 @@ from typing import NamedTuple
 import numpy as np
 
 from megatron_ext.parallel.layout import ParallelLayout
-from megatron_ext.parallel.pipeline import bubble_fraction, warmup_passes
+from megatron_ext.parallel.pipeline import bubble_fraction, schedule_table, warmup_passes
 
 KINDS = "FBW"
 """Pass kinds: forward, backward (with the weight gradients unless a W is split off), weight gradients
@@ -86,17 +86,6 @@ def validate(*, pp: int, vp: int, num_microbatches: int, group_size: int | None 
         num_layers=pp * vp,
         num_attention_heads=1,
     )
-
-
-def schedule_table(num_microbatches: int, num_chunks: int, group_size: int) -> list[tuple[int, int]]:
-    """(microbatch, chunk) of every forward pass in order: groups of ``group_size`` microbatches, all chunks each."""
-    table = []
-    for first in range(0, num_microbatches, group_size):
-        group = range(first, min(first + group_size, num_microbatches))
-        if first + group_size >= num_microbatches:
-            group = range(first, num_microbatches)  # the last group takes the rest
-        table += [(mb, chunk) for chunk in range(num_chunks) for mb in group]
-    return table
 
 
 def as_passes(rows: Rows) -> list[PipelinePass]:

@@ -486,7 +486,10 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
     evaluated = functools.cache(lambda candidate: evaluate(workload, candidate, cluster))
 
     def option(schedule: str, candidate: ParallelLayout, run: ScheduleRun) -> ScheduleOption:
-        memory = estimate_memory(workload, candidate, in_flight=run.in_flight_chunks)
+        # Megatron-Core's own orders (the candidate carries its group size): each chunk held for its span, as the
+        # search counts it; GPipe's and zero bubble's: their simulated counts at the largest chunk.
+        own_order = schedule in ("1f1b", "interleaved", "interleaved-group")
+        memory = estimate_memory(workload, candidate, in_flight=None if own_order else run.in_flight_chunks)
         own = evaluated(candidate)
         return ScheduleOption(
             schedule=schedule,

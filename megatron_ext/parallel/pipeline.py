@@ -25,7 +25,9 @@ of passes and a simulated timeline.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from itertools import accumulate
 
 
 def bubble_fraction(*, pp: int, vp: int, num_microbatches: int) -> float:
@@ -59,6 +61,53 @@ def in_flight_passes(
         pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank, group_size=group_size
     )
     return min(num_microbatches * vp, warmup + 1)
+
+
+def schedule_table(num_microbatches: int, num_chunks: int, group_size: int) -> list[tuple[int, int]]:
+    """(microbatch, chunk) of every forward pass in order: groups of ``group_size`` microbatches, all chunks each."""
+    table = []
+    for first in range(0, num_microbatches, group_size):
+        group = range(first, min(first + group_size, num_microbatches))
+        if first + group_size >= num_microbatches:
+            group = range(first, num_microbatches)  # the last group takes the rest
+        table += [(mb, chunk) for chunk in range(num_chunks) for mb in group]
+    return table
+
+
+def peak_held(
+    chunk_bytes: Sequence[float], *, pp: int, num_microbatches: int, pipeline_rank: int, group_size: int | None = None
+) -> float:
+    """Most activation bytes one rank holds at once in Megatron-Core's order, its model chunk ``c`` holding
+    ``chunk_bytes[c]`` for one microbatch: each forward pass adds its chunk's bytes, and the backward pass of the
+    same microbatch and chunk removes them. With equal chunks, ``in_flight_passes`` of them.
+
+    Uneven chunks (``--pipeline-model-parallel-layout``, a balanced split) are held for different spans: the last
+    virtual stage's forward passes are the first the backward passes release, the first stage's the last. Whole
+    microbatch groups in the middle of the steady state repeat the same held sets, so they are left out of the walk
+    (the peak is the same; the work stays a few groups long).
+    """
+    vp = len(chunk_bytes)
+    count = in_flight_passes(
+        pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank, group_size=group_size
+    )
+    if len(set(chunk_bytes)) <= 1:
+        return count * (chunk_bytes[0] if chunk_bytes else 0.0)
+    group = group_size or pp
+    warmup = warmup_passes(
+        pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank, group_size=group_size
+    )
+    m = num_microbatches
+    keep = math.ceil((warmup + 1) / vp) + 4 * group
+    if m > keep + group:
+        m -= (m - keep) // group * group
+    table = schedule_table(m, vp, group)
+    added = list(accumulate((chunk_bytes[c] for _, c in table), initial=0.0))
+    # Backward pass k releases the microbatch of forward entry k at the mirrored chunk.
+    released = list(accumulate((chunk_bytes[vp - 1 - c] for _, c in table), initial=0.0))
+    steady = len(table) - warmup
+    if steady <= 0:
+        return added[-1]
+    return max(added[warmup + 1 + k] - released[k] for k in range(steady))
 
 
 def valid_group_sizes(*, pp: int, num_microbatches: int) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -15,11 +16,12 @@ from megatron_ext.estimate.memory import (
     estimate_memory,
     layer_activations,
 )
+from megatron_ext.estimate.pipeline_schedule import schedule_rows
 from megatron_ext.estimate.search import Cluster, evaluate
 from megatron_ext.estimate.step_time import estimate_step_time, ring_latency
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import ParallelLayout
-from megatron_ext.parallel.pipeline import in_flight_passes
+from megatron_ext.parallel.pipeline import in_flight_passes, peak_held
 
 pytestmark = pytest.mark.unit
 
@@ -436,3 +438,29 @@ def test_estimate_reports_consistent_throughput() -> None:
     # Full recomputation repeats every layer's forward: hardware FLOPs exceed model FLOPs by about a third.
     assert e.hardware_tflops_per_gpu / e.tflops_per_gpu == pytest.approx(4 / 3, rel=0.02)
     assert math.isfinite(e.time.step_s) and e.time.step_s > e.time.compute_s
+
+
+@pytest.mark.parametrize(
+    ("pp", "vp", "microbatches", "group"),
+    [(4, 1, 16, None), (2, 4, 4, None), (4, 3, 16, None), (4, 2, 12, 6), (8, 5, 40, None), (8, 5, 128, None)],
+)
+def test_uneven_chunks_are_held_as_megatron_cores_order_holds_them(
+    pp: int, vp: int, microbatches: int, group: int | None
+) -> None:
+    """``peak_held`` against a walk along every rank's order of passes (``pipeline_schedule.schedule_rows``): each
+    forward pass adds its chunk's activations, its backward pass removes them; chunks of different sizes, as a
+    balanced split makes them. The long step (128 microbatches) leaves whole groups out of the walk: the same
+    peak."""
+    rng = random.Random(pp * 1000 + vp * 10 + microbatches)
+    for rank in range(pp):
+        chunk_bytes = [float(rng.randint(1, 6)) for _ in range(vp)]
+        rows = schedule_rows(pp=pp, vp=vp, num_microbatches=microbatches, pipeline_rank=rank, group_size=group)
+        held = peak = 0.0
+        for kind, _, chunk in rows.tolist():
+            held += chunk_bytes[chunk] if kind == 0 else -chunk_bytes[chunk]
+            peak = max(peak, held)
+        got = peak_held(chunk_bytes, pp=pp, num_microbatches=microbatches, pipeline_rank=rank, group_size=group)
+        assert got == peak, (rank, chunk_bytes)
+        assert got <= in_flight_passes(
+            pp=pp, vp=vp, num_microbatches=microbatches, pipeline_rank=rank, group_size=group
+        ) * max(chunk_bytes)
