@@ -23,6 +23,7 @@ another DP only: the plan then keeps TP, PP and VP, or says what to do.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shlex
@@ -37,6 +38,7 @@ from megatron_ext.config.arguments import ConfigError
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.layout_flags import replace_layout_flags
 from megatron_ext.config.training_config import TrainingConfig, build_parser, expand_preset, parse_args
+from megatron_ext.estimate.fp8 import fp8_peak
 from megatron_ext.estimate.hardware import PROFILES, get_profile
 from megatron_ext.estimate.relayout import POLICIES, AllocationPlan, RelayoutError, describe, gpus, plan_allocation
 from megatron_ext.estimate.search import Cluster
@@ -112,6 +114,15 @@ def plan(args: argparse.Namespace, argv: list[str]) -> tuple[list[str], str]:
     if args.gpu == NO_PROFILE:
         gpu = gpu.with_overrides(memory_gib=1e9)
         say(f"GPU_PROFILE={NO_PROFILE}: memory not checked; layouts ranked by the {RANKING_PROFILE} time model")
+    if workload.fp8_format:
+        try:
+            fp8_peak(workload, gpu)
+        except ValueError as exc:
+            if args.gpu != NO_PROFILE:
+                raise ConfigError(str(exc)) from None
+            # Ranking only: MXFP8's block scales are computed in its cast kernels, as blockwise scaling's.
+            workload = dataclasses.replace(workload, fp8_recipe="blockwise")
+            say(f"--fp8-recipe {recipe_cfg.optim.fp8_recipe}: ranked as blockwise scaling on the {RANKING_PROFILE}")
     cluster = Cluster(gpus=args.world_size, gpus_per_node=args.gpus_per_node, gpu=gpu)
     if cluster.problems():
         raise ConfigError("; ".join(cluster.problems()))
@@ -166,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         new_argv, record = plan(args, pretrain)
     except (ConfigError, LayoutError) as exc:
-        say(f"the recipe's own layout is invalid, nothing re-planned: {exc}")
+        say(f"the recipe cannot run here, nothing re-planned: {exc}")
         return ExitCode.INVALID
     except RelayoutError as exc:
         say(f"no layout for {gpus(args.world_size)}: {exc}")

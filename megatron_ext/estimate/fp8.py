@@ -28,27 +28,27 @@ def fp8_cast_bytes(
 ) -> tuple[float, float]:
     """Bytes that ``--fp8-format``'s casts read and write in one layer's forward and backward pass on one rank.
 
-    Transformer Engine casts each FP8 GEMM's input to FP8 in the forward pass and its output gradient in the
-    backward, each read in the training precision (``e`` bytes) and written in FP8 twice, as it is and transposed
-    (Hopper's FP8 GEMMs take one layout; the weight-gradient GEMM needs the other): ``e + 2`` bytes an element.
-    The projection's input (``n·d/t`` wide) and FC2's (``f/t``) are cast; in the backward pass the output
-    gradients of QKV (``(n + 2g)·d/t``), FC1 (``f/t``, ``2f/t`` with SwiGLU), the projection and FC2 (``h``
-    each: the whole gradient, before the row-parallel GEMM). (0, 0) without FP8.
+    Transformer Engine casts each FP8 GEMM's input in the forward pass and its output gradient in the backward,
+    each needed twice, as it is and transposed (Hopper's FP8 GEMMs take one layout; the weight-gradient GEMM needs
+    the other). Counted from Transformer Engine 2's kernel choice by quantizer (``normalization.cpp``,
+    ``quantizer.cpp``, ``distributed.py``'s FP8 all-gather) for the layers of Megatron-Core's Transformer Engine
+    spec (QKV and FC1 behind TE's fused norm, the projection and FC2 ``TERowParallelLinear``, the activation
+    Megatron-Core's own, in the training precision), ``e`` bytes an element in that precision:
 
-    What ``--fp8-recipe`` changes (Transformer Engine 2's ``normalization.cpp``, ``activation.cpp`` and
-    ``quantizer.cpp``, which choose each kernel by the quantizer):
+    * **A local tensor** (the projection's input, ``n·d/t`` wide; FC2's, ``f/t``; the output gradients of QKV,
+      ``(n + 2g)·d/t``, and of FC1, ``f/t``, ``2f/t`` with SwiGLU): one kernel reads it and writes both layouts,
+      ``e + 2``; current scaling (``tensorwise``) first reads it once more for its amax, ``+ e``.
+    * **A tensor sequence parallelism gathers** (the inputs of QKV and FC1 behind the norm, ``h`` wide; the output
+      gradients of the projection and FC2): ``delayed`` and ``tensorwise`` cast the rank's ``1/t`` of it in one
+      layout (``e + 1`` on ``h/t``; ``tensorwise`` reading it again for its amax, except behind the norm, which
+      computes it), gather it and transpose the whole (``2`` on ``h``); ``blockwise`` casts both layouts of its
+      share (``e + 2`` on ``h/t``) and gathers both. Without SP the rank holds the whole ``h``: ``e + 2``
+      (``tensorwise`` ``+ e`` for the gradients' amax).
+    * **Behind the norm with delayed scaling** the norm writes FP8 itself (its own write, counted with the norm), and
+      only the transpose is added: ``2`` on ``h``. ``tensorwise`` and ``blockwise`` norms write the training
+      precision (the first with the amax), and a cast follows.
 
-    * ``delayed``: the scale is known before the tensor is, so the norm before QKV and FC1 writes their FP8 input
-      itself (``LayerNormLinear``, ``LayerNormMLP``): those two casts cost nothing.
-    * ``tensorwise`` (current scaling): the scale needs the tensor's amax first. The norm and the activation
-      compute it as they write their output in the training precision, and a cast kernel follows: QKV's and FC1's
-      inputs (``h``, ``h/t`` with SP, cast before the all-gather) cost ``e + 2`` bytes an element. Every other
-      cast's tensor comes from a kernel that does not compute it (the attention, the incoming gradients): an amax
-      pass of its own reads it once more, ``e`` bytes, except FC1's output gradient, whose amax the activation's
-      backward computes.
-    * ``blockwise`` (1×128 and 128×128 blocks): each block's scale is computed in the cast kernel, but the norm
-      cannot write the blocks, so QKV's and FC1's inputs are cast on their own, as with ``tensorwise``, with no
-      amax pass.
+    ``(0, 0)`` without FP8.
     """
     if not workload.fp8_format:
         return 0.0, 0.0
@@ -62,12 +62,21 @@ def fp8_cast_bytes(
     )
     tokens = sequences * seq_length
     e = workload.activation_bytes
-    cast = e + 2
-    forward = tokens * (n * d + f) / tp * cast
-    backward = tokens * (((n + 2 * g) * d + (2 if m.swiglu else 1) * f) / tp + 2 * h) * cast
-    if workload.fp8_recipe in ("tensorwise", "blockwise"):
-        forward += tokens * 2 * h / (tp if sequence_parallel else 1) * cast
-    if workload.fp8_recipe == "tensorwise":
-        forward += tokens * n * d / tp * e
-        backward += tokens * ((n + 2 * g) * d / tp + 2 * h) * e
+    recipe = workload.fp8_recipe
+    amax = e if recipe == "tensorwise" else 0.0
+    local = e + 2 + amax  # a byte an element for each layout, after reading it (and its amax pass)
+
+    def gathered(*, after_norm: bool) -> float:
+        """Bytes of one ``h``-wide tensor sequence parallelism gathers (or, without SP, the rank holds whole)."""
+        own_amax = 0.0 if after_norm else amax
+        if recipe == "delayed" and after_norm:
+            return 2 * h  # the transpose of the norm's FP8 output (gathered first with SP)
+        if not sequence_parallel:
+            return (e + 2 + own_amax) * h
+        if recipe == "blockwise":
+            return (e + 2) * h / tp
+        return (e + 1 + own_amax) * h / tp + 2 * h
+
+    forward = tokens * ((n * d + f) / tp * local + 2 * gathered(after_norm=True))
+    backward = tokens * (((n + 2 * g) * d + (2 if m.swiglu else 1) * f) / tp * local + 2 * gathered(after_norm=False))
     return forward, backward

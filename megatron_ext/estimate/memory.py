@@ -235,7 +235,7 @@ def estimate_memory(
         microbatches = chunks / vp
         per_chunk = [chunk_activations(c.num_layers) for c in layout.stages[rank]]
         working = max(w for _, w in per_chunk)
-        if in_flight is None:
+        if in_flight is None and not workload.zero_bubble:
             # Each chunk held for its own span in Megatron-Core's order (uneven chunks differ).
             held = peak_held(
                 [stored for stored, _ in per_chunk],
@@ -245,7 +245,7 @@ def estimate_memory(
                 group_size=layout.microbatch_group_size_per_vp_stage,
             )
         else:
-            # Another schedule's count: its passes taken at the rank's largest chunk (an upper bound).
+            # Another schedule's count (zero bubble's order holds its passes longer): at the largest chunk, a bound.
             held = chunks * max(stored for stored, _ in per_chunk)
         activations = held + working
         if rank == 0:

@@ -54,10 +54,10 @@ class Workload:
     precision."""
     fp8_recipe: str = "delayed"
     """``--fp8-recipe``: how Transformer Engine scales each FP8 tensor, which decides the casts' memory traffic
-    (``step_time.fp8_cast_bytes``): ``delayed`` (from an amax history: casts fused into the norms and activations),
-    ``tensorwise`` (current scaling: each tensor's amax first, a pass of its own where the kernel producing it does
-    not compute it), ``blockwise`` (1×128 and 128×128 blocks, each block's scale in the cast kernel) or ``mxfp8``
-    (Blackwell's microscaling; no profile here has it)."""
+    (``fp8.fp8_cast_bytes``): ``delayed`` (from an amax history: the norm writes FP8 itself), ``tensorwise`` (current
+    scaling: each tensor's amax first, a pass of its own unless the norm computes it), ``blockwise`` (1×128 and
+    128×128 blocks, each block's scale in the cast kernel, both layouts gathered) or ``mxfp8`` (Blackwell's
+    microscaling; no profile here has it)."""
     zero_bubble: bool = False
     """``--enable-zero-bubble``: the backward split into B and W passes, W passes filling part of the bubble (ZB-H1,
     or ZB interleaved with virtual stages), priced as ``parallel.pipeline.zb_bubble_scale`` of 1F1B's bubble at 1F1B's

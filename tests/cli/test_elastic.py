@@ -79,3 +79,25 @@ def test_the_same_allocation_changes_nothing(
     code, values, err = _run(capsys, 2, *RECIPE)
     assert code == ExitCode.OK, err
     assert shlex.split(values["pretrain_args"][1:-1]) == RECIPE and values["relayout_record"] == "''"
+
+
+@pytest.mark.parametrize(
+    ("gpu", "code", "said"),
+    [
+        ("none", ExitCode.OK, "--fp8-recipe mxfp8: ranked as blockwise scaling on the h100-sxm"),
+        ("h100-sxm", ExitCode.INVALID, "the h100-sxm profile's tensor cores have no MXFP8"),
+    ],
+)
+def test_an_fp8_recipe_the_profile_lacks_is_ranked_on_a_cpu_rehearsal_and_refused_on_that_gpu(
+    capsys: pytest.CaptureFixture[str], gpu: str, code: ExitCode, said: str
+) -> None:
+    """MXFP8 is Blackwell's: with ``--gpu none`` the layouts are still ranked (as blockwise scaling, whose block
+    scales are computed in the cast kernels too); on a Hopper profile the plan stops with the reason, no
+    traceback."""
+    on_gpus = [a for a in RECIPE if a not in ("--device", "cpu")]
+    fp8 = [*on_gpus, "--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"]
+    got = elastic.main(
+        ["--world-size", "2", "--gpus-per-node", "1", "--gpu", gpu, "--recipe-world-size", "2", "--", *fp8]
+    )
+    assert got == code
+    assert said in capsys.readouterr().err

@@ -258,4 +258,4 @@ def test_the_cross_entropy_kernel_choice_is_taken_as_megatron_lm_takes_it() -> N
     with pytest.raises(ConfigError, match="stability issues and Megatron-LM refuses it"):
         parse_args([*fused, "--cross-entropy-fusion-impl", "te"])
     unfused = parse_args([*BASE, "--cross-entropy-fusion-impl", "te"])
-    assert not unfused.model.cross_entropy_loss_fusion
+    assert unfused.model.cross_entropy_fusion_impl == "te" and not unfused.model.cross_entropy_loss_fusion

@@ -442,15 +442,23 @@ def test_estimate_reports_consistent_throughput() -> None:
 
 @pytest.mark.parametrize(
     ("pp", "vp", "microbatches", "group"),
-    [(4, 1, 16, None), (2, 4, 4, None), (4, 3, 16, None), (4, 2, 12, 6), (8, 5, 40, None), (8, 5, 128, None)],
+    [
+        (4, 1, 16, None),
+        (2, 4, 4, None),
+        (4, 3, 16, None),
+        (4, 2, 12, 6),
+        (8, 5, 40, None),
+        (8, 5, 128, None),
+        (4, 3, 70, 6),
+    ],
 )
 def test_uneven_chunks_are_held_as_megatron_cores_order_holds_them(
     pp: int, vp: int, microbatches: int, group: int | None
 ) -> None:
     """``peak_held`` against a walk along every rank's order of passes (``pipeline_schedule.schedule_rows``): each
     forward pass adds its chunk's activations, its backward pass removes them; chunks of different sizes, as a
-    balanced split makes them. The long step (128 microbatches) leaves whole groups out of the walk: the same
-    peak."""
+    balanced split makes them. The long steps (128 microbatches; 70 in groups of 6, the last of 4) leave whole
+    groups out of the walk: the same peak."""
     rng = random.Random(pp * 1000 + vp * 10 + microbatches)
     for rank in range(pp):
         chunk_bytes = [float(rng.randint(1, 6)) for _ in range(vp)]

@@ -297,7 +297,7 @@ def test_nemo_24_07_fp8_runs_are_within_fifteen_percent(row: PublishedRun) -> No
 
 def test_nemo_24_07_fp8_is_a_comparison_predicted_faster_than_it_ran() -> None:
     """Most of its runs are predicted faster than they ran (all but the GPT-3 175B on 512 GPUs at micro-batch 2),
-    and the table misses the validation goal (largest +12.1%, the Nemotron-8B): listed, not validated.
+    and the table misses the validation goal (largest +11.6%, the Nemotron-8B): listed, not validated.
     Should a change of the model bring it within the goal, it joins the validation rows."""
     residuals = [r.residual() for r in NEMO_24_07_FP8]
     assert [r.name for r in NEMO_24_07_FP8 if r.residual() <= 0] == ["GPT3-175B on 512"]
@@ -309,7 +309,7 @@ def test_megatron_bridge_current_scaling_runs_are_a_comparison_the_model_misses(
     """Megatron-Bridge's H100 FP8 runs with current scaling (NeMo 25.11 to 26.06; settings published whole): the
     Llama 3 70B at TP 4, PP 8, VP 5 is predicted slower than it ran in every release (its last rank holds the output
     layer and the loss beside ten layers), by less than 10%, as dgxc v25.04's FP8 run of that layout; the Llama 3.1
-    405B faster, by at most 10.1%. The table misses the validation goal; should a change of the model bring it
+    405B faster, by at most 10.2%. The table misses the validation goal; should a change of the model bring it
     within, it becomes a validation table."""
     residuals = {r.name: r.residual() for r in MEGATRON_BRIDGE_H100_FP8}
     assert all(r.fp8_recipe == "tensorwise" for r in MEGATRON_BRIDGE_H100_FP8)
@@ -333,7 +333,7 @@ def test_the_better_split_of_megatron_bridges_70b_recipe_is_the_layout_nvidia_ga
     row = next(r for r in MEGATRON_BRIDGE_H100_FP8 if r.name == "Llama 3 70B (26.02)")
     even = row.estimate()
     better = better_split(row.workload(), row.cluster(), even)
-    assert better is not None and better.fits
+    assert better is not None and better.fits_with_reserve
     values = {name: value for name, value in even.layout.as_values().items() if name not in SPLIT_FIELDS}
     nvidia = ParallelLayout(**values, pipeline_model_parallel_layout=NVIDIA_70B_LAYOUT)
     assert better.layout.stages == nvidia.stages
