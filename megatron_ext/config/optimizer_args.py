@@ -10,6 +10,9 @@ from megatron_ext.config.arguments import ConfigError, _Options
 from megatron_ext.config.emerging_optimizer_args import EMERGING, OPTIMIZERS, EmergingOptimizerArgs
 from megatron_ext.config.flags import opt
 
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+"""``--fp8-recipe``'s choices: Transformer Engine's scaling recipes as Megatron-LM offers them."""
+
 PRECISION_AWARE_DTYPES: dict[str, tuple[str, ...]] = {
     "main_grads_dtype": ("fp32", "bf16"),
     "main_params_dtype": ("fp32", "fp16"),
@@ -102,7 +105,7 @@ class OptimizerArgs(EmergingOptimizerArgs, _Options):
     fp8_recipe: str = opt(
         "delayed",
         "With --fp8-format: Transformer Engine's scaling recipe (mxfp8 needs Blackwell).",
-        choices=["delayed", "tensorwise", "mxfp8", "blockwise"], estimate=True,
+        choices=list(FP8_RECIPES), estimate=True,
     )  # fmt: skip
     fp8_margin: int = opt(0, "With --fp8-format: the scaling factor's margin (powers of 2).", minimum=0)
     fp8_interval: int = opt(1, "With --fp8-format: steps between scaling-factor updates (deprecated in TE).", minimum=1)

@@ -65,6 +65,8 @@ from megatron_ext.parallel.stages import balanced_layout
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-group")
 """The schedules compared that Megatron-Core's orders give (``run_schedule``)."""
+MEGATRON_ORDERS = ("1f1b", "interleaved", "interleaved-group")
+"""The compared schedules that run Megatron-Core's own order of passes (memory counted as the search counts it)."""
 ZERO_BUBBLE = ("zb-h1", "zb-interleaved")
 """The zero-bubble schedules compared (``zero_bubble``): ``pretrain_gpt.py --enable-zero-bubble`` runs ZB-H1, and
 with virtual stages ZB interleaved."""
@@ -488,7 +490,7 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
     def option(schedule: str, candidate: ParallelLayout, run: ScheduleRun) -> ScheduleOption:
         # Megatron-Core's own orders (the candidate carries its group size): each chunk held for its span, as the
         # search counts it; GPipe's and zero bubble's: their simulated counts at the largest chunk.
-        own_order = schedule in ("1f1b", "interleaved", "interleaved-group")
+        own_order = schedule in MEGATRON_ORDERS
         memory = estimate_memory(workload, candidate, in_flight=None if own_order else run.in_flight_chunks)
         own = evaluated(candidate)
         return ScheduleOption(

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from megatron_ext.config.arguments import BatchArgs, ModelArgs, ParallelArgs
 from megatron_ext.config.flags import to_argv
-from megatron_ext.config.optimizer_args import OptimizerArgs
+from megatron_ext.config.optimizer_args import FP8_RECIPES, OptimizerArgs
 from megatron_ext.config.training_config import TrainingConfig, pad_vocab_size, unpadded_vocab_size
 from megatron_ext.estimate.coverage import APPROXIMATED, approximations
 from megatron_ext.estimate.shapes import ParameterCounts, parameter_counts
@@ -14,7 +14,6 @@ from megatron_ext.estimate.shapes import ParameterCounts, parameter_counts
 PRECISIONS = ("bf16", "fp16", "fp32")
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
-FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 
 
 @dataclass(frozen=True, kw_only=True)
