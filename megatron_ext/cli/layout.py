@@ -1,8 +1,8 @@
 """Command line of ``tools/layout.py``: the 3D-parallel layout calculator.
 
-Search mode (default) enumerates every valid TP × PP × VP × DP × micro-batch
-layout for a GPU count and ranks those that fit in memory by estimated step
-time. Evaluate mode (any of ``--tp/--pp/--vp`` or their ``pretrain_gpt.py``
+Search mode (default) enumerates every valid TP × CP × PP × VP × DP ×
+micro-batch layout for a GPU count and ranks those that fit in memory by
+estimated step time. Evaluate mode (any of ``--tp/--cp/--pp/--vp`` or their ``pretrain_gpt.py``
 names given) estimates one layout and explains it. Model and training flags
 are ``pretrain_gpt.py``'s, so a recipe passes the same ones to both.
 

@@ -21,7 +21,7 @@ from megatron_ext.config.layout_flags import (
 )
 from megatron_ext.config.optimizer_args import OptimizerArgs
 from megatron_ext.config.presets import PRESETS, get_preset
-from megatron_ext.estimate.coverage import APPROXIMATED
+from megatron_ext.estimate.coverage import APPROXIMATED, NO_EFFECT
 from megatron_ext.estimate.hardware import PROFILES, get_profile
 from megatron_ext.estimate.relayout import POLICIES
 from megatron_ext.estimate.search import DEFAULT_MEMORY_HEADROOM, Cluster
@@ -47,6 +47,13 @@ def approximated_fields(cls: type) -> list[Any]:
     return [f for f in options(cls, estimate=False) if f.name in APPROXIMATED]
 
 
+def model_constant_fields() -> list[Any]:
+    """The model's flags that change neither memory nor time (``coverage.NO_EFFECT``: the rotary frequencies, the
+    norm's epsilon, a window that covers the sequence, ...). Taken, so that the ``pretrain_gpt.py`` command the
+    calculator prints for a preset is one it takes back, and checked as ``pretrain_gpt.py`` checks them."""
+    return [f for f in options(ModelArgs, estimate=False) if f.name in NO_EFFECT]
+
+
 def _given(args: argparse.Namespace, fields: list[Any]) -> dict[str, Any]:
     """The values of ``fields`` given on the command line (not None, not a switch left off)."""
     values = {f.name: getattr(args, f.name) for f in fields}
@@ -63,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tools/layout.py",
         description=(
             "3D-parallel layout calculator for Megatron-Core GPT pretraining: enumerate, validate and rank "
-            "TP × PP × VP × DP × micro-batch layouts by estimated memory and step time, or evaluate one. "
+            "TP × CP × PP × VP × DP × micro-batch layouts by estimated memory and step time, or evaluate one. "
             "Exit codes: 0 fits, 2 invalid, 5 valid but does not fit."
         ),
         allow_abbrev=False,
@@ -107,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     model = parser.add_argument_group("model (pretrain_gpt.py flags)")
     model.add_argument("--model", help=f"Preset shape: {', '.join(PRESETS)}; the flags below override its values.")
     _add_modelled_flags(model, ModelArgs)
+    add_options(model, ModelArgs, model_constant_fields(), suppress_defaults=False)
     model.add_argument(
         "--tokenizer-vocab-size",
         type=int,
@@ -214,7 +222,9 @@ def workload_of(args: argparse.Namespace) -> tuple[Workload, int | None]:
             raise LayoutToolError(str(exc)) from None
         values.update(preset.model_flags())
         preset_batch = preset.global_batch_size
-    values.update(_given(args, [*options(ModelArgs, estimate=True), *approximated_fields(ModelArgs)]))
+    values.update(
+        _given(args, [*options(ModelArgs, estimate=True), *approximated_fields(ModelArgs), *model_constant_fields()])
+    )
     missing = [
         f"--{n.replace('_', '-')}" for n in ("num_layers", "hidden_size", "num_attention_heads") if n not in values
     ]

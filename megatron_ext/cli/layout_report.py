@@ -246,7 +246,7 @@ def does_not_fit_message(e: LayoutEstimate, workload: Workload, alternatives: Se
         tips.append(
             f"  - or the calculator's best layout for {cluster.gpus} GPUs: TP {lay.tp} PP {lay.pp} VP {lay.vp} "
             f"DP {lay.dp} micro-batch {lay.micro_batch_size}: {gib(best.memory.total_bytes)} GiB, "
-            f"{best.time.step_s:.2f} s/step (run without --tp/--pp/--vp to see the ranking)"
+            f"{best.time.step_s:.2f} s/step (run without --tp/--cp/--pp/--vp to see the ranking)"
         )
     if tips:
         lines.append("what would change it (same GPUs):")
@@ -300,7 +300,7 @@ def against_best(slower: float, best: LayoutEstimate) -> list[str]:
         f"calculator's best for these GPUs and flags: TP {lay.tp} PP {lay.pp} VP {lay.vp} DP {lay.dp} "
         f"micro-batch {lay.micro_batch_size}: {best.time.step_s:.3f} s/step, MFU {best.mfu:.1%}, "
         f"{gib(best.memory.total_bytes)} GiB; this layout is {slower:.1%} slower by this model "
-        "(run without --tp/--pp/--vp for the ranking)"
+        "(run without --tp/--cp/--pp/--vp for the ranking)"
     ]
 
 

@@ -157,6 +157,7 @@ class LayoutEstimate:
         most = mem.most_loaded
         return {
             "tp": lay.tp,
+            "cp": lay.cp,
             "pp": lay.pp,
             "vp": lay.vp,
             "dp": lay.dp,
@@ -280,6 +281,7 @@ def search(
     sequence_parallel: bool = False,
     use_distributed_optimizer: bool = False,
     tp: int | None = None,
+    cp: int | None = None,
     pp: int | None = None,
     vp: int | None = None,
     micro_batch_size: int | None = None,
@@ -288,11 +290,12 @@ def search(
     """All valid layouts of ``cluster.gpus`` GPUs (optionally with some factors fixed), best first.
 
     ``sequence_parallel`` applies to the candidates with TP > 1 (Megatron-LM
-    itself turns it off at TP = 1). ``uneven``: also estimate uneven stage
-    splits (``stages.balanced_splits``), for pipeline sizes that do not divide
-    the layers too; one is kept where it is more than ``UNEVEN_GAIN`` faster
-    than the even split of the same factors, or where the even split is
-    invalid or does not fit.
+    itself turns it off at TP = 1). Context parallelism is searched where the
+    model builds Transformer Engine's attention (``context_parallel_sizes``).
+    ``uneven``: also estimate uneven stage splits (``stages.balanced_splits``),
+    for pipeline sizes that do not divide the layers too; one is kept where it
+    is more than ``UNEVEN_GAIN`` faster than the even split of the same
+    factors, or where the even split is invalid or does not fit.
     """
     model = workload.model
     world, layers = cluster.gpus, model.num_layers
@@ -301,10 +304,11 @@ def search(
     first_problems: list[str] = []
     heads, ffn = model.num_attention_heads, model.effective_ffn_hidden_size
     tps = [t for t in divisors(world) if t <= cluster.gpus_per_node and heads % t == 0 and ffn % t == 0]
-    for t in _options(tps, tp):
-        pps = (p for p in divisors(world // t) if p <= layers and (uneven or layers % p == 0))
+    factors = [(t, c) for t in _options(tps, tp) for c in _options(context_parallel_sizes(workload, world // t), cp)]
+    for t, c in factors:
+        pps = (p for p in divisors(world // (t * c)) if p <= layers and (uneven or layers % p == 0))
         for p in _options(pps, pp):
-            dp = world // (t * p) if world % (t * p) == 0 else 0
+            dp = world // (t * c * p) if world % (t * c * p) == 0 else 0
             per_dp = global_batch_size // dp if dp and global_batch_size % dp == 0 else 0
             vps = divisors(layers // p) if layers % p == 0 else [v for v in UNEVEN_VPS if p > 1 and p * v <= layers]
             for v in _options(vps, vp):
@@ -314,6 +318,7 @@ def search(
                     values: dict[str, Any] = dict(
                         world_size=world,
                         tensor_model_parallel_size=t,
+                        context_parallel_size=c,
                         pipeline_model_parallel_size=p,
                         virtual_pipeline_model_parallel_size=v if v > 1 else None,
                         sequence_parallel=sequence_parallel and t > 1,
@@ -349,6 +354,25 @@ def search(
         key=lambda e: (not e.fits, e.tight, e.time.step_s if e.fits else e.memory.total_bytes, e.memory.total_bytes)
     )
     return SearchResult(estimates=estimates, candidates=candidates, problems=[] if estimates else first_problems)
+
+
+CP_MIN_TOKENS_PER_RANK = 4096
+"""The search tries a context-parallel size only where each rank keeps at least this many tokens of a sequence:
+the fewest any published CP run the model is validated on gives a rank (Llama 3.1 8B, 70B and 405B at 8k with
+CP 2, ``tests/estimate/published.py``). Below it the estimate is unchecked (the GEMMs run on slivers of a
+sequence and the key/value exchange grows against them); such a layout can still be evaluated
+(``--context-parallel-size``)."""
+
+
+def context_parallel_sizes(workload: Workload, gpus: int) -> list[int]:
+    """The context-parallel sizes the search tries on ``gpus`` GPUs (those left after TP): 1, and where the model
+    builds Transformer Engine's attention (Megatron-Core's own asserts CP 1), every divisor whose two chunks a
+    rank holds split the sequence evenly (``seq_length`` divisible by 2 × CP) and that leaves each rank
+    ``CP_MIN_TOKENS_PER_RANK`` tokens of it."""
+    s = workload.model.seq_length
+    if workload.model.transformer_impl == "local":
+        return [1]
+    return [c for c in divisors(gpus) if c == 1 or (s % (2 * c) == 0 and s // c >= CP_MIN_TOKENS_PER_RANK)]
 
 
 def zero_bubble_possible(workload: Workload, *, pp: int) -> bool:
