@@ -21,6 +21,7 @@ from megatron_ext.config.layout_flags import (
 )
 from megatron_ext.config.optimizer_args import OptimizerArgs
 from megatron_ext.config.presets import PRESETS, get_preset
+from megatron_ext.config.training_config import cross_group_problems
 from megatron_ext.estimate.coverage import APPROXIMATED, NO_EFFECT
 from megatron_ext.estimate.hardware import PROFILES, get_profile
 from megatron_ext.estimate.relayout import POLICIES
@@ -85,7 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"Hardware profile: {', '.join(PROFILES)} (default {DEFAULT_PROFILE}), or a profile file FILE.json "
         "that --calibrate wrote.",
     )
-    cluster.add_argument("--peak-tflops", type=float, help="Override the profile's dense bf16/fp16 peak, TFLOP/s.")
+    cluster.add_argument(
+        "--peak-tflops",
+        type=float,
+        help="Override the profile's dense bf16/fp16 peak, TFLOP/s; its FP8 and fp32 peaks move by the same factor.",
+    )
     cluster.add_argument("--gpu-memory-gib", type=float, help="Override the profile's memory per GPU, GiB.")
     cluster.add_argument("--hbm-gbps", type=float, help="Override the profile's memory bandwidth, GB/s.")
     cluster.add_argument("--intra-node-gbps", type=float, help="Override the NVLink collective bandwidth, GB/s.")
@@ -236,21 +241,25 @@ def workload_of(args: argparse.Namespace) -> tuple[Workload, int | None]:
     # The training options as pretrain_gpt.py's groups take them, checked by the same rules.
     optim = _given(args, [*options(OptimizerArgs, estimate=True), *approximated_fields(OptimizerArgs)])
     try:
+        model, optimizer = ModelArgs(**values), OptimizerArgs(**optim)
+        parallel = ParallelArgs(
+            **_given(args, approximated_fields(ParallelArgs)),
+            overlap_grad_reduce=args.overlap_grad_reduce,
+            overlap_param_gather=args.overlap_param_gather,
+            use_distributed_optimizer=args.use_distributed_optimizer,
+            no_overlap_p2p_communication=args.no_overlap_p2p_communication,
+            ddp_bucket_size=args.ddp_bucket_size,
+            ddp_num_buckets=args.ddp_num_buckets,
+            tp_comm_overlap=args.tp_comm_overlap,
+            sequence_parallel=args.sequence_parallel,
+            enable_zero_bubble=args.enable_zero_bubble,
+        )
+        # What pretrain_gpt.py refuses before building anything is not priced (on the GPUs the calculator plans).
+        cross_group_problems(model, parallel, optimizer, device="cuda")
         workload = Workload.of_flags(
-            ModelArgs(**values),
-            OptimizerArgs(**optim),
-            ParallelArgs(
-                **_given(args, approximated_fields(ParallelArgs)),
-                overlap_grad_reduce=args.overlap_grad_reduce,
-                overlap_param_gather=args.overlap_param_gather,
-                use_distributed_optimizer=args.use_distributed_optimizer,
-                no_overlap_p2p_communication=args.no_overlap_p2p_communication,
-                ddp_bucket_size=args.ddp_bucket_size,
-                ddp_num_buckets=args.ddp_num_buckets,
-                tp_comm_overlap=args.tp_comm_overlap,
-                sequence_parallel=args.sequence_parallel,
-                enable_zero_bubble=args.enable_zero_bubble,
-            ),
+            model,
+            optimizer,
+            parallel,
             BatchArgs(**_given(args, approximated_fields(BatchArgs))),
             tokenizer_vocab_size=args.tokenizer_vocab_size,
         )
@@ -269,8 +278,15 @@ def evaluate_layout_from_flags(
         parallel = ParallelArgs(**{name: value for name, value in given.items() if value is not None})
     except ConfigError as exc:  # an out-of-range factor (--tp 0): the same one-line refusal as a broken rule
         raise LayoutError([str(exc)]) from None
+    try:  # the layout's own factors against the model (CP needs Transformer Engine's attention); the optimizer's
+        # rules were checked with the workload (workload_of)
+        cross_group_problems(workload.model, parallel, OptimizerArgs(), device="cuda")
+    except ConfigError as exc:
+        raise LayoutError([str(exc)]) from None
     parallel, notes = megatron_lm_adjustments(parallel)
-    batch_args = BatchArgs(micro_batch_size=args.micro_batch_size or 1, global_batch_size=batch)
+    batch_args = BatchArgs(
+        micro_batch_size=1 if args.micro_batch_size is None else args.micro_batch_size, global_batch_size=batch
+    )
     layout = build_layout(
         workload.model, parallel, batch_args, world_size=cluster.gpus, gpus_per_node=cluster.gpus_per_node
     )

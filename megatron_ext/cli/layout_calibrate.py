@@ -30,10 +30,20 @@ from megatron_ext.estimate.hardware import GpuProfile, get_profile, profile_docu
 from megatron_ext.estimate.search import Cluster
 from megatron_ext.parallel.layout import LayoutError
 
+OWN_FLAGS = ("calibrate", "gpu", "profile_out", "profile_name")
+"""What ``--calibrate`` reads from the command line; the rest comes from the runs' records."""
+
 
 def run(args: argparse.Namespace, out: typing.TextIO, err: typing.TextIO) -> int:
     """Read the runs, fit, print the fit, write the profile; the exit code."""
     try:
+        defaults = vars(layout_args.build_parser().parse_args([]))
+        ignored = [f"--{k.replace('_', '-')}" for k, v in vars(args).items() if k not in OWN_FLAGS and v != defaults[k]]
+        if ignored:
+            raise CalibrationError(
+                f"--calibrate takes each run's model, layout and cluster from its metrics file, and prints text: "
+                f"drop {' '.join(ignored)} (with --calibrate only --gpu, --profile-out and --profile-name are read)"
+            )
         output = _output_path(args.profile_out)
         runs = [r for path in args.calibrate for r in read_runs(path)]
         devices = sorted({r.device for r in runs})

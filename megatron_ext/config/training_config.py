@@ -255,34 +255,13 @@ def make_config(
     if problems:
         raise ConfigError("; ".join(problems))
 
-    no_te = (
-        "--transformer-impl local"
-        if model.transformer_impl == "local"
-        else "--device cpu"
-        if run.device == "cpu"
-        else None
-    )
-    if no_te is not None:  # Transformer Engine's layers are never built: what needs them is refused here
-        if parallel.context_parallel_size > 1:
-            raise context_parallel_refusal(parallel.context_parallel_size, f"which {no_te} does not build")
-        asked = transformer_engine_features(optim, parallel)
-        if asked:
-            raise ConfigError(transformer_engine_refusal(asked, f"which {no_te} does not build"))
-    if optim.use_precision_aware_optimizer and not parallel.use_distributed_optimizer:
-        raise ConfigError("--use-precision-aware-optimizer needs --use-distributed-optimizer (as Megatron-Core "
-                          "requires): its states are the distributed optimizer's shards; give it")  # fmt: skip
-    if optim.use_precision_aware_optimizer and run.device == "cpu":
-        raise ConfigError(precision_aware_refusal("this run is on CPU (--device cpu)"))
-    if run.device == "cpu" and (problem := gloo_problem(parallel)):
-        raise ConfigError(problem)
-    if optim.fp8_param_gather and not parallel.use_distributed_optimizer:
-        raise ConfigError("--fp8-param-gather all-gathers the distributed optimizer's weights: give "
-                          "--use-distributed-optimizer (as Megatron-LM requires)")  # fmt: skip
+    cross_group_problems(model, parallel, optim, device=run.device)
+    no_te = model.transformer_impl == "local" or run.device == "cpu"
     parallel, adjustments = megatron_lm_adjustments(parallel)
     layout = build_layout(model, parallel, batch, world_size=world_size)
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
     pipeline_p2p_problems(parallel, layout)
-    zero_bubble_problems(parallel, layout, transformer_engine=no_te is None)
+    zero_bubble_problems(parallel, layout, transformer_engine=not no_te)
     problems = iterations.ramp_problems(batch, layout)
     if problems:
         raise ConfigError("\n".join(problems))
@@ -301,6 +280,32 @@ def make_config(
         run=run,
         layout=layout,
     )
+
+
+def cross_group_problems(model: ModelArgs, parallel: ParallelArgs, optim: OptimizerArgs, *, device: str) -> None:
+    """The rules between argument groups that no layout changes, as a ConfigError: what needs Transformer Engine's
+    layers where they are not built, and what needs the distributed optimizer without it. ``pretrain_gpt.py``
+    checks them before it builds anything, and the layout calculator before it prices a command that would stop
+    here (``device``: ``cuda`` for the calculator's GPUs)."""
+    no_te = (
+        "--transformer-impl local" if model.transformer_impl == "local" else "--device cpu" if device == "cpu" else None
+    )
+    if no_te is not None:  # Transformer Engine's layers are never built: what needs them is refused here
+        if parallel.context_parallel_size > 1:
+            raise context_parallel_refusal(parallel.context_parallel_size, f"which {no_te} does not build")
+        asked = transformer_engine_features(optim, parallel)
+        if asked:
+            raise ConfigError(transformer_engine_refusal(asked, f"which {no_te} does not build"))
+    if optim.use_precision_aware_optimizer and not parallel.use_distributed_optimizer:
+        raise ConfigError("--use-precision-aware-optimizer needs --use-distributed-optimizer (as Megatron-Core "
+                          "requires): its states are the distributed optimizer's shards; give it")  # fmt: skip
+    if optim.use_precision_aware_optimizer and device == "cpu":
+        raise ConfigError(precision_aware_refusal("this run is on CPU (--device cpu)"))
+    if device == "cpu" and (problem := gloo_problem(parallel)):
+        raise ConfigError(problem)
+    if optim.fp8_param_gather and not parallel.use_distributed_optimizer:
+        raise ConfigError("--fp8-param-gather all-gathers the distributed optimizer's weights: give "
+                          "--use-distributed-optimizer (as Megatron-LM requires)")  # fmt: skip
 
 
 def transformer_engine_features(optim: OptimizerArgs, parallel: ParallelArgs) -> list[str]:

@@ -153,24 +153,47 @@ def _timed(row: dict[str, Any]) -> bool:
     return "elapsed_ms" in row and "time_ms" in row
 
 
+RECORD_KEYS = ("calculator_flags", "world_size", "gpus_per_node", "device", "device_memory_bytes")
+"""What a run record (``pretrain_gpt.py --metrics-file``'s first line of each start) gives the calibration."""
+
+
+def _milliseconds(value: Any) -> float | None:
+    """A logged time in ms, or None where the row has none that can be used (missing, not a number, not > 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def _timers(row: dict[str, Any], *names: str) -> float | None:
+    """The sum of a row's timers ``names`` in ms, or None where one is missing or unusable."""
+    timers = row.get("time_ms")
+    values = [_milliseconds(timers.get(n)) for n in names] if isinstance(timers, dict) else [None]
+    return None if None in values else sum(v for v in values if v is not None)
+
+
 def _measured(name: str, record: dict[str, Any], rows: list[dict[str, Any]]) -> MeasuredRun:
-    def median_ms(get: Callable[[dict[str, Any]], float | None]) -> float | None:
-        values = [v for v in map(get, rows) if v is not None]
+    def median_ms(get: Callable[[dict[str, Any]], Any]) -> float | None:
+        values = [v for v in (_milliseconds(get(row)) for row in rows) if v is not None]
         return statistics.median(values) / 1000 if values else None
 
+    missing = [key for key in RECORD_KEYS if key not in record]
+    if missing:
+        raise CalibrationError(
+            f"--calibrate {name}: its run record lacks {', '.join(missing)}; give the --metrics-file of this "
+            "project's pretrain_gpt.py, whose run record carries them"
+        )
     flags = tuple(record["calculator_flags"])
     times = {"step": median_ms(lambda r: r["elapsed_ms"])}
-    if record.get("timing_log_level", 0) >= 2:
-        times["compute"] = median_ms(
-            lambda r: (
-                (r["time_ms"]["forward-compute"] + r["time_ms"]["backward-compute"])
-                if "forward-compute" in r["time_ms"]
-                else None
-            )
+    if times["step"] is None:
+        raise CalibrationError(
+            f"--calibrate {name}: no logged iteration has a positive elapsed_ms (a number of milliseconds); the "
+            "file is not as pretrain_gpt.py writes it: train the run again with --metrics-file"
         )
+    if record.get("timing_log_level", 0) >= 2:
+        times["compute"] = median_ms(lambda r: _timers(r, "forward-compute", "backward-compute"))
     sharded = "--use-distributed-optimizer" in flags and record["world_size"] > 1
     if not sharded:
-        times["optimizer"] = median_ms(lambda r: r["time_ms"].get("optimizer"))
+        times["optimizer"] = median_ms(lambda r: _timers(r, "optimizer"))
     return MeasuredRun(
         source=name,
         calculator_flags=flags,

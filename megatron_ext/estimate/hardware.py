@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,12 +161,18 @@ class GpuProfile:
         attention_efficiency: float | None = None,
         memory_efficiency: float | None = None,
     ) -> GpuProfile:
-        """A copy with the given values replaced (units as on the command line: TFLOP/s, GiB, GB/s)."""
+        """A copy with the given values replaced (units as on the command line: TFLOP/s, GiB, GB/s). A new bf16
+        peak moves the FP8 and fp32 peaks by the same factor: another clock or SKU of the same chip scales every
+        unit alike (H100 PCIe's data sheet peaks are SXM's times 0.76 in bf16, FP8 and fp32)."""
         changes: dict[str, Any] = {}
         if peak_tflops is not None:
+            scale = peak_tflops * 1e12 / self.peak_flops
             changes["peak_flops"] = peak_tflops * 1e12
+            changes["peak_flops_fp32"] = self.peak_flops_fp32 * scale
+            if self.peak_flops_fp8 is not None:
+                changes["peak_flops_fp8"] = self.peak_flops_fp8 * scale
         if memory_gib is not None:
-            changes["memory_bytes"] = int(memory_gib * GIB)
+            changes["memory_bytes"] = int(memory_gib * GIB) if math.isfinite(memory_gib) else memory_gib
         if hbm_gbps is not None:
             changes["memory_bandwidth"] = hbm_gbps * 1e9
         if intra_node_gbps is not None:
@@ -193,8 +200,8 @@ class GpuProfile:
             ("intra-node bandwidth (--intra-node-gbps)", self.intra_node_bandwidth),
             ("inter-node bandwidth (--inter-node-gbps)", self.inter_node_bandwidth),
         ):
-            if value <= 0:
-                p.append(f"{field} must be positive, got {value}")
+            if not (math.isfinite(value) and value > 0):
+                p.append(f"{field} must be a positive number, got {value}")
         for flag, fraction in (
             ("--compute-efficiency", self.compute_efficiency),
             ("--attention-efficiency", self.attention_efficiency),

@@ -6,6 +6,7 @@ import dataclasses
 import io
 import itertools
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import sys
 import pytest
 
 from megatron_ext.cli.layout import main as run
-from megatron_ext.config.arguments import ModelArgs
+from megatron_ext.config.arguments import ConfigError, ModelArgs
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.presets import PRESETS
 from megatron_ext.config.training_config import parse_args
@@ -188,6 +189,53 @@ def test_bad_cluster_and_model_input_is_named() -> None:
     )
     code, _, err = calc(f"--gpus 8 {SHAPE_13B}")
     assert code == ExitCode.INVALID and "searching needs --global-batch-size" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ("--micro-batch-size 0", "--micro-batch-size must be at least 1, got 0"),
+        ("--tp 2 --micro-batch-size 0", "--micro-batch-size must be at least 1, got 0"),
+        ("--tp 2 --gpu-memory-gib nan", "memory (--gpu-memory-gib) must be a positive number, got nan"),
+        ("--tp 2 --gpu-memory-gib inf", "memory (--gpu-memory-gib) must be a positive number, got inf"),
+        ("--tp 2 --peak-tflops inf", "peak FLOP/s (--peak-tflops) must be a positive number, got inf"),
+        ("--tp 2 --hbm-gbps nan", "memory bandwidth (--hbm-gbps) must be a positive number, got nan"),
+        ("--inter-node-gbps nan", "inter-node bandwidth (--inter-node-gbps) must be a positive number, got nan"),
+    ],
+)
+def test_impossible_numbers_are_refused_not_a_traceback_nor_nan(flags: str, message: str) -> None:
+    """Before: micro-batch 0 divided by zero when searching (and became 1 when evaluating); a NaN or infinite
+    override ended in a traceback or in a report (and JSON) of NaN."""
+    code, out, err = calc(f"--gpus 16 --model gpt3-1.3b --bf16 {flags}")
+    assert code == ExitCode.INVALID and message in err and out == ""
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ("--fp8-format hybrid --transformer-impl local", "--fp8-format hybrid need Transformer Engine's layers"),
+        ("--context-parallel-size 2 --transformer-impl local", "--context-parallel-size 2 needs Transformer Engine's"),
+        (
+            "--tensor-model-parallel-size 4 --sequence-parallel --tp-comm-overlap --transformer-impl local",
+            "--tp-comm-overlap need",
+        ),
+        ("--use-precision-aware-optimizer --main-grads-dtype bf16", "needs --use-distributed-optimizer"),
+        ("--fp8-format hybrid --fp8-param-gather", "--fp8-param-gather all-gathers the distributed optimizer's"),
+    ],
+)
+def test_what_pretrain_gpt_refuses_before_building_is_refused_not_priced(flags: str, message: str) -> None:
+    """Before: each was priced (FP8 on local layers even as a speed-up) and its command printed, which
+    pretrain_gpt.py then refused; now both refuse with the same message (``training_config.cross_group_problems``)."""
+    code, _, err = calc(f"--gpus 16 --model gpt3-1.3b --bf16 {flags}")
+    assert code == ExitCode.INVALID and message in err
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_args([*f"--model gpt3-1.3b --bf16 {flags}".split(), "--mock-data", "--world-size", "16"])
+
+
+def test_a_peak_override_moves_the_fp8_peak_by_the_same_factor() -> None:
+    """Before: --peak-tflops 500 left FP8 at the H100's 1979 TFLOP/s, four times the new bf16 peak."""
+    code, out, _ = calc("--gpus 16 --model gpt3-13b --bf16 --tp 8 --fp8-format hybrid --peak-tflops 494.5")
+    assert code == ExitCode.OK and "(FP8: 990 TFLOP/s peak)" in out
 
 
 def test_unknown_flags_are_rejected_not_ignored() -> None:

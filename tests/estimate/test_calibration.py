@@ -198,6 +198,48 @@ def test_unusable_metrics_are_refused_naming_the_file(tmp_path: Path, write, mes
     assert str(path) in str(caught.value)
 
 
+def _without_calculator_flags(path: Path) -> None:
+    _metrics(path, [100.0, 100.0, 100.0])
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    del lines[0][RUN_RECORD]["calculator_flags"]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+@pytest.mark.parametrize(
+    "elapsed",
+    [[0.0, 0.0, 0.0], [-5.0, -5.0, -5.0], ["fast", "fast", "fast"], [float("nan")] * 3],
+    ids=["zero", "negative", "text", "nan"],
+)
+def test_times_that_are_no_positive_numbers_are_refused_naming_the_file(tmp_path: Path, elapsed: list) -> None:
+    """Before: text in elapsed_ms ended in a TypeError traceback, and times that were all unusable in "max()
+    iterable argument is empty"."""
+    path = _metrics(tmp_path / "m.jsonl", [100.0] * len(elapsed))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line, ms in zip((line for line in lines if "elapsed_ms" in line), elapsed, strict=True):
+        line["elapsed_ms"] = ms
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(CalibrationError, match="no logged iteration has a positive elapsed_ms") as caught:
+        read_runs(path)
+    assert str(path) in str(caught.value)
+
+
+def test_a_run_record_without_the_calculators_flags_is_refused_naming_the_key(tmp_path: Path) -> None:
+    """Before: a KeyError traceback."""
+    path = tmp_path / "m.jsonl"
+    _without_calculator_flags(path)
+    with pytest.raises(CalibrationError, match="its run record lacks calculator_flags"):
+        read_runs(path)
+
+
+def test_calibrate_refuses_the_flags_it_would_ignore(tmp_path: Path) -> None:
+    """Before: --json (and any layout or model flag) was dropped without a word: the output was text."""
+    metrics = _metrics(tmp_path / "m.jsonl", [400.0] * 3)
+    code, _, err = _layout("--calibrate", str(metrics), "--profile-out", str(tmp_path / "p.json"), "--json",
+                           "--gpus", "64")  # fmt: skip
+    assert code == 2 and "drop --gpus --json" in err
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_a_profile_file_round_trips_through_gpu(tmp_path: Path) -> None:
     path = tmp_path / "mine.json"
     path.write_text(json.dumps(profile_document(TRUE, calibration={"runs": []})))
@@ -223,6 +265,9 @@ def test_a_profile_file_with_impossible_values_is_refused(tmp_path: Path) -> Non
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(profile_document(dataclasses.replace(TRUE, compute_efficiency=1.5))))
     with pytest.raises(ValueError, match=r"--compute-efficiency must be in \(0, 1\]"):
+        get_profile(str(path))
+    path.write_text(json.dumps(profile_document(dataclasses.replace(TRUE, peak_flops=float("nan")))))
+    with pytest.raises(ValueError, match=r"peak FLOP/s \(--peak-tflops\) must be a positive number, got nan"):
         get_profile(str(path))
 
 
