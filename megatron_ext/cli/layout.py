@@ -120,6 +120,8 @@ def _evaluate_mode(
         lines = report.describe_inputs(workload, cluster, layout.global_batch_size)
         zb = [zero_bubble_line(layout)] if workload.zero_bubble else []
         lines += ["", *layout.describe(), *zb, "", *report.table([estimate])]
+        if estimate.tight and not args.explain:  # --explain says it in its memory part
+            lines += [f"memory: {report.verdict_line(estimate)}"]
         if args.explain:
             lines += ["", *report.explain(estimate, workload)]
         if args.compare_schedules:
@@ -136,7 +138,7 @@ def _evaluate_mode(
                 *report.emit(better, workload)[:2],
             ]
         if slower is not None and best is not None:
-            lines += ["", *report.against_best(slower, best)]
+            lines += ["", *report.against_best(slower, best, estimate)]
         print("\n".join(lines), file=out)
     if not estimate.fits:
         return fail(report.does_not_fit_message(estimate, workload, alternatives), ExitCode.DOES_NOT_FIT, file=err)

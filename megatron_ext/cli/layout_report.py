@@ -291,15 +291,26 @@ AS_GOOD_AS_BEST = 0.005
 """Within this much of the search's best step time, a layout counts as the calculator's choice (0.5%)."""
 
 
-def against_best(slower: float, best: LayoutEstimate) -> list[str]:
-    """How the evaluated layout compares with the search's best for the same GPUs, model, batch and savers."""
+def against_best(slower: float, best: LayoutEstimate, evaluated: LayoutEstimate) -> list[str]:
+    """How the evaluated layout compares with the search's best for the same GPUs, model, batch and savers. The
+    search ranks the layouts that fit with the reserve before the tight ones, so a tight layout can be faster than
+    its best: said as such, not as the best."""
+    lay = best.layout
+    factors = f"TP {lay.tp}{f' CP {lay.cp}' if lay.cp > 1 else ''} PP {lay.pp} VP {lay.vp} DP {lay.dp}"
+    theirs = (
+        f"{factors} micro-batch {lay.micro_batch_size}: {best.time.step_s:.3f} s/step, MFU {best.mfu:.1%}, "
+        f"{gib(best.memory.total_bytes)} GiB"
+    )
+    if slower < -AS_GOOD_AS_BEST and evaluated.tight and not best.tight:
+        return [
+            f"this layout is {-slower:.1%} faster by this model than the calculator's best for these GPUs and flags, "
+            f"but tight on memory; the search ranks layouts that fit with the reserve first, and its best is "
+            f"{theirs}"
+        ]
     if slower <= AS_GOOD_AS_BEST:
         return [f"calculator's best: this layout (or within {AS_GOOD_AS_BEST:.1%} of it) for these GPUs and flags"]
-    lay = best.layout
     return [
-        f"calculator's best for these GPUs and flags: TP {lay.tp} PP {lay.pp} VP {lay.vp} DP {lay.dp} "
-        f"micro-batch {lay.micro_batch_size}: {best.time.step_s:.3f} s/step, MFU {best.mfu:.1%}, "
-        f"{gib(best.memory.total_bytes)} GiB; this layout is {slower:.1%} slower by this model "
+        f"calculator's best for these GPUs and flags: {theirs}; this layout is {slower:.1%} slower by this model "
         "(run without --tp/--cp/--pp/--vp for the ranking)"
     ]
 

@@ -336,6 +336,8 @@ def test_at_a_long_sequence_the_search_picks_context_parallelism_over_the_best_l
     assert doc["best_layout"]["cp"] > 1
     assert doc["slower_than_best"] > 0.15
     assert doc["best_layout"]["step_time_s"] == pytest.approx(best["step_time_s"])
+    code, out, _ = calc(f"{common.removesuffix(' --json')} --tp 8 --pp 4")
+    assert f"calculator's best for these GPUs and flags: TP {best['tp']} CP {best['cp']} PP" in out
 
 
 def test_search_ranks_fitting_layouts_by_step_time_then_the_rest_by_memory() -> None:
@@ -541,6 +543,26 @@ def test_evaluate_compares_with_the_searchs_best_for_the_same_gpus() -> None:
     assert "calculator's best for these GPUs and flags: TP 4 PP 8 VP 12 DP 4 micro-batch 1" in out
     code, out, _ = calc(f"{common} --tp 4 --pp 8 --num-layers-per-virtual-pipeline-stage 1")
     assert code == ExitCode.OK and "calculator's best: this layout" in out
+
+
+def test_a_tight_layout_faster_than_the_best_says_so_and_to_watch_its_memory() -> None:
+    """The search ranks layouts that fit with the reserve before tight ones, so a tight layout can be faster than
+    the search's best. Before: the text called it "calculator's best: this layout" while the JSON's
+    slower_than_best was negative and named another layout; the tight verdict's advice showed with --explain only."""
+    code, out, _ = calc(
+        "--gpus 16 --gpu h100-sxm --model gpt3-13b --bf16 --use-distributed-optimizer --global-batch-size 512 "
+        "--tp 1 --pp 2 --num-layers-per-virtual-pipeline-stage 2 --micro-batch-size 2 --json"
+    )
+    doc = json.loads(out)
+    assert code == ExitCode.OK and doc["layouts"][0]["memory_verdict"] == "tight"
+    assert doc["best_layout"]["memory_verdict"] == "fits" and doc["slower_than_best"] < -0.005
+    code, out, _ = calc(
+        "--gpus 16 --gpu h100-sxm --model gpt3-13b --bf16 --use-distributed-optimizer --global-batch-size 512 "
+        "--tp 1 --pp 2 --num-layers-per-virtual-pipeline-stage 2 --micro-batch-size 2"
+    )
+    assert f"this layout is {-doc['slower_than_best']:.1%} faster by this model than the calculator's best" in out
+    assert "but tight on memory" in out and "calculator's best: this layout" not in out
+    assert "memory: tight" in out and "watch the first steps' memory" in out
 
 
 @pytest.mark.parametrize("preset", [name for name in PRESETS if PRESETS[name].global_batch_size is None])
