@@ -70,7 +70,9 @@ def main(
             raise LayoutToolError(f"--top must be at least 1, got {args.top}")
         batch = args.global_batch_size if args.global_batch_size is not None else preset_batch
         # The batch flags' own bounds, as pretrain_gpt.py checks them (the layout rules come later).
-        BatchArgs(micro_batch_size=1 if args.micro_batch_size is None else args.micro_batch_size, global_batch_size=batch)
+        BatchArgs(
+            micro_batch_size=1 if args.micro_batch_size is None else args.micro_batch_size, global_batch_size=batch
+        )
     except (LayoutToolError, ConfigError) as exc:
         return fail(exc, ExitCode.INVALID, file=err)
     # A layout factor given (any non-switch parallel flag: TP, PP, VP, layers per virtual stage) evaluates it.
