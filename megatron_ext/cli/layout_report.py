@@ -332,19 +332,22 @@ def schedule_lines(e: LayoutEstimate, workload: Workload) -> list[str]:
         "simulated pass by pass (GPipe is not a Megatron-Core schedule: shown for comparison only; pretrain_gpt.py "
         "--enable-zero-bubble runs ZB-H1, and ZB interleaved with virtual stages):",
         f" {'schedule':<46} {'bubble':>7} {'p2p s':>7} {'in flight':>9} {'act GiB':>8} {'peak GiB':>9} {'fits':>4} "
-        f"{'p2p GB':>8} {'step s':>9} {'vs this':>8}",
+        f"{'p2p GB':>8} {'step s':>9} {'vs this':>8}".replace(" fits", "  fits"),
     ]
     for o in options:
         if o.run is None:
             lines.append(f" {o.label:<46} not possible: {o.reason}")
             continue
+        label = f"{o.label} *" if o.as_given else o.label
         lines.append(
-            f" {o.label:<46} {o.run.bubble_share:>7.2%} {o.run.p2p_exposed:>7.3f} "
+            f" {label:<46} {o.run.bubble_share:>7.2%} {o.run.p2p_exposed:>7.3f} "
             f"{max(o.run.in_flight_microbatches):>9.1f} {gib(max(o.activation_bytes)):>8} {gib(o.peak_bytes):>9} "
-            f"{'yes' if o.fits else 'no':>4} {o.p2p_bytes / 1e9:>8.2f} {o.step_s:>9.3f} "
+            f"{FITS_COLUMN[o.verdict]:>5} {o.p2p_bytes / 1e9:>8.2f} {o.step_s:>9.3f} "
             f"{relative(o.step_s, e.time.step_s):>+8.1%}"
         )
     lines += [
+        "*: the schedule as given; fits: as the layouts above (yes within the usable memory, tight within the "
+        "card's capacity); "
         "bubble: idle share of the step with free transfers; p2p s: what the transfers add; in flight: most "
         "microbatches' activations a stage holds (GPipe all m, 1F1B at most PP; zero-bubble: until each W pass); "
         "act GiB: those activations on "

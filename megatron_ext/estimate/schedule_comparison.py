@@ -55,7 +55,7 @@ from megatron_ext.estimate.pipeline_schedule import (
     sending,
     uniform_chunk_times,
 )
-from megatron_ext.estimate.search import LayoutEstimate, evaluate, zero_bubble_possible
+from megatron_ext.estimate.search import LayoutEstimate, evaluate, memory_verdict, zero_bubble_possible
 from megatron_ext.estimate.step_time import p2p_bandwidth, p2p_message_bytes, unit_times
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.estimate.zero_bubble import simulate_zero_bubble, zero_bubble_at_scale, zero_bubble_figures
@@ -368,10 +368,18 @@ class ScheduleOption:
     """Peak activation memory of every stage under this schedule."""
     peak_bytes: float = 0.0
     """Total memory of the most loaded stage."""
-    fits: bool = False
-    """Whether that fits the usable memory."""
+    verdict: str = "does not fit"
+    """``peak_bytes`` against the GPU as the layouts are judged (``LayoutEstimate.verdict``): ``fits`` within the
+    usable memory, ``tight`` within the capacity, else ``does not fit``."""
+    as_given: bool = False
+    """The evaluated layout's own schedule (its VP, microbatch group and zero-bubble choice)."""
     p2p_bytes: float = 0.0
     """Bytes the busiest rank sends to other pipeline ranks per step."""
+
+    @property
+    def fits(self) -> bool:
+        """Not above the card's capacity (``fits`` or ``tight``), as ``LayoutEstimate.fits``."""
+        return self.verdict != "does not fit"
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -392,6 +400,8 @@ class ScheduleOption:
             "activation_bytes": [int(b) for b in self.activation_bytes],
             "peak_memory_bytes": int(self.peak_bytes),
             "fits": self.fits,
+            "memory_verdict": self.verdict,
+            "as_given": self.as_given,
             "p2p_bytes_per_step": int(self.p2p_bytes),
         }
 
@@ -493,6 +503,13 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
         own_order = schedule in MEGATRON_ORDERS
         memory = estimate_memory(workload, candidate, in_flight=None if own_order else run.in_flight_chunks)
         own = evaluated(candidate)
+        group = candidate.microbatch_group_size_per_vp_stage or candidate.pp
+        as_given = (
+            schedule != "gpipe"
+            and candidate.vp == layout.vp
+            and group == (layout.microbatch_group_size_per_vp_stage or layout.pp)
+            and (schedule in ZERO_BUBBLE) == workload.zero_bubble
+        )
         return ScheduleOption(
             schedule=schedule,
             label=schedule_label(run),
@@ -503,7 +520,8 @@ def compare_schedules(workload: Workload, estimate: LayoutEstimate) -> list[Sche
             step_s=run.makespan + own.time.dp_comm_s + own.time.optimizer_s + own.time.housekeeping_s,
             activation_bytes=tuple(st.activations_bytes for st in memory.stages),
             peak_bytes=memory.total_bytes,
-            fits=memory.total_bytes <= cluster.gpu.memory_bytes,
+            verdict=memory_verdict(memory.total_bytes, cluster),
+            as_given=as_given,
             p2p_bytes=max(run.messages) * p2p_bytes,
         )
 

@@ -87,6 +87,14 @@ class Cluster:
         return p
 
 
+def memory_verdict(total_bytes: float, cluster: Cluster) -> str:
+    """``fits`` within the usable memory, ``tight`` within the card's capacity (it may run), else ``does not
+    fit``: how every estimate of a GPU's memory is judged."""
+    if total_bytes <= cluster.usable_memory_bytes:
+        return "fits"
+    return "tight" if total_bytes <= cluster.gpu.memory_bytes else "does not fit"
+
+
 @dataclass(frozen=True, kw_only=True)
 class LayoutEstimate:
     """One valid layout with its memory and step-time estimates."""
@@ -109,10 +117,7 @@ class LayoutEstimate:
     @property
     def verdict(self) -> str:
         """``fits``, ``tight`` or ``does not fit`` (``VERDICTS``)."""
-        total = self.memory.total_bytes
-        if total <= self.cluster.usable_memory_bytes:
-            return "fits"
-        return "tight" if total <= self.cluster.gpu.memory_bytes else "does not fit"
+        return memory_verdict(self.memory.total_bytes, self.cluster)
 
     @property
     def fits(self) -> bool:

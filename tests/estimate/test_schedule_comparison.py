@@ -193,7 +193,10 @@ def test_layout_tool_compares_schedules_in_text_and_json() -> None:
     text = out.getvalue()
     assert "GPipe is not a Megatron-Core schedule: shown for comparison only" in text
     rows = [line for line in text.splitlines() if re.match(r" (GPipe|1F1B|interleaved|ZB)", line)]
-    assert len(rows) == 6 and " no " in rows[0] and " yes " in rows[1]
+    assert len(rows) == 6 and " NO " in rows[0] and " yes " in rows[1]
+    # The layout as given (VP 4 at the default group, without zero bubble) is marked: here the best group is the
+    # default, so both rows are it.
+    assert [row.split("  ")[0].endswith(" *") for row in rows] == [False, False, False, True, True, False]
     assert "--enable-zero-bubble runs ZB-H1, and ZB interleaved" in text and "ZB-H1 (--enable-zero-bubble)" in rows[2]
     out = io.StringIO()
     assert layout_tool([*args.split(), "--json"], stdout=out, stderr=io.StringIO()) == ExitCode.OK
@@ -202,6 +205,7 @@ def test_layout_tool_compares_schedules_in_text_and_json() -> None:
         "gpipe", "1f1b", "zb-h1", "interleaved", "interleaved-group", "zb-interleaved"
     ]  # fmt: skip
     assert schedules[0]["trainable"] is False and schedules[0]["fits"] is False
+    assert [s["as_given"] for s in schedules] == [False, False, False, True, True, False]
     # Transformer Engine's layers (the default spec) defer their weight gradients: every schedule but GPipe runs.
     assert [s["trainable"] for s in schedules] == [False, True, True, True, True, True]
     assert all(s["possible"] and len(s["activation_bytes"]) == 8 for s in schedules)
@@ -210,6 +214,27 @@ def test_layout_tool_compares_schedules_in_text_and_json() -> None:
     flat = "--gpus 8 --gpu h100-sxm --model gpt3-1.3b --bf16 --tp 1 --pp 1 --global-batch-size 64 --compare-schedules"
     assert layout_tool(flat.split(), stdout=out, stderr=io.StringIO()) == ExitCode.OK
     assert "PP = 1, no pipeline" in out.getvalue()
+
+
+def test_the_schedules_are_judged_on_memory_as_the_layouts_are() -> None:
+    """Before: a schedule at 77.6 GiB was "fits: yes" while the main table called the same layout tight (the
+    comparison judged against the card's 79.6 GiB, the table against the usable 71.7), and the given group size's
+    row was not marked."""
+    args = (
+        "--gpus 64 --gpu h100-sxm --model gpt3-13b --bf16 --tp 1 --pp 4 --vp 10 --micro-batch-size 1 "
+        "--microbatch-group-size-per-virtual-pipeline-stage 6 --compare-schedules --json"
+    )
+    out = io.StringIO()
+    assert layout_tool(args.split(), stdout=out, stderr=io.StringIO()) == ExitCode.OK
+    doc = json.loads(out.getvalue())
+    (layout,) = doc["layouts"]
+    (given,) = [s for s in doc["schedules"] if s["as_given"]]
+    assert given["schedule"] == "interleaved-group" and given["microbatch_group_size"] == 6
+    assert given["peak_memory_bytes"] == layout["memory"]["total_bytes"]
+    assert given["memory_verdict"] == layout["memory_verdict"] == "tight"
+    usable = layout["memory"]["usable_bytes"]
+    for s in doc["schedules"]:
+        assert (s["memory_verdict"] == "fits") == (s["peak_memory_bytes"] <= usable), s["schedule"]
 
 
 def test_plot_tool_draws_the_schedules_on_one_axis_with_memory(tmp_path) -> None:
