@@ -46,6 +46,9 @@ from megatron_ext.estimate.search import Cluster, better_split, evaluate, search
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import LayoutError
 
+ACCOUNT_FOR = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+"""The placement switches: given in search mode, every candidate splits its layers by them."""
+
 
 def main(
     argv: Sequence[str] | None = None, *, stdout: typing.TextIO | None = None, stderr: typing.TextIO | None = None
@@ -219,6 +222,8 @@ def _search_mode(
         use_distributed_optimizer=args.use_distributed_optimizer,
         micro_batch_size=args.micro_batch_size,
         uneven=not args.even_stages_only,
+        # The placement switches given apply to every candidate (the factors that place layers evaluate instead).
+        split={name: True for name in ACCOUNT_FOR if getattr(args, name)},
     )
     # The layouts and flags below are those of the search that found fitting layouts (savers included).
     result, workload = found.result, found.workload

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,6 +291,7 @@ def search(
     vp: int | None = None,
     micro_batch_size: int | None = None,
     uneven: bool = True,
+    split: Mapping[str, Any] | None = None,
 ) -> SearchResult:
     """All valid layouts of ``cluster.gpus`` GPUs (optionally with some factors fixed), best first.
 
@@ -300,7 +301,9 @@ def search(
     ``uneven``: also estimate uneven stage splits (``stages.balanced_splits``),
     for pipeline sizes that do not divide the layers too; one is kept where it
     is more than ``UNEVEN_GAIN`` faster than the even split of the same
-    factors, or where the even split is invalid or does not fit.
+    factors, or where the even split is invalid or does not fit. ``split``: placement flags given
+    (``--account-for-embedding-in-pipeline-split``, ``--account-for-loss-in-pipeline-split``), applied to
+    every candidate instead of the search's own uneven splits.
     """
     model = workload.model
     world, layers = cluster.gpus, model.num_layers
@@ -311,7 +314,12 @@ def search(
     tps = [t for t in divisors(world) if t <= cluster.gpus_per_node and heads % t == 0 and ffn % t == 0]
     factors = [(t, c) for t in _options(tps, tp) for c in _options(context_parallel_sizes(workload, world // t), cp)]
     for t, c in factors:
-        pps = (p for p in divisors(world // (t * c)) if p <= layers and (uneven or layers % p == 0))
+        # Placement flags need a pipeline: PP 1 is no candidate then.
+        pps = (
+            p
+            for p in divisors(world // (t * c))
+            if p <= layers and (uneven or split or layers % p == 0) and (p > 1 or not split)
+        )
         for p in _options(pps, pp):
             dp = world // (t * c * p) if world % (t * c * p) == 0 else 0
             per_dp = global_batch_size // dp if dp and global_batch_size % dp == 0 else 0
@@ -332,6 +340,7 @@ def search(
                         global_batch_size=global_batch_size,
                         **model_layout_facts(model),
                         gpus_per_node=cluster.gpus_per_node,
+                        **(split or {}),
                     )
                     candidates += 1
                     # Microbatches that PP does not divide: the smallest group size Megatron-Core accepts
@@ -344,7 +353,7 @@ def search(
                     candidates += len(ranked) - 1
                     for scheduled in ranked:
                         even = [] if problems else [evaluate(scheduled, layout, cluster)]
-                        if uneven and p > 1:
+                        if uneven and not split and p > 1:
                             kept, tried = _uneven_estimates(
                                 scheduled, cluster, values, layout, even[0] if even else None
                             )
@@ -471,6 +480,7 @@ def search_with_savers(
     use_distributed_optimizer: bool = False,
     micro_batch_size: int | None = None,
     uneven: bool = True,
+    split: Mapping[str, Any] | None = None,
 ) -> SaverSearch:
     """``search`` as given; when no valid layout fits with the reserve to spare, again with the memory savers
     (``saver_steps``) until one does. The first step where something fits is kept: a later one only adds
@@ -486,6 +496,7 @@ def search_with_savers(
             use_distributed_optimizer=distopt,
             micro_batch_size=micro_batch_size,
             uneven=uneven,
+            split=split,
         )
 
     given = run(workload, sequence_parallel, use_distributed_optimizer)

@@ -340,6 +340,23 @@ def test_at_a_long_sequence_the_search_picks_context_parallelism_over_the_best_l
     assert f"calculator's best for these GPUs and flags: TP {best['tp']} CP {best['cp']} PP" in out
 
 
+def test_the_placement_switches_given_to_the_search_place_every_candidate() -> None:
+    """Before: searching with --account-for-embedding-in-pipeline-split ranked even splits and printed commands
+    without the flag. Now every candidate splits by it; where no pipeline size can (40 layers and the embedding
+    are 41 slots, a prime), no layout is valid, and the message says why."""
+    common = "--gpus 64 --gpu h100-sxm --model gpt3-13b --bf16 --account-for-embedding-in-pipeline-split"
+    code, out, _ = calc(f"{common} --account-for-loss-in-pipeline-split --json --top 5")
+    assert code == ExitCode.OK
+    doc = json.loads(out)
+    for record in doc["layouts"]:
+        assert record["pp"] > 1 and record["pipeline_split"] == "account"
+        cfg = parse_args([*shlex.split(record["pretrain_flags"]), "--mock-data", "--world-size", "64"])
+        assert cfg.parallel.account_for_embedding_in_pipeline_split and cfg.parallel.account_for_loss_in_pipeline_split
+        assert [c.num_layers for c in cfg.layout.stages[0]] == record["stages"][0]["layers"]
+    code, _, err = calc(common)
+    assert code == ExitCode.INVALID and "41 slots are not divisible by pipeline(2)" in err
+
+
 def test_search_ranks_fitting_layouts_by_step_time_then_the_rest_by_memory() -> None:
     model = ModelArgs(num_layers=40, hidden_size=5120, num_attention_heads=40, seq_length=2048, vocab_size=50257)
     result = search(Workload(model=model, precision="bf16"), Cluster(gpus=32, gpus_per_node=8, gpu=get_profile("a100-40g")),
