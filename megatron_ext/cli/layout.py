@@ -83,6 +83,9 @@ def main(
     evaluate_mode = any(getattr(args, name) is not None for name in factors)
     if args.relayout_from_gpus is not None:
         return _relayout_mode(args, workload, cluster, batch, out, err)
+    if args.relayout_policy != build_parser().get_default("relayout_policy"):
+        return fail("--relayout-policy goes with --relayout-from-gpus N (the GPU count the layout ran on)",
+                    ExitCode.INVALID, file=err)  # fmt: skip
     if evaluate_mode:
         return _evaluate_mode(args, workload, cluster, batch, out, err)
     return _search_mode(args, workload, cluster, batch, out, err)
@@ -164,7 +167,7 @@ def _relayout_mode(
         if before.problems():
             raise LayoutToolError("--relayout-from-gpus: " + "; ".join(before.problems()))
         old, _ = evaluate_layout_from_flags(args, workload, before, batch)
-        plan = relayout(workload, old, cluster, policy=args.relayout_policy)
+        plan = relayout(workload, old, cluster, policy=args.relayout_policy, sequence_parallel=args.sequence_parallel)
     except (LayoutError, LayoutToolError, RelayoutError) as exc:
         message = str(exc)
         if isinstance(exc, LayoutError):
@@ -179,19 +182,23 @@ def _relayout_mode(
             "layouts": [report.record(new, workload)],
             "errors": [],
         }
+        if args.compare_schedules:
+            doc["schedules"] = [o.to_json() for o in compare_schedules(workload, new)]
         print(json.dumps(doc, indent=2), file=out)
         return ExitCode.OK
+    sp = "on where TP > 1" if args.sequence_parallel else "off"
     lines = report.describe_inputs(workload, cluster, old.global_batch_size)
     lines += [
         "",
         f"relayout (policy {plan.policy}): {describe(old)} -> {describe(new.layout)}",
         "changed: " + ", ".join(plan.changes()),
         "kept: the model, the global batch of "
-        f"{old.global_batch_size} sequences (the data order), sequence parallelism "
-        f"{'on' if old.sequence_parallel else 'off'}, distributed optimizer "
+        f"{old.global_batch_size} sequences (the data order), sequence parallelism {sp}, distributed optimizer "
         f"{'on' if old.use_distributed_optimizer else 'off'}",
         "",
         *report.table([new]),
+        *(["", *report.explain(new, workload)] if args.explain else []),
+        *(["", *report.schedule_lines(new, workload)] if args.compare_schedules else []),
         "",
         *report.emit(new, workload),
     ]

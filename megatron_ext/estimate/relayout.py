@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_ext.estimate.search import Cluster, LayoutEstimate, evaluate, search_like
+from megatron_ext.estimate.search import Cluster, LayoutEstimate, evaluate, search
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.factors import divisors
 from megatron_ext.parallel.layout import ParallelLayout
@@ -105,8 +105,12 @@ def _same_model_parallelism(
     return estimates, refusal
 
 
-def relayout(workload: Workload, old: ParallelLayout, cluster: Cluster, *, policy: str) -> Relayout:
-    """The layout ``old``'s job continues with on ``cluster`` (RelayoutError when none suits ``policy``)."""
+def relayout(
+    workload: Workload, old: ParallelLayout, cluster: Cluster, *, policy: str, sequence_parallel: bool | None = None
+) -> Relayout:
+    """The layout ``old``'s job continues with on ``cluster`` (RelayoutError when none suits ``policy``).
+    ``sequence_parallel``: the job's ``--sequence-parallel`` flag where it is known (Megatron-LM turns it off at
+    TP 1 only, so a job that ran TP 1 with the flag gets it back at TP > 1); None: as ``old`` ran."""
     if policy not in POLICIES:
         raise RelayoutError(f"unknown relayout policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if policy == "dp":
@@ -123,7 +127,13 @@ def relayout(workload: Workload, old: ParallelLayout, cluster: Cluster, *, polic
         same = [e for e in fitting if e.layout.micro_batch_size == old.micro_batch_size]
         best: LayoutEstimate | None = (same or fitting)[0] if fitting else None
     else:
-        result = search_like(workload, cluster, old)
+        result = search(
+            workload,
+            cluster,
+            global_batch_size=old.global_batch_size,
+            sequence_parallel=old.sequence_parallel if sequence_parallel is None else sequence_parallel,
+            use_distributed_optimizer=old.use_distributed_optimizer,
+        )
         estimates = result.estimates
         best = next((e for e in result.estimates if e.fits_with_reserve), None)
     if best is None:
@@ -132,7 +142,7 @@ def relayout(workload: Workload, old: ParallelLayout, cluster: Cluster, *, polic
             f"no layout of {cluster.gpus} GPUs (policy {policy}) fits the model and the global batch of "
             f"{old.global_batch_size} in {cluster.usable_memory_bytes / 2**30:.1f} GiB per GPU"
             + (f" (the smallest needs {least / 2**30:.1f} GiB)" if least else "")
-            + ": wait for more nodes (raise MIN_NODES), or allow more memory savers"
+            + ": use more GPUs (an elastic launch: raise MIN_NODES), or allow more memory savers"
         )
     return Relayout(old=old, new=best, policy=policy)
 

@@ -122,6 +122,22 @@ def test_the_calculator_replans_from_the_flags_the_job_ran_with() -> None:
     assert code == ExitCode.INVALID and "does not run on --relayout-from-gpus 120" in err
 
 
+def test_the_replan_keeps_the_jobs_sequence_parallel_flag_and_prints_what_was_asked() -> None:
+    """Before: a job given --sequence-parallel at TP 1 (where Megatron-LM turns it off) was re-planned to TP > 1
+    without it; --explain and --compare-schedules printed nothing; --relayout-policy without --relayout-from-gpus
+    was ignored without a word."""
+    common = "--gpu h100-sxm --model gpt3-175b --bf16 --sequence-parallel --use-distributed-optimizer --nodes 12"
+    code, out, _ = _run(f"{common} --micro-batch-size 1 --relayout-from-gpus 128 --json")
+    assert code == ExitCode.OK
+    (new,) = json.loads(out)["layouts"]
+    assert new["tp"] > 1 and new["sequence_parallel"] and "--sequence-parallel" in new["pretrain_flags"]
+    code, out, _ = _run(f"{common} --tp 4 --pp 8 --vp 12 --relayout-from-gpus 128 --explain --compare-schedules")
+    assert code == ExitCode.OK and "sequence parallelism on where TP > 1" in out
+    assert "pipeline schedules for" in out and "weights" in out
+    code, _, err = _run("--gpus 64 --gpu h100-sxm --model gpt3-13b --bf16 --relayout-policy dp")
+    assert code == ExitCode.INVALID and "--relayout-policy goes with --relayout-from-gpus N" in err
+
+
 def test_layout_flags_are_replaced_and_every_other_argument_kept() -> None:
     """How a launcher moves a command line to another layout: the parser rebuilds exactly the new layout."""
     from megatron_ext.config.layout_flags import replace_layout_flags
