@@ -208,6 +208,8 @@ def cluster_of(args: argparse.Namespace) -> Cluster:
     )
     if args.gpus is None and args.nodes is None:
         raise LayoutToolError("give the GPU count: --gpus N (or --world-size N), or --nodes N")
+    if args.nodes is not None and args.nodes < 1:
+        raise LayoutToolError(f"--nodes must be at least 1, got {args.nodes}")
     gpus = args.gpus if args.gpus is not None else args.nodes * args.gpus_per_node
     cluster = Cluster(gpus=gpus, gpus_per_node=args.gpus_per_node, gpu=gpu, memory_headroom=args.memory_headroom)
     problems = cluster.problems()

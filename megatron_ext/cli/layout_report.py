@@ -37,8 +37,13 @@ def describe_inputs(workload: Workload, cluster: Cluster, batch: int | None) -> 
     if m.group_query_attention:
         shape += f" ({m.num_query_groups} query groups)"
     peak = gpu.peak_flops if workload.mixed_precision else gpu.peak_flops_fp32
+    vocab = (
+        f"vocabulary {m.vocab_size}"
+        if workload.tokenizer_vocab_size is None
+        else f"the tokenizer's vocabulary of {workload.tokenizer_vocab_size}"
+    )
     lines = [
-        f"model: {shape}, sequence {m.seq_length}, vocabulary {m.vocab_size}: {total / 1e9:.2f}B parameters",
+        f"model: {shape}, sequence {m.seq_length}, {vocab}: {total / 1e9:.2f}B parameters",
         f"cluster: {cluster.gpus} × {gpu.name} ({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} × "
         f"{min(cluster.gpus, cluster.gpus_per_node)}): {peak / 1e12:.0f} TFLOP/s {workload.precision} peak × "
         f"{gpu.compute_efficiency:.3f} for GEMMs"

@@ -337,7 +337,13 @@ class ParallelLayout:
                 f"tensor_model_parallel_size={tp} exceeds gpus_per_node={self.gpus_per_node}; "
                 f"tensor parallelism must stay within a node: use TP <= {self.gpus_per_node}"
             )
-        if vp > 1 and pp == 1:
+        if vp > 1 and pp == 1 and self.pipeline_model_parallel_layout is not None:
+            p.append(
+                f"pipeline_model_parallel_layout has {vp} stages on pipeline(1): give the pipeline size it was "
+                f"written for, --pipeline-model-parallel-size N with N dividing {vp} (its stages are N ranks × "
+                f"{vp}/N virtual stages)"
+            )
+        elif vp > 1 and pp == 1:
             p.append(
                 f"virtual_pipeline_model_parallel_size={vp} needs pipeline parallelism: "
                 "interleaving splits the layers of each pipeline rank; use PP >= 2 or VP=1"

@@ -76,6 +76,8 @@ RULE_CASES = [
     ("world size", f"{SHAPE_13B} --tensor-model-parallel-size 8 --pipeline-model-parallel-size 8", 1000),
     ("layers per stage", "--num-layers 30 --hidden-size 256 --num-attention-heads 8 --seq-length 64 --pp 4", 8),
     ("interleaving without PP", f"{SHAPE_13B} --virtual-pipeline-model-parallel-size 2", 8),
+    # Before: the same "interleaving needs PP" as above, for a string that says nothing of interleaving.
+    ("layout string without PP", f"{SHAPE_13B} --pipeline-model-parallel-layout Et*9|t*10|t*10|t*11L", 8),
     (
         "layers per virtual stage",
         "--num-layers 30 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --pp 3 --vp 4",
@@ -176,6 +178,8 @@ def test_config_errors_use_pretrain_gpts_messages() -> None:
 def test_bad_cluster_and_model_input_is_named() -> None:
     code, _, err = calc(f"{SHAPE_13B} --global-batch-size 64")
     assert code == ExitCode.INVALID and "give the GPU count: --gpus N" in err
+    code, _, err = calc(f"--nodes 0 {SHAPE_13B} --global-batch-size 48")
+    assert code == ExitCode.INVALID and "--nodes must be at least 1, got 0" in err  # before: "--gpus must be ..."
     code, _, err = calc(f"--gpus 12 --gpus-per-node 8 {SHAPE_13B} --global-batch-size 48")
     assert code == ExitCode.INVALID and "--gpus 12 is not a whole number of 8-GPU nodes; use 8 or 16 GPUs" in err
     code, _, err = calc("--gpus 8 --gpu b300 --model gpt3-126m")
@@ -189,6 +193,12 @@ def test_bad_cluster_and_model_input_is_named() -> None:
     )
     code, _, err = calc(f"--gpus 8 {SHAPE_13B}")
     assert code == ExitCode.INVALID and "searching needs --global-batch-size" in err
+
+
+def test_the_header_names_the_tokenizers_vocabulary_when_one_is_given() -> None:
+    """Before: it said --vocab-size's 50257 while the parameters counted the tokenizer's 100."""
+    code, out, _ = calc("--gpus 64 --gpu h100-sxm --model gpt3-13b --bf16 --tp 8 --tokenizer-vocab-size 100")
+    assert code == ExitCode.OK and "the tokenizer's vocabulary of 100: 12.60B parameters" in out.splitlines()[0]
 
 
 @pytest.mark.parametrize(
