@@ -96,7 +96,8 @@ def main() -> None:
                 compare_schedules(workload, estimate)
                 seconds = time.perf_counter() - t0
                 compare_s.append(seconds)
-                what = f"TP {layout.tp} PP {layout.pp} VP {layout.vp}, {layout.num_microbatches} microbatches"
+                cp = f" CP {layout.cp}" if layout.cp > 1 else ""
+                what = f"TP {layout.tp}{cp} PP {layout.pp} VP {layout.vp}, {layout.num_microbatches} microbatches"
                 row.see(seconds, what)
                 slowest_compare.see(seconds, f"{name}: {what}")
                 over += seconds > args.limit
