@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from megatron_ext.config.arguments import ModelArgs
@@ -57,7 +58,10 @@ def _long_context(**options: Any) -> tuple[float, int]:
     return time.perf_counter() - start, result.candidates
 
 
-PAIRS = {
+Timed = tuple[str, Callable[..., tuple[float, int]], dict[str, Any]]
+"""A label, the search to time, and its options."""
+
+PAIRS: dict[str, tuple[Timed, Timed]] = {
     "1T on 3072 A100s": (("even splits only", _one_t, {"uneven": False}), ("even and uneven splits", _one_t, {})),
     f"Llama 3.1 8B at {LONG_CONTEXT} tokens on 1024 H100s": (
         ("CP 1 only", _long_context, {"cp": 1}),

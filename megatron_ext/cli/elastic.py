@@ -140,6 +140,8 @@ def plan(args: argparse.Namespace, argv: list[str]) -> tuple[list[str], str]:
             base=saved_layout or recipe_cfg.layout,
             saved=saved_layout,
             policy=policy,
+            # The flag as the recipe gives it: Megatron-LM turns it off at TP 1 only.
+            sequence_parallel="--sequence-parallel" in argv,
         )
 
     result = planned(args.policy)

@@ -37,7 +37,8 @@ from megatron_ext.cli.layout_args import (
 )
 from megatron_ext.config.arguments import BatchArgs, ConfigError, ParallelArgs
 from megatron_ext.config.exit_codes import ExitCode, fail
-from megatron_ext.config.flags import options, value_type
+from megatron_ext.config.flags import value_type
+from megatron_ext.config.layout_flags import LAYOUT_FLAGS
 from megatron_ext.estimate.derived_numbers import zero_bubble_line
 from megatron_ext.estimate.fp8 import fp8_peak
 from megatron_ext.estimate.relayout import RelayoutError, describe, relayout
@@ -45,9 +46,12 @@ from megatron_ext.estimate.schedule_comparison import compare_schedules
 from megatron_ext.estimate.search import Cluster, better_split, evaluate, search_like, search_with_savers
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import LayoutError
+from megatron_ext.parallel.stages import SPLIT_FIELDS
 
-ACCOUNT_FOR = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
-"""The placement switches: given in search mode, every candidate splits its layers by them."""
+LAYOUT_FACTORS = sorted(name for name in LAYOUT_FLAGS if value_type(ParallelArgs, name)[0] is not bool)
+"""The layout flags that are no switch: any of them given selects evaluate mode."""
+ACCOUNT_FOR = sorted(name for name in SPLIT_FIELDS if value_type(ParallelArgs, name)[0] is bool)
+"""The placement switches (the account-for flags): given in search mode, every candidate splits its layers by them."""
 
 
 def main(
@@ -78,12 +82,12 @@ def main(
         )
     except (LayoutToolError, ConfigError) as exc:
         return fail(exc, ExitCode.INVALID, file=err)
-    # A layout factor given (any non-switch parallel flag: TP, PP, VP, layers per virtual stage) evaluates it.
-    factors = [f.name for f in options(ParallelArgs, estimate=True) if value_type(ParallelArgs, f.name)[0] is not bool]
-    evaluate_mode = any(getattr(args, name) is not None for name in factors)
+    # A layout factor given (a layout flag that is no switch: TP, CP, PP, VP, the stage sizes, a layout string, a
+    # microbatch group) evaluates it.
+    evaluate_mode = any(getattr(args, name) is not None for name in LAYOUT_FACTORS)
     if args.relayout_from_gpus is not None:
         return _relayout_mode(args, workload, cluster, batch, out, err)
-    if args.relayout_policy != build_parser().get_default("relayout_policy"):
+    if args.relayout_policy is not None:
         return fail("--relayout-policy goes with --relayout-from-gpus N (the GPU count the layout ran on)",
                     ExitCode.INVALID, file=err)  # fmt: skip
     if evaluate_mode:
@@ -110,7 +114,7 @@ def _evaluate_mode(
     estimate = evaluate(workload, layout, cluster)
     better = better_split(workload, cluster, estimate)
     # The search over the same GPUs, model, batch and savers: is this the calculator's own choice?
-    alternatives = search_like(workload, cluster, layout)
+    alternatives = search_like(workload, cluster, layout, sequence_parallel=args.sequence_parallel)
     best = alternatives.fitting[0] if alternatives.fitting else None
     slower = estimate.time.step_s / best.time.step_s - 1 if best is not None and estimate.fits else None
     if args.json:
@@ -167,7 +171,9 @@ def _relayout_mode(
         if before.problems():
             raise LayoutToolError("--relayout-from-gpus: " + "; ".join(before.problems()))
         old, _ = evaluate_layout_from_flags(args, workload, before, batch)
-        plan = relayout(workload, old, cluster, policy=args.relayout_policy, sequence_parallel=args.sequence_parallel)
+        plan = relayout(
+            workload, old, cluster, policy=args.relayout_policy or "any", sequence_parallel=args.sequence_parallel
+        )
     except (LayoutError, LayoutToolError, RelayoutError) as exc:
         message = str(exc)
         if isinstance(exc, LayoutError):

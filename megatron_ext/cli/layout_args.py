@@ -158,8 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     replan.add_argument(
         "--relayout-policy",
         choices=POLICIES,
-        default="any",
-        help="any: the best layout for the new GPU count (default); dp: keep TP, CP, PP and VP, change DP only.",
+        help="any: the best layout for the new GPU count (the default); dp: keep TP, CP, PP and VP, change DP only "
+        "(with --relayout-from-gpus).",
     )
     out.add_argument(
         "--compare-schedules",
@@ -295,7 +295,7 @@ def evaluate_layout_from_flags(
     try:
         pipeline_p2p_problems(parallel, layout)
         # What pretrain_gpt.py refuses is not priced.
-        zero_bubble_problems(parallel, layout, transformer_engine=workload.model.transformer_impl != "local")
+        zero_bubble_problems(parallel, layout, transformer_engine=workload.model.local_spec_flag is None)
     except ConfigError as exc:
         raise LayoutError([str(exc)]) from None
     return layout, notes

@@ -193,6 +193,15 @@ class ModelArgs(_Options):
     )
 
     @property
+    def local_spec_flag(self) -> str | None:
+        """The flag that builds Megatron-Core's own layers (the local spec) whatever the machine, or None:
+        ``--transformer-impl local``, or ``--attention-backend local`` (Megatron-Core's own attention, which only the
+        local spec has). Where it is None, a GPU with Transformer Engine builds Transformer Engine's layers."""
+        if self.transformer_impl == "local":
+            return "--transformer-impl local"
+        return "--attention-backend local" if self.attention_backend == "local" else None
+
+    @property
     def effective_ffn_hidden_size(self) -> int:
         if self.ffn_hidden_size is not None:
             return self.ffn_hidden_size

@@ -113,6 +113,25 @@ def context_parallel_refusal(cp: int, why: str) -> ConfigError:
     )
 
 
+def context_parallel_problem(model: ModelArgs, cp: int) -> ConfigError | None:
+    """Why the model's flags cannot split sequences over ``cp`` ranks, or None: Megatron-Core's own attention (the
+    local spec) asserts CP 1, and Transformer Engine's unfused backend does not split sequences (Transformer
+    Engine disables it under context parallelism, and ``--attention-backend unfused`` disables the others).
+    ``pretrain_gpt.py`` refuses these from the flags; the layout search does not offer them."""
+    if cp == 1:
+        return None
+    if (flag := model.local_spec_flag) is not None:
+        return context_parallel_refusal(cp, f"which {flag} does not build")
+    if model.attention_backend == "unfused":
+        return ConfigError(
+            f"--context-parallel-size {cp} needs Transformer Engine's flash or fused attention: its unfused backend "
+            "does not split sequences (Transformer Engine turns it off under context parallelism, and "
+            "--attention-backend unfused turns off the others); give --attention-backend auto, flash or fused, or "
+            "use CP 1"
+        )
+    return None
+
+
 def megatron_lm_adjustments(parallel: ParallelArgs) -> tuple[ParallelArgs, tuple[str, ...]]:
     """The flags Megatron-LM's ``validate_args`` changes instead of refusing, changed the same way, each with why
     (``pretrain_gpt.py`` and the calculator)."""

@@ -17,6 +17,7 @@ from megatron_ext.config.emerging_optimizer_args import EMERGING
 from megatron_ext.config.flags import Parser, add_options, to_argv
 from megatron_ext.config.layout_flags import (
     build_layout,
+    context_parallel_problem,
     context_parallel_refusal,
     gloo_problem,
     megatron_lm_adjustments,
@@ -256,7 +257,7 @@ def make_config(
         raise ConfigError("; ".join(problems))
 
     cross_group_problems(model, parallel, optim, device=run.device)
-    no_te = model.transformer_impl == "local" or run.device == "cpu"
+    no_te = model.local_spec_flag is not None or run.device == "cpu"
     parallel, adjustments = megatron_lm_adjustments(parallel)
     layout = build_layout(model, parallel, batch, world_size=world_size)
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
@@ -287,9 +288,9 @@ def cross_group_problems(model: ModelArgs, parallel: ParallelArgs, optim: Optimi
     layers where they are not built, and what needs the distributed optimizer without it. ``pretrain_gpt.py``
     checks them before it builds anything, and the layout calculator before it prices a command that would stop
     here (``device``: ``cuda`` for the calculator's GPUs)."""
-    no_te = (
-        "--transformer-impl local" if model.transformer_impl == "local" else "--device cpu" if device == "cpu" else None
-    )
+    if (refusal := context_parallel_problem(model, parallel.context_parallel_size)) is not None:
+        raise refusal
+    no_te = model.local_spec_flag or ("--device cpu" if device == "cpu" else None)
     if no_te is not None:  # Transformer Engine's layers are never built: what needs them is refused here
         if parallel.context_parallel_size > 1:
             raise context_parallel_refusal(parallel.context_parallel_size, f"which {no_te} does not build")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_ext.estimate.search import Cluster, LayoutEstimate, evaluate, search
+from megatron_ext.estimate.search import Cluster, LayoutEstimate, evaluate, search_like
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.factors import divisors
 from megatron_ext.parallel.layout import ParallelLayout
@@ -127,13 +127,7 @@ def relayout(
         same = [e for e in fitting if e.layout.micro_batch_size == old.micro_batch_size]
         best: LayoutEstimate | None = (same or fitting)[0] if fitting else None
     else:
-        result = search(
-            workload,
-            cluster,
-            global_batch_size=old.global_batch_size,
-            sequence_parallel=old.sequence_parallel if sequence_parallel is None else sequence_parallel,
-            use_distributed_optimizer=old.use_distributed_optimizer,
-        )
+        result = search_like(workload, cluster, old, sequence_parallel=sequence_parallel)
         estimates = result.estimates
         best = next((e for e in result.estimates if e.fits_with_reserve), None)
     if best is None:
@@ -173,13 +167,14 @@ def plan_allocation(
     base: ParallelLayout,
     saved: ParallelLayout | None,
     policy: str,
+    sequence_parallel: bool | None = None,
 ) -> AllocationPlan:
     """The layout an elastic job runs on ``cluster``.
 
     ``recipe`` is the recipe's own layout on these GPUs (None where it does not run: ``recipe_refusal`` says
     why). It is kept when it fits, so a job that grows back gets the layout it was written for; otherwise
     ``base`` (the checkpoint's layout, else the recipe's at its own size) is re-planned with ``policy``.
-    RelayoutError when nothing suits.
+    RelayoutError when nothing suits. ``sequence_parallel``: the job's ``--sequence-parallel`` flag (``relayout``).
     """
     chosen: LayoutEstimate | None = None
     if recipe is not None:
@@ -192,7 +187,7 @@ def plan_allocation(
                 f"{cluster.usable_memory_bytes / 2**30:.1f} GiB on {gpus(cluster.gpus)}"
             )
     if chosen is None:
-        chosen = relayout(workload, base, cluster, policy=policy).new
+        chosen = relayout(workload, base, cluster, policy=policy, sequence_parallel=sequence_parallel).new
         why = f"{recipe_refusal}; re-planned with policy {policy}"
     change = None
     if saved is not None and not same_layout(saved, chosen.layout):

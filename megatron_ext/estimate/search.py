@@ -5,9 +5,10 @@ generates candidates, asks the layout whether each is valid, and attaches the
 memory (``memory_model.py``) and step-time (``step_time.py``) estimates.
 
 The enumeration generates only candidates that can pass the divisibility
-rules: TP among the divisors of the GPU count that divide the heads and the
-MLP width and fit in a node, PP among the divisors of the rest that divide
-the layers, VP among the divisors of the layers per stage, micro-batch sizes
+rules: TP among the divisors of the GPU count that divide the heads, the
+MLP width and the GPUs of a node (a TP group never spans two nodes), CP among
+the divisors of the rest (``context_parallel_sizes``), PP among the divisors
+of the rest that divide the layers, VP among the divisors of the layers per stage, micro-batch sizes
 among the divisors of the sequences per data-parallel rank. Each is then
 validated by ``ParallelLayout.check`` (the interleaved schedule's microbatch
 rule, sequence-parallel divisibility, …); where the microbatches are not a
@@ -27,7 +28,7 @@ from typing import Any
 
 from megatron_ext.config.arguments import BatchArgs
 from megatron_ext.config.flags import options, to_argv
-from megatron_ext.config.layout_flags import layout_args, model_layout_facts
+from megatron_ext.config.layout_flags import context_parallel_problem, layout_args, model_layout_facts
 from megatron_ext.config.optimizer_args import OptimizerArgs
 from megatron_ext.estimate.hardware import GpuProfile
 from megatron_ext.estimate.memory import MemoryEstimate, estimate_memory
@@ -311,7 +312,9 @@ def search(
     candidates = 0
     first_problems: list[str] = []
     heads, ffn = model.num_attention_heads, model.effective_ffn_hidden_size
-    tps = [t for t in divisors(world) if t <= cluster.gpus_per_node and heads % t == 0 and ffn % t == 0]
+    # TP groups are consecutive ranks: a size that does not divide a node's GPUs would put some across two nodes,
+    # whose collectives the estimate prices at NVLink speed.
+    tps = [t for t in divisors(world) if cluster.gpus_per_node % t == 0 and heads % t == 0 and ffn % t == 0]
     factors = [(t, c) for t in _options(tps, tp) for c in _options(context_parallel_sizes(workload, world // t), cp)]
     for t, c in factors:
         # Placement flags need a pipeline: PP 1 is no candidate then.
@@ -384,7 +387,7 @@ def context_parallel_sizes(workload: Workload, gpus: int) -> list[int]:
     rank holds split the sequence evenly (``seq_length`` divisible by 2 × CP) and that leaves each rank
     ``CP_MIN_TOKENS_PER_RANK`` tokens of it."""
     s = workload.model.seq_length
-    if workload.model.transformer_impl == "local":
+    if context_parallel_problem(workload.model, 2) is not None:
         return [1]
     return [c for c in divisors(gpus) if c == 1 or (s % (2 * c) == 0 and s // c >= CP_MIN_TOKENS_PER_RANK)]
 
@@ -404,7 +407,7 @@ def schedules(workload: Workload, *, pp: int) -> list[Workload]:
     # Transformer Engine's deferred weight gradients are accepted but not yet measured on a GPU here: not
     # proposed unasked.
     if not zero_bubble_possible(workload, pp=pp) or not (
-        workload.zero_bubble or workload.model.transformer_impl == "local"
+        workload.zero_bubble or workload.model.local_spec_flag is not None
     ):
         return [one_f_one_b]
     zero_bubble = dataclasses.replace(workload, zero_bubble=True)
@@ -416,13 +419,17 @@ def scheduled(workload: Workload, estimate: LayoutEstimate) -> Workload:
     return dataclasses.replace(workload, zero_bubble=estimate.zero_bubble)
 
 
-def search_like(workload: Workload, cluster: Cluster, layout: ParallelLayout) -> SearchResult:
-    """Every layout of ``cluster`` with ``layout``'s global batch, sequence parallelism and distributed optimizer."""
+def search_like(
+    workload: Workload, cluster: Cluster, layout: ParallelLayout, *, sequence_parallel: bool | None = None
+) -> SearchResult:
+    """Every layout of ``cluster`` with ``layout``'s global batch, sequence parallelism and distributed optimizer.
+    ``sequence_parallel``: the ``--sequence-parallel`` flag as given, where known (Megatron-LM turns it off at TP 1
+    only, so a layout at TP 1 does not say whether the others would have it); None: as ``layout`` has it."""
     return search(
         workload,
         cluster,
         global_batch_size=layout.global_batch_size,
-        sequence_parallel=layout.sequence_parallel,
+        sequence_parallel=layout.sequence_parallel if sequence_parallel is None else sequence_parallel,
         use_distributed_optimizer=layout.use_distributed_optimizer,
     )
 

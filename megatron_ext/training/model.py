@@ -45,7 +45,7 @@ def use_transformer_engine(cfg: TrainingConfig, device: torch.device) -> bool:
             )
         return True
     # Megatron-Core's own attention lives in the local spec only.
-    return impl == "auto" and device.type == "cuda" and available and cfg.model.attention_backend != "local"
+    return impl == "auto" and device.type == "cuda" and available and cfg.model.local_spec_flag is None
 
 
 def check_transformer_engine(cfg: TrainingConfig, device: torch.device) -> None:

@@ -101,3 +101,21 @@ def test_an_fp8_recipe_the_profile_lacks_is_ranked_on_a_cpu_rehearsal_and_refuse
     )
     assert got == code
     assert said in capsys.readouterr().err
+
+
+def test_a_recipes_sequence_parallel_flag_comes_back_when_the_re_plan_gives_it_tensor_parallelism(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A recipe at TP 1 with --sequence-parallel (Megatron-LM turns it off at TP 1 only) re-planned to TP > 1
+    keeps it. Before, the re-plan searched with the recipe's TP 1 layout's (off) and dropped the flag."""
+    recipe = ["--model", "gpt3-175b", "--bf16", "--sequence-parallel", "--use-distributed-optimizer",
+              "--micro-batch-size", "1", "--global-batch-size", "1536", "--mock-data", "--train-iters", "10"]  # fmt: skip
+    code = elastic.main(
+        ["--world-size", "128", "--gpus-per-node", "8", "--gpu", "h100-sxm", "--recipe-world-size", "64", "--",
+         *recipe]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == ExitCode.OK, err
+    (line,) = [line for line in out.splitlines() if line.startswith("pretrain_args=")]
+    cfg = parse_args(shlex.split(line.removeprefix("pretrain_args=")[1:-1]), world_size=128)
+    assert cfg.layout.tp > 1 and cfg.layout.sequence_parallel

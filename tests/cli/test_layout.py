@@ -242,10 +242,13 @@ def test_what_pretrain_gpt_refuses_before_building_is_refused_not_priced(flags: 
         parse_args([*f"--model gpt3-1.3b --bf16 {flags}".split(), "--mock-data", "--world-size", "16"])
 
 
-def test_a_peak_override_moves_the_fp8_peak_by_the_same_factor() -> None:
-    """Before: --peak-tflops 500 left FP8 at the H100's 1979 TFLOP/s, four times the new bf16 peak."""
+def test_a_peak_override_moves_the_fp8_and_fp32_peaks_by_the_same_factor() -> None:
+    """Before: --peak-tflops 500 left FP8 at the H100's 1979 TFLOP/s, four times the new bf16 peak (and fp32 at
+    its 67)."""
     code, out, _ = calc("--gpus 16 --model gpt3-13b --bf16 --tp 8 --fp8-format hybrid --peak-tflops 494.5")
     assert code == ExitCode.OK and "(FP8: 990 TFLOP/s peak)" in out
+    code, out, _ = calc("--gpus 16 --model gpt3-13b --tp 8 --peak-tflops 494.5")
+    assert code == ExitCode.OK and ": 34 TFLOP/s fp32 peak" in out
 
 
 def test_unknown_flags_are_rejected_not_ignored() -> None:
@@ -294,9 +297,11 @@ def test_search_enumerates_every_valid_layout_and_nothing_else(sequence_parallel
 
     # Beyond every bound a valid layout can reach: TP up to 12 (> 8 per node), PP and VP up to 13, any micro-batch
     # that divides the global batch, wherever TP·PP divides the world (else DP would not be whole: checked apart).
+    # The search keeps TP groups inside a node: TP divides its 8 GPUs (3 and 6 are valid, and left out).
     grid = itertools.product(range(1, 13), range(1, 14), range(1, 14), range(1, gbs + 1))
     brute = {c for c in grid if world % (c[0] * c[1]) == 0 and gbs % c[3] == 0 and valid(*c)}
-    assert found == brute
+    assert {c[0] for c in brute} == {1, 2, 3, 4, 6}
+    assert found == {c for c in brute if 8 % c[0] == 0}
     assert not any(valid(tp, pp, 1, 1) for tp in range(1, 13) for pp in range(1, 14) if world % (tp * pp))
     assert not any(valid(1, 1, 1, mbs) for mbs in range(1, gbs + 1) if gbs % mbs)
     assert len(found) > 30
@@ -327,6 +332,15 @@ def test_search_tries_context_parallelism_where_each_rank_keeps_4096_tokens() ->
         for e in result.estimates:
             record = e.to_json()
             assert record["tp"] * record["cp"] * record["pp"] * record["dp"] == 16
+    # Nor where Transformer Engine's attention is not built or cannot split sequences (Megatron-Core's own attention;
+    # Transformer Engine's unfused backend), which pretrain_gpt.py refuses from the flags.
+    for backend in ("local", "unfused"):
+        workload = Workload(model=dataclasses.replace(model, attention_backend=backend), precision="bf16")
+        assert {e.layout.cp for e in search(workload, cluster, global_batch_size=16, uneven=False).estimates} == {1}
+        with pytest.raises(ConfigError, match="--context-parallel-size 2 needs"):
+            parse_args(["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length",
+                        "16384", "--vocab-size", "500", "--context-parallel-size", "2", "--attention-backend", backend,
+                        "--mock-data", "--world-size", "2"])  # fmt: skip
     # Fixing CP keeps it, as fixing TP does.
     workload = Workload(model=model, precision="bf16")
     assert {e.layout.cp for e in search(workload, cluster, global_batch_size=16, cp=2).estimates} == {2}
@@ -340,14 +354,40 @@ def test_at_a_long_sequence_the_search_picks_context_parallelism_over_the_best_l
     code, out, _ = calc(f"{common} --top 1")
     assert code == ExitCode.OK
     (best,) = json.loads(out)["layouts"]
-    assert best["cp"] > 1 and "--context-parallel-size" in best["pretrain_flags"]
+    assert (best["tp"], best["cp"], best["pp"]) == (2, 8, 1) and "--context-parallel-size 8" in best["pretrain_flags"]
+    assert best["step_time_s"] == pytest.approx(44.4, abs=0.05)
     code, out, _ = calc(f"{common} --tp 8 --pp 4")
     doc = json.loads(out)
+    (before,) = doc["layouts"]
+    assert before["step_time_s"] == pytest.approx(56.9, abs=0.05)
+    assert round(before["memory"]["total_bytes"] / 2**30) == 71
     assert doc["best_layout"]["cp"] > 1
     assert doc["slower_than_best"] > 0.15
     assert doc["best_layout"]["step_time_s"] == pytest.approx(best["step_time_s"])
     code, out, _ = calc(f"{common.removesuffix(' --json')} --tp 8 --pp 4")
     assert f"calculator's best for these GPUs and flags: TP {best['tp']} CP {best['cp']} PP" in out
+
+
+def test_the_comparison_search_keeps_the_sequence_parallel_flag_given_at_tp_1() -> None:
+    """Evaluating TP 1 with --sequence-parallel (off at TP 1, as Megatron-LM turns it off) compares with the search
+    that has it where TP > 1. Before, the comparison searched without it: a slower, larger "best"."""
+    common = ("--gpus 64 --gpu h100-sxm --model llama3.1-8b --bf16 --global-batch-size 64 --seq-length 65536 "
+              "--use-distributed-optimizer --json")  # fmt: skip
+    code, out, _ = calc(f"{common} --sequence-parallel --tp 1 --cp 32")
+    assert code == ExitCode.OK
+    best = json.loads(out)["best_layout"]
+    code, out, _ = calc(f"{common} --sequence-parallel --top 1")
+    assert code == ExitCode.OK
+    (searched,) = json.loads(out)["layouts"]
+    assert best["step_time_s"] == pytest.approx(searched["step_time_s"])
+    assert best["tp"] > 1 and best["sequence_parallel"]
+
+
+def test_flags_that_are_no_layout_factor_leave_the_search_mode() -> None:
+    """Before: --ddp-bucket-size (any non-switch parallel flag) selected evaluate mode, at TP 1 PP 1."""
+    code, out, _ = calc("--gpus 64 --gpu h100-sxm --model gpt3-13b --bf16 --ddp-bucket-size 40000000 --json")
+    doc = json.loads(out)
+    assert code == ExitCode.OK and doc["mode"] == "search" and len(doc["layouts"]) > 1
 
 
 def test_the_placement_switches_given_to_the_search_place_every_candidate() -> None:

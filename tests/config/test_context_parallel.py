@@ -50,9 +50,14 @@ def test_refused_before_launch_where_megatron_cores_attention_cannot_split_the_s
     for flags, why in (
         (["--device", "cpu"], "--device cpu"),
         (["--transformer-impl", "local"], "--transformer-impl local"),
+        # Before: accepted here, refused at start-up (Megatron-Core's own attention is the local spec's).
+        (["--attention-backend", "local"], "--attention-backend local"),
     ):
         with pytest.raises(ConfigError, match=f"needs Transformer Engine's attention, which {why}"):
             parse_args([*argv, *flags])
+    # Transformer Engine's unfused backend does not split sequences, and the flag turns the others off.
+    with pytest.raises(ConfigError, match="needs Transformer Engine's flash or fused attention: its unfused backend"):
+        parse_args([*argv, "--attention-backend", "unfused"])
     with pytest.raises(ConfigError, match="needs Transformer Engine's attention, and this run is on CPU"):
         check_transformer_engine(parse_args(argv), torch.device("cpu"))
 

@@ -18,11 +18,14 @@ each is compared at the paper's 1830 MHz, the clock of the dense peak (989 TFLOP
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Mapping
 from types import MappingProxyType
 
 import pytest
 
+from megatron_ext.estimate import step_time
 from megatron_ext.estimate.kernels import (
     BENCHMARK_PEAK_TFLOPS,
     CUDNN_H100_TFLOPS,
@@ -30,6 +33,7 @@ from megatron_ext.estimate.kernels import (
     SEQUENCE_LENGTHS,
     attention_kernel_efficiency,
 )
+from tests.estimate.published import DGXC_H100_V25_04, VALIDATION
 
 pytestmark = pytest.mark.unit
 
@@ -110,9 +114,10 @@ def test_each_pass_the_paper_publishes_is_within_6_percent_of_cudnn_9_1(seq_leng
 
 
 @pytest.mark.parametrize("table", [CUDNN_9_1, CUDNN_9_19], ids=["cudnn-9.1", "cudnn-9.19"])
-def test_the_causal_backward_loses_what_the_causal_forward_loses_within_5_percent(table: Table) -> None:
-    """The rule the model derives the causal backward with (the paper publishes it non-causal only): the causal
-    backward over the non-causal one is the forward's same ratio."""
+def test_cudnns_measurements_bear_out_the_causal_backward_rule_within_5_percent(table: Table) -> None:
+    """The assumption ``kernels.cudnn_causal_forward_and_backward`` is built on (the paper publishes the backward
+    non-causal only), checked in measurements that have both: the causal backward over the non-causal one is the
+    forward's same ratio, at every length (2k to 64k)."""
     for causal, seq_length in table:
         if causal:
             forward, backward = table[(True, seq_length)]
@@ -122,8 +127,8 @@ def test_the_causal_backward_loses_what_the_causal_forward_loses_within_5_percen
 
 
 def test_above_16k_tokens_the_rate_stays_where_the_curve_ends() -> None:
-    """The model holds the 16k rate for longer sequences (long-context training sees them per CP rank); cuDNN
-    9.1 measured the same rate to 64k, and 9.19 to 32k, within 1 %."""
+    """The model holds the 16k rate for longer sequences (long-context training sees them per CP rank), and
+    cuDNN's measurements bear that out: 9.1 measured the same rate to 64k, and 9.19 to 32k, within 1 %."""
     assert modelled(65536) == modelled(16384)
     for table, lengths in ((CUDNN_9_1, (32768, 65536)), (CUDNN_9_19, (32768,))):
         for seq_length in lengths:
@@ -133,8 +138,37 @@ def test_above_16k_tokens_the_rate_stays_where_the_curve_ends() -> None:
 
 def test_cudnn_9_19_runs_causal_attention_10_to_16_percent_faster_than_the_model_from_8k_tokens() -> None:
     """Not applied: the calibration runs ran 2024's cuDNN, whose curve the model keeps. A later cuDNN is this
-    much faster at the sequences long-context and Llama-style training run; if the model's curve is moved to a
-    newer cuDNN, this test and the docs' paragraph go with it."""
+    much faster at the sequences long-context and Llama-style training run (and slower at 2k); if the model's
+    curve is moved to a newer cuDNN, this test and the docs' paragraph go with it."""
     gaps = {s: forward_and_backward(CUDNN_9_19, s) / modelled(s) - 1 for s in (8192, 16384, 32768)}
-    assert all(0.10 <= gap <= 0.17 for gap in gaps.values()), gaps
-    assert forward_and_backward(CUDNN_9_19, 4096) / modelled(4096) - 1 == pytest.approx(0.04, abs=0.02)
+    assert all(0.10 <= gap <= 0.16 for gap in gaps.values()), gaps
+    assert forward_and_backward(CUDNN_9_19, 4096) / modelled(4096) - 1 == pytest.approx(0.038, abs=0.005)
+    assert forward_and_backward(CUDNN_9_19, 2048) / modelled(2048) - 1 == pytest.approx(-0.066, abs=0.005)
+
+
+def cudnn_9_19_share(generation: str, *, seq_length: float, head_dim: int, backend: str = "auto") -> float:
+    """The model's share of peak times 9.19's rate over the model's at the same length (head dimension 128's,
+    interpolated in log2 between 2k and 32k, held beyond): the curve moved to cuDNN 9.19."""
+    share = attention_kernel_efficiency(generation, seq_length=seq_length, head_dim=head_dim, backend=backend)
+    lengths = sorted(s for causal, s in CUDNN_9_19 if causal)
+    ratios = [forward_and_backward(CUDNN_9_19, s) / modelled(s) for s in lengths]
+    x = math.log2(min(max(seq_length, lengths[0]), lengths[-1]))
+    i = min(int(x - math.log2(lengths[0])), len(lengths) - 2)
+    w = x - math.log2(lengths[i])
+    return share * (ratios[i] + w * (ratios[i + 1] - ratios[i]))
+
+
+def test_run_with_cudnn_9_19_the_validation_rows_move_little(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What moving the curve to cuDNN 9.19 would do (``docs/layout-model.md``): the validation median from 2.4 %
+    to 2.1 %, and the Llama 3.1 8B on NeMo 25.02 (dgxc v25.04.02, 8 GPUs), the row furthest off in BF16, about half
+    a point. Attention's kernel is not what made that software faster."""
+
+    def validation() -> tuple[float, float]:
+        eight_b = next(r for r in DGXC_H100_V25_04 if r.name == "Llama 3.1 8B on 8")
+        return statistics.median(abs(r.residual()) for r in VALIDATION), eight_b.residual()
+
+    median, row = validation()
+    monkeypatch.setattr(step_time, "attention_kernel_efficiency", cudnn_9_19_share)
+    median_9_19, row_9_19 = validation()
+    assert (round(median * 100, 1), round(median_9_19 * 100, 1)) == (2.4, 2.1)
+    assert round(row * 100, 1) == -8.0 and 0.004 < row_9_19 - row < 0.007

@@ -134,8 +134,9 @@ def test_the_replan_keeps_the_jobs_sequence_parallel_flag_and_prints_what_was_as
     code, out, _ = _run(f"{common} --tp 4 --pp 8 --vp 12 --relayout-from-gpus 128 --explain --compare-schedules")
     assert code == ExitCode.OK and "sequence parallelism on where TP > 1" in out
     assert "pipeline schedules for" in out and "weights" in out
-    code, _, err = _run("--gpus 64 --gpu h100-sxm --model gpt3-13b --bf16 --relayout-policy dp")
-    assert code == ExitCode.INVALID and "--relayout-policy goes with --relayout-from-gpus N" in err
+    for policy in ("dp", "any"):
+        code, _, err = _run(f"--gpus 64 --gpu h100-sxm --model gpt3-13b --bf16 --relayout-policy {policy}")
+        assert code == ExitCode.INVALID and "--relayout-policy goes with --relayout-from-gpus N" in err
 
 
 def test_layout_flags_are_replaced_and_every_other_argument_kept() -> None:
