@@ -298,7 +298,7 @@ def search(
 
     ``sequence_parallel`` applies to the candidates with TP > 1 (Megatron-LM
     itself turns it off at TP = 1). Context parallelism is searched where the
-    model builds Transformer Engine's attention (``context_parallel_sizes``).
+    model builds Transformer Engine's flash or fused attention (``context_parallel_sizes``).
     ``uneven``: also estimate uneven stage splits (``stages.balanced_splits``),
     for pipeline sizes that do not divide the layers too; one is kept where it
     is more than ``UNEVEN_GAIN`` faster than the even split of the same
@@ -382,8 +382,8 @@ sequence and the key/value exchange grows against them); such a layout can still
 
 
 def context_parallel_sizes(workload: Workload, gpus: int) -> list[int]:
-    """The context-parallel sizes the search tries on ``gpus`` GPUs (those left after TP): 1, and where the model
-    builds Transformer Engine's attention (Megatron-Core's own asserts CP 1), every divisor whose two chunks a
+    """The context-parallel sizes the search tries on ``gpus`` GPUs (those left after TP): 1, and where the model's
+    attention can split sequences (``layout_flags.context_parallel_problem``), every divisor whose two chunks a
     rank holds split the sequence evenly (``seq_length`` divisible by 2 × CP) and that leaves each rank
     ``CP_MIN_TOKENS_PER_RANK`` tokens of it."""
     s = workload.model.seq_length
