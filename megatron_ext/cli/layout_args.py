@@ -15,13 +15,14 @@ from megatron_ext.config.arguments import BatchArgs, ConfigError, ModelArgs, Par
 from megatron_ext.config.flags import Parser, add_options, options
 from megatron_ext.config.layout_flags import (
     build_layout,
+    context_parallel_problem,
     megatron_lm_adjustments,
     pipeline_p2p_problems,
     zero_bubble_problems,
 )
 from megatron_ext.config.optimizer_args import OptimizerArgs
 from megatron_ext.config.presets import PRESETS, get_preset
-from megatron_ext.config.training_config import cross_group_problems
+from megatron_ext.config.training_config import cross_group_problems, without_transformer_engine
 from megatron_ext.estimate.coverage import APPROXIMATED, NO_EFFECT
 from megatron_ext.estimate.hardware import PROFILES, get_profile
 from megatron_ext.estimate.relayout import POLICIES
@@ -280,11 +281,9 @@ def evaluate_layout_from_flags(
         parallel = ParallelArgs(**{name: value for name, value in given.items() if value is not None})
     except ConfigError as exc:  # an out-of-range factor (--tp 0): the same one-line refusal as a broken rule
         raise LayoutError([str(exc)]) from None
-    try:  # the layout's own factors against the model (CP needs Transformer Engine's attention); the optimizer's
-        # rules were checked with the workload (workload_of)
-        cross_group_problems(workload.model, parallel, OptimizerArgs(), device="cuda")
-    except ConfigError as exc:
-        raise LayoutError([str(exc)]) from None
+    # The layout's own factor against the model (the other cross-group rules were checked with the workload).
+    if (refusal := context_parallel_problem(workload.model, parallel.context_parallel_size)) is not None:
+        raise LayoutError([str(refusal)])
     parallel, notes = megatron_lm_adjustments(parallel)
     batch_args = BatchArgs(
         micro_batch_size=1 if args.micro_batch_size is None else args.micro_batch_size, global_batch_size=batch
@@ -295,7 +294,9 @@ def evaluate_layout_from_flags(
     try:
         pipeline_p2p_problems(parallel, layout)
         # What pretrain_gpt.py refuses is not priced.
-        zero_bubble_problems(parallel, layout, transformer_engine=workload.model.local_spec_flag is None)
+        zero_bubble_problems(
+            parallel, layout, transformer_engine=without_transformer_engine(workload.model, "cuda") is None
+        )
     except ConfigError as exc:
         raise LayoutError([str(exc)]) from None
     return layout, notes

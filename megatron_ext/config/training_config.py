@@ -257,12 +257,11 @@ def make_config(
         raise ConfigError("; ".join(problems))
 
     cross_group_problems(model, parallel, optim, device=run.device)
-    no_te = model.local_spec_flag is not None or run.device == "cpu"
     parallel, adjustments = megatron_lm_adjustments(parallel)
     layout = build_layout(model, parallel, batch, world_size=world_size)
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
     pipeline_p2p_problems(parallel, layout)
-    zero_bubble_problems(parallel, layout, transformer_engine=not no_te)
+    zero_bubble_problems(parallel, layout, transformer_engine=without_transformer_engine(model, run.device) is None)
     problems = iterations.ramp_problems(batch, layout)
     if problems:
         raise ConfigError("\n".join(problems))
@@ -283,6 +282,12 @@ def make_config(
     )
 
 
+def without_transformer_engine(model: ModelArgs, device: str) -> str | None:
+    """The flag that keeps Transformer Engine's layers out of the run whatever is installed (the local spec's
+    flag, or ``--device cpu``), or None: on a GPU with Transformer Engine they are built."""
+    return model.local_spec_flag or ("--device cpu" if device == "cpu" else None)
+
+
 def cross_group_problems(model: ModelArgs, parallel: ParallelArgs, optim: OptimizerArgs, *, device: str) -> None:
     """The rules between argument groups that no layout changes, as a ConfigError: what needs Transformer Engine's
     layers where they are not built, and what needs the distributed optimizer without it. ``pretrain_gpt.py``
@@ -290,7 +295,7 @@ def cross_group_problems(model: ModelArgs, parallel: ParallelArgs, optim: Optimi
     here (``device``: ``cuda`` for the calculator's GPUs)."""
     if (refusal := context_parallel_problem(model, parallel.context_parallel_size)) is not None:
         raise refusal
-    no_te = model.local_spec_flag or ("--device cpu" if device == "cpu" else None)
+    no_te = without_transformer_engine(model, device)
     if no_te is not None:  # Transformer Engine's layers are never built: what needs them is refused here
         if parallel.context_parallel_size > 1:
             raise context_parallel_refusal(parallel.context_parallel_size, f"which {no_te} does not build")
