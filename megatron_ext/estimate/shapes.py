@@ -34,6 +34,9 @@ class LayerParameters:
     """Matrices and column-parallel biases: each TP rank holds 1/TP of them."""
     replicated: int
     """Norms and row-parallel biases: every TP rank holds all of them."""
+    linear_weights: int
+    """The four linears' weight matrices (QKV, projection, fc1, fc2), part of ``split``: the weights Transformer
+    Engine keeps in FP8 with ``--fp8-param-gather``."""
 
     @property
     def total(self) -> int:
@@ -59,7 +62,8 @@ def layer_parameters(model: ModelArgs) -> LayerParameters:
     f = model.effective_ffn_hidden_size
     qkv_out = n * d + 2 * g * d
     fc1_out = f * (2 if model.swiglu else 1)
-    split = h * qkv_out + n * d * h + h * fc1_out + f * h
+    weights = h * qkv_out + n * d * h + h * fc1_out + f * h
+    split = weights
     replicated = 2 * norm_parameters(model)
     if model.qk_layernorm:  # one norm over the head dimension for the queries, one for the keys
         replicated += 2 * (d if model.normalization == "RMSNorm" else 2 * d)
@@ -68,7 +72,7 @@ def layer_parameters(model: ModelArgs) -> LayerParameters:
         replicated += 2 * h  # the row-parallel (projection, fc2) biases
     elif model.add_qkv_bias:
         split += qkv_out
-    return LayerParameters(split=split, replicated=replicated)
+    return LayerParameters(split=split, replicated=replicated, linear_weights=weights)
 
 
 def position_parameters(model: ModelArgs) -> int:
@@ -93,6 +97,8 @@ class ParameterCounts:
     stage_ranks: tuple[int, ...]
     """A rank of every pipeline stage: its layers, plus the embeddings on the first stage and the
     final norm and output layer (or the tied copy) on the last (with PP = 1, everything)."""
+    stage_linear_weights: tuple[int, ...]
+    """Of ``stage_ranks``, the transformer layers' linear weights (``LayerParameters.linear_weights`` / TP)."""
 
     @property
     def first_stage_rank(self) -> int:
@@ -139,4 +145,5 @@ def parameter_counts(
         embedding=word + position,
         output_layer=output_layer,
         stage_ranks=tuple(ranks),
+        stage_linear_weights=tuple(count * (layer.linear_weights // tp) for count in layers),
     )

@@ -497,6 +497,19 @@ def gradient_buckets(workload: Workload, *, chunk_parameters: float, dp: int) ->
     return max(1, math.ceil(chunk_parameters / size))
 
 
+def _gathered_bytes(workload: Workload, layout: ParallelLayout, rank_parameters: int) -> float:
+    """The distributed optimizer's all-gather of the rank's parameters: in the training precision, but with
+    ``--fp8-param-gather`` the layers' linear weights in FP8, 1 byte each (Megatron-Core's DDP gives FP8
+    parameters a buffer of their own, gathered as bytes). Their share is the most loaded rank's."""
+    gathered = float(workload.activation_bytes * rank_parameters)
+    if workload.fp8_param_gather:
+        counts = workload.parameter_counts(tp=layout.tp, pp=layout.pp, stage_layers=layout.layers_per_rank)
+        rank = max(range(layout.pp), key=lambda r: counts.stage_ranks[r])
+        share = counts.stage_linear_weights[rank] / counts.stage_ranks[rank]
+        gathered -= (workload.activation_bytes - 1) * share * rank_parameters
+    return gathered
+
+
 def data_parallel_time(
     workload: Workload,
     layout: ParallelLayout,
@@ -510,8 +523,8 @@ def data_parallel_time(
     """The data-parallel reduction (and the distributed optimizer's all-gather) of one step: (total, exposed).
 
     Gradients are reduced over the DP × CP ranks in their buffer's dtype: an all-reduce of ``2·(n−1)/n`` of the
-    bytes, or with the distributed optimizer a reduce-scatter of ``(n−1)/n`` and an all-gather of the bf16
-    parameters. The bandwidth is NVLink while the group sits in one node, else the network cards of the
+    bytes, or with the distributed optimizer a reduce-scatter of ``(n−1)/n`` and an all-gather of the
+    parameters (``_gathered_bytes``: bf16, the FP8 weights in FP8 with ``--fp8-param-gather``). The bandwidth is NVLink while the group sits in one node, else the network cards of the
     group's GPUs in a node. Each bucket's collective adds NCCL's ring latency (``ring_latency``), which grows
     with the group. Overlapped (``--overlap-grad-reduce``), the ``k`` buckets are reduced one after another as
     the last microbatch's backward pass (``B``) makes them ready, evenly in time: the reduction ends at
@@ -536,7 +549,7 @@ def data_parallel_time(
     grad_bytes = workload.gradient_bytes * rank_parameters
     if layout.use_distributed_optimizer:
         reduce = _ring(dp) * grad_bytes / bandwidth + collectives * latency
-        gather = _ring(dp) * workload.activation_bytes * rank_parameters / bandwidth + collectives * latency
+        gather = _ring(dp) * _gathered_bytes(workload, layout, rank_parameters) / bandwidth + collectives * latency
     else:
         reduce = 2 * _ring(dp) * grad_bytes / bandwidth + 2 * collectives * latency
         gather = 0.0

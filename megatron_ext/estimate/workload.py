@@ -57,6 +57,9 @@ class Workload:
     scaling: each tensor's amax first, a pass of its own unless the norm computes it), ``blockwise`` (1×128 and
     128×128 blocks, each block's scale in the cast kernel, both layouts gathered) or ``mxfp8`` (Blackwell's
     microscaling; no profile here has it)."""
+    fp8_param_gather: bool = False
+    """``--fp8-param-gather``: Transformer Engine keeps the layers' linear weights in FP8, and the distributed
+    optimizer all-gathers them in FP8 (1 byte each; the other parameters in the training precision)."""
     zero_bubble: bool = False
     """``--enable-zero-bubble``: the backward split into B and W passes, W passes filling part of the bubble (ZB-H1,
     or ZB interleaved with virtual stages), priced as ``parallel.pipeline.zb_bubble_scale`` of 1F1B's bubble at 1F1B's
@@ -106,6 +109,7 @@ class Workload:
             grad_reduce_in_bf16=optim.grad_reduce_in_bf16,
             fp8_format=optim.fp8_format,
             fp8_recipe=optim.fp8_recipe,
+            fp8_param_gather=optim.fp8_param_gather,
             overlap_p2p_comm=not parallel.no_overlap_p2p_communication,
             tp_comm_overlap=parallel.tp_comm_overlap,
             zero_bubble=parallel.enable_zero_bubble,
@@ -131,6 +135,8 @@ class Workload:
             problems.append(f"--fp8-recipe {self.fp8_recipe!r} is not one of {', '.join(FP8_RECIPES)}")
         if self.grad_reduce_in_bf16 and self.precision != "bf16":
             problems.append("--grad-reduce-in-bf16 needs --bf16")
+        if self.fp8_param_gather and self.fp8_format is None:
+            problems.append("--fp8-param-gather applies with --fp8-format only")
         if self.recompute_num_layers < 1:
             problems.append(f"--recompute-num-layers must be at least 1, got {self.recompute_num_layers}")
         if self.tokenizer_vocab_size is None and (self.model.vocab_size is None or self.model.vocab_size < 1):

@@ -21,7 +21,7 @@ Validation (never used to fit anything):
 * H100: the dgxc-benchmarking sweeps of Llama 3.1 70B, Nemotron-4 15B and GPT-3 175B; the FP8 / BF16 pairs of
   ``tests/estimate/test_fp8.py``; the later dgxc-benchmarking releases' BF16 and FP8 tables, v25.02.02,
   v25.04.02 and v25.05.05 (NeMo 24.12 to 25.04: ``DGXC_LATER_RELEASES``); MLPerf Training v3.1's GPT-3 175B,
-  512 to 10,752 GPUs (``MLPERF_V31_GPT3``).
+  512 to 10,752 GPUs (``MLPERF_V31_GPT3``), and v4.0's, 512 to 11,616 GPUs (``MLPERF_V40_GPT3``).
 
 Comparison (listed, neither fitted nor validated): the Megatron-LM README's H100 weak-scaling table
 (``MEGATRON_LM_H100``): Megatron-Core r0.8.0, and the micro-batch, virtual stages and recomputation of its runs
@@ -76,6 +76,8 @@ class PublishedRun:
     fp8_recipe: str = "delayed"
     """``--fp8-recipe`` with ``fp8_format``: Transformer Engine's scaling (``delayed`` before NeMo 25.04's
     performance recipes; ``tensorwise``, current scaling, in Megatron-Bridge's)."""
+    fp8_param_gather: bool = False
+    """``--fp8-param-gather`` with ``fp8_format`` (NeMo's ``fp8_params``): the layers' weights gathered in FP8."""
     recompute: str = "none"
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
@@ -132,6 +134,7 @@ class PublishedRun:
             precision=self.precision,
             fp8_format=self.fp8_format,
             fp8_recipe=self.fp8_recipe,
+            fp8_param_gather=self.fp8_param_gather,
             recompute_granularity=self.recompute,
             overlap_grad_reduce=self.overlap,
             overlap_param_gather=self.overlap and self.distributed_optimizer,
@@ -456,6 +459,7 @@ def dgxc_rows(
             tp_comm_overlap=True,
             grad_reduce_in_bf16=True,
             fp8_format=fp8_format,
+            fp8_param_gather=fp8_format is not None,
             embedding_and_loss_in_split=name in embedding_and_loss_in_split and pp > 1,
             ce_fusion=not name.startswith("GPT-3"),
             attention="auto",
@@ -601,9 +605,10 @@ DGXC_H100_V25_05 = dgxc_rows(
 # in the rows. The FP8 GEMMs' share of the FP8 peak was fitted on v24.11.1's BF16 / FP8 step-time ratios (of the
 # calibration models, ``tests/estimate/test_fp8.py``); none of these rows is fitted. Layouts as the BF16 tables'
 # but v25.04's Llama 3.1 70B FP8 (its layout table: TP 4, PP 8, CP 1, VP 5). v25.02's Nemotron-4 340B and v25.04's
-# GPT-3 175B FP8 tables repeat earlier figures: left out. v25.02's recipes gather FP8 parameters (launch.sh:
-# +model.fp8_params), which the calculator counts in bf16.
-_FP8_ASSUMED = "; FP8 parameter all-gather counted in bf16 (the calculator does not model it)"
+# GPT-3 175B FP8 tables repeat earlier figures: left out. Every release's recipes gather the FP8 weights in FP8
+# (--fp8-param-gather): v24.11.1's and v25.02's configure.sh pass +model.fp8_params (gpt3_175b_hydra.yaml sets
+# fp8_params), and v25.04's and v25.05's scripts train with NeMo 2's bf16_with_fp8_mixed, which sets fp8_params (NeMo
+# v2.2.0) or fp8_param_gather (v2.3.0).
 _F2502 = "NVIDIA dgxc-benchmarking v25.02.02, DGX H100 FP8"
 DGXC_H100_FP8_V25_02 = dgxc_rows(
     _F2502,
@@ -625,8 +630,7 @@ DGXC_H100_FP8_V25_02 = dgxc_rows(
         ("GPT-3 175B", GPT3_175B, 4, 8, 6, 1, 1, "none",
          [(128, 256, 5.626), (256, 512, 5.725), (512, 1024, 5.774), (1024, 2048, 5.82), (2048, 4096, 5.96)]),
     ],
-    assumed=_D_ASSUMED + "; GPT-3 175B: VP 6, the release's configuration file (its README heading says 12)"
-    + _FP8_ASSUMED,
+    assumed=_D_ASSUMED + "; GPT-3 175B: VP 6, the release's configuration file (its README heading says 12)",
     fp8_format="hybrid",
 )  # fmt: skip
 _F2504 = "NVIDIA dgxc-benchmarking v25.04.02, DGX H100 FP8"
@@ -650,7 +654,7 @@ DGXC_H100_FP8_V25_04 = dgxc_rows(
         ("Nemotron-4 340B", nemotron(96, 18432, 96), 8, 8, 12, 1, 1, "selective",
          [(256, 64, 2.93), (512, 128, 2.97), (1024, 256, 3), (2048, 512, 3.05)]),
     ],
-    assumed=_D2504_ASSUMED + _FP8_ASSUMED,
+    assumed=_D2504_ASSUMED,
     embedding_and_loss_in_split=("Llama 3.1 405B, 30 layers", "Llama 3.1 405B, 62 layers", "Llama 3.1 405B"),
     fp8_format="hybrid",
 )  # fmt: skip
@@ -662,7 +666,7 @@ DGXC_H100_FP8_V25_05 = dgxc_rows(
         ("Nemotron-4 15B", nemotron(32, 6144, 48), 2, 1, 1, 1, 2, "none", [(16, 64, 1.988)]),
         ("Nemotron-4 340B", nemotron(96, 18432, 96), 8, 8, 12, 1, 1, "selective", [(256, 64, 3.107)]),
     ],
-    assumed=_D2504_ASSUMED + _FP8_ASSUMED,
+    assumed=_D2504_ASSUMED,
     embedding_and_loss_in_split=("Llama 3.1 405B",),
     fp8_format="hybrid",
 )  # fmt: skip
@@ -693,7 +697,7 @@ DGXC_LATER_RELEASES = {
 # validation goal (docs/layout-model.md): listed as a comparison, each row's sign and size checked.
 _B = "Megatron-Bridge performance summary (067f987d), NeMo 25.11-26.06, DGX H100 FP8 current scaling"
 _B_ASSUMED = (
-    "bf16, FP8 hybrid with --fp8-recipe tensorwise; FP8 parameter all-gather counted in bf16; Transformer Engine's "
+    "bf16, FP8 hybrid with --fp8-recipe tensorwise; Transformer Engine's "
     "cross entropy priced as Megatron-Core's fused one; no recompute"
 )
 MEGATRON_BRIDGE_H100_FP8 = [
@@ -702,7 +706,8 @@ MEGATRON_BRIDGE_H100_FP8 = [
         hidden=model.hidden_size, layers=model.num_layers, seq_length=model.seq_length,
         vocab_size=int(model.vocab_size or 0), tp=tp, pp=pp, vp=vp, cp=cp, gpus=gpus, global_batch=batch,
         micro_batch=1, sequence_parallel=True, distributed_optimizer=True, overlap=True, tp_comm_overlap=True,
-        grad_reduce_in_bf16=True, fp8_format="hybrid", fp8_recipe="tensorwise", attention="auto", ce_fusion=True,
+        grad_reduce_in_bf16=True, fp8_format="hybrid", fp8_recipe="tensorwise", fp8_param_gather=True,
+        attention="auto", ce_fusion=True,
         embedding_and_loss_in_split=name.startswith("Llama 3.1 405B"), tokens_per_gpu_s=tokens, comparison=True,
         assumed=_B_ASSUMED,
     )
@@ -735,7 +740,8 @@ _N = "NVIDIA NeMo performance summary (8e3d65dc), NeMo 24.07, DGX H100 FP8"
 _N_ASSUMED = (
     "shapes from NeMo's model configurations; the dgxc recipes' settings (bf16 gradient reduction, overlaps, SP, "
     "--tp-comm-overlap, fused attention), --fp8-format hybrid; recompute none but selective for the 340B; GPT-3 "
-    "vocabulary 51,200"
+    "vocabulary 51,200; the parameters gathered in bf16 (NeMo-Framework-Launcher 24.07's training configurations "
+    "of these models do not set fp8_params)"
 )
 NEMO_24_07_FP8 = [
     _row(
@@ -798,6 +804,33 @@ MLPERF_V31_GPT3 = [
 ]  # fmt: skip
 
 
+# MLPerf Training v4.0 (June 2024), GPT-3 175B closed division, NVIDIA's submissions on DGX H100 (Eos):
+# mlcommons/training_results_v4.0 at 6fe95437, NVIDIA/benchmarks/gpt3/implementations/nemo (NeMo 24.04). The same recipe as v3.1's
+# (conf/custom.yaml, conf/optim/distributed_fused_adam.yaml: bf16 gradient reduction, overlapped, SP, no
+# recomputation, no dropout, layernorm-1p; config_fp8.sh: hybrid FP8, delayed scaling), with other layouts and, new,
+# the FP8 weights gathered in FP8 (config_common.sh: FP8_PARAMS=True, the model's fp8_params): on 64 nodes
+# config_DGXH100_64x8x128x4x8_mbs2.sh, TP 4, PP 8, 4 virtual stages, micro-batch 2 (and the GPUs' voltage boost,
+# VBOOST_VALUE=1); on 1,344 and 1,452 nodes config_DGXH100_<nodes>x8x6x4x6_mbs1_cg.sh, TP 4, PP 6, 8 virtual stages,
+# micro-batch 1, the layers captured in CUDA graphs (LAYER_CUDA_GRAPH=1). These logs record no per-step time: the
+# step time is each training block's (between two evaluations: block_start to block_stop, its epoch_count tokens over
+# the sequence and the global batch giving 9 to 11 steps), the first block left out (it includes warm-up), the median
+# over the run's blocks, then over the system's three runs. Global batch and microbatches from the logs
+# (global_batch_size, gradient_accumulation_steps).
+_M4 = "MLPerf Training v4.0 (6fe95437), GPT-3 175B, H100 FP8"
+MLPERF_V40_GPT3 = [
+    _row(
+        table=_M4, name=name, gpu="h100-sxm", model=GPT3_175B, layers=96, hidden=12288, heads=96, seq_length=2048,
+        vocab_size=51200, tp=4, pp=pp, vp=vp, gpus=gpus, global_batch=batch, micro_batch=micro, sequence_parallel=True,
+        distributed_optimizer=True, overlap=True, tp_comm_overlap=True, grad_reduce_in_bf16=True,
+        fp8_format="hybrid", fp8_param_gather=True, attention="auto", step_s=step, assumed=_M_ASSUMED,
+    )
+    for name, gpus, pp, vp, micro, batch, step in [
+        ("eos_n64 (512 GPUs)", 512, 8, 4, 2, 2304, 10.9822),
+        ("eos-dfw_n1344 (10,752 GPUs)", 10752, 6, 8, 1, 2688, 0.9207),
+        ("eos-dfw_n1452 (11,616 GPUs)", 11616, 6, 8, 1, 2904, 0.9214),
+    ]
+]  # fmt: skip
+
 # MegaScale (Jiang et al., NSDI 2024, arXiv 2402.15627), Table 2: its baseline, Megatron-LM at commit 285068c8,
 # training a 175B GPT (Table 1: 96 layers, hidden 12288, 128 heads, TP 8, PP 8; §6.1: six interleaved stages,
 # sequence 2048, vocabulary 64,000) on NVIDIA Ampere GPUs at a batch of 768 (256 to 1,024 GPUs) and 6,144 (3,072 to
@@ -838,6 +871,7 @@ ALL = (
     + NEMO_24_07_FP8
     + MEGATRON_BRIDGE_H100_FP8
     + MLPERF_V31_GPT3
+    + MLPERF_V40_GPT3
     + MEGASCALE_175B
 )
 CALIBRATION = [r for r in ALL if r.calibration]

@@ -37,6 +37,7 @@ from tests.estimate.published import (
     MEGATRON_BRIDGE_H100_FP8,
     MEGATRON_LM_H100,
     MLPERF_V31_GPT3,
+    MLPERF_V40_GPT3,
     NARAYANAN_TABLE_1,
     NEMO_24_07_FP8,
     VALIDATION,
@@ -330,12 +331,12 @@ def test_megatron_bridge_current_scaling_runs_are_a_comparison_the_model_misses(
     """Megatron-Bridge's H100 FP8 runs with current scaling (NeMo 25.11 to 26.06; settings published whole): the
     Llama 3 70B at TP 4, PP 8, VP 5 is predicted slower than it ran in every release (its last rank holds the output
     layer and the loss beside ten layers), by less than 10%, as dgxc v25.04's FP8 run of that layout; the Llama 3.1
-    405B faster, by at most 10.2%. The table misses the validation goal; should a change of the model bring it
+    405B faster, by at most 11.3%. The table misses the validation goal; should a change of the model bring it
     within, it becomes a validation table."""
     residuals = {r.name: r.residual() for r in MEGATRON_BRIDGE_H100_FP8}
     assert all(r.fp8_recipe == "tensorwise" for r in MEGATRON_BRIDGE_H100_FP8)
     for name, residual in residuals.items():
-        assert -0.10 < residual < 0 if name.startswith("Llama 3 70B") else 0 < residual < 0.11, (name, residual)
+        assert -0.10 < residual < 0 if name.startswith("Llama 3 70B") else 0 < residual < 0.12, (name, residual)
     sizes = [abs(x) for x in residuals.values()]
     assert statistics.median(sizes) >= 0.05 or max(sizes) >= VALIDATION_TOLERANCE
 
@@ -376,6 +377,48 @@ def test_mlperf_gpt3_validates_from_512_to_10752_gpus_without_drifting_faster() 
     assert max(abs(x) for x in residuals.values()) < VALIDATION_TOLERANCE, residuals
     assert statistics.median(abs(r.residual()) for r in rows) < 0.05
     assert all(residuals[gpus] <= residuals[512] for gpus in residuals if gpus >= 4096), residuals
+
+
+def test_mlperf_v4_gpt3_validates_with_its_fp8_weights_gathered_in_fp8() -> None:
+    """MLPerf Training v4.0's GPT-3 175B (NVIDIA's H100 submissions, NeMo 24.04: 512 GPUs at TP 4, PP 8, VP 4, and
+    10,752 and 11,616 GPUs at TP 4, PP 6, VP 8 with six microbatches a pipeline) gathers the FP8 weights in FP8. Priced
+    so, every row is within 10 %; priced in bf16, as the calculator did before it honoured ``--fp8-param-gather``, the
+    gather of 7 billion parameters a rank over 448 and 484 data-parallel ranks is exposed and the two largest runs
+    are more than 10 % slower in the estimate than they ran. Every row ran faster than the estimate (newer software
+    than the fitted rows, the layers in CUDA graphs at scale, the GPUs' voltage boost on 512), and the table's median
+    misses the 5 % goal (docs/layout-model.md)."""
+    rows = MLPERF_V40_GPT3
+    assert rows and all(r in VALIDATION and r.fp8_param_gather for r in rows)
+    residuals = [r.residual() for r in rows]
+    assert all(-VALIDATION_TOLERANCE < x < 0 for x in residuals), residuals
+    assert statistics.median(abs(x) for x in residuals) > 0.05
+    largest = [r for r in rows if r.gpus > 10000]
+    in_fp8 = [r.residual() for r in largest]
+    in_bf16 = [dataclasses.replace(r, fp8_param_gather=False).residual() for r in largest]
+    assert all(-0.07 < x < -0.05 for x in in_fp8) and all(-0.14 < x < -0.12 for x in in_bf16), (in_fp8, in_bf16)
+    # On 10,752 GPUs v3.1's layout (PP 8, VP 12, bf16 gather) and v4.0's ran within 1 % of each other; the estimate
+    # has v4.0's 4 % faster, and 4 % slower were its gather in bf16.
+    v31 = next(r for r in MLPERF_V31_GPT3 if r.name.startswith("eos-dfw_n1344"))
+    v40 = next(r for r in rows if r.gpus == v31.gpus)
+    assert 0.98 < v40.step_s / v31.step_s < 1  # type: ignore[operator]
+    base = v31.estimate().time.step_s
+    assert 0.95 < v40.estimate().time.step_s / base < 0.97
+    assert 1.03 < dataclasses.replace(v40, fp8_param_gather=False).estimate().time.step_s / base < 1.05
+
+
+def test_fp8_param_gather_halves_the_layers_share_of_the_all_gather() -> None:
+    """``--fp8-param-gather``: the distributed optimizer gathers the layers' linear weights in FP8 (1 byte) and the
+    rest (norms, biases, embedding, output layer) in bf16; the gradients' reduction is unchanged."""
+    row = MLPERF_V40_GPT3[0]  # 16 data-parallel ranks: the collectives' latency is a small part of their time
+    fp8 = row.estimate().time
+    bf16 = dataclasses.replace(row, fp8_param_gather=False).estimate().time
+    counts = row.workload().parameter_counts(tp=row.tp, pp=row.pp, stage_layers=row.layout().layers_per_rank)
+    weights, params = counts.stage_linear_weights[0], counts.stage_ranks[0]
+    assert 0.9 < weights / params < 1  # the first stage also holds the word embedding
+    # In bf16 the gradients' reduce-scatter and the parameters' all-gather move the same bytes: half the total each.
+    # FP8 saves half the weights' share of the gather's bytes; not of its latency, a few percent of it here.
+    saved = (bf16.dp_comm_total_s - fp8.dp_comm_total_s) / (bf16.dp_comm_total_s / 2)
+    assert 0.95 * weights / params / 2 < saved < weights / params / 2
 
 
 @pytest.mark.parametrize(
