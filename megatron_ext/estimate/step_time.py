@@ -524,8 +524,8 @@ def data_parallel_time(
 
     Gradients are reduced over the DP × CP ranks in their buffer's dtype: an all-reduce of ``2·(n−1)/n`` of the
     bytes, or with the distributed optimizer a reduce-scatter of ``(n−1)/n`` and an all-gather of the
-    parameters (``_gathered_bytes``: bf16, the FP8 weights in FP8 with ``--fp8-param-gather``). The bandwidth is NVLink while the group sits in one node, else the network cards of the
-    group's GPUs in a node. Each bucket's collective adds NCCL's ring latency (``ring_latency``), which grows
+    parameters (``_gathered_bytes``: bf16, the FP8 weights in FP8 with ``--fp8-param-gather``). The bandwidth is
+    NVLink while the group sits in one node, else the network cards of the group's GPUs in a node. Each bucket's collective adds NCCL's ring latency (``ring_latency``), which grows
     with the group. Overlapped (``--overlap-grad-reduce``), the ``k`` buckets are reduced one after another as
     the last microbatch's backward pass (``B``) makes them ready, evenly in time: the reduction ends at
     ``max(B + r, k·r + B/k)`` (``r`` one bucket's time), so ``max(r, R − B·(k−1)/k)`` of it is exposed — the
