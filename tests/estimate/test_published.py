@@ -38,6 +38,8 @@ from tests.estimate.published import (
     MEGATRON_LM_H100,
     MLPERF_V31_GPT3,
     MLPERF_V40_GPT3,
+    MLPERF_V41_GPT3,
+    MLPERF_V50_LLAMA_405B,
     NARAYANAN_TABLE_1,
     NEMO_24_07_FP8,
     VALIDATION,
@@ -305,9 +307,11 @@ def test_the_v25_04_405b_layers_split_evenly_only_counting_the_embedding_and_the
             dataclasses.replace(row, embedding_and_loss_in_split=False).layout()
 
 
-def test_the_comparison_tables_are_the_readme_nemo_24_07_and_megatron_bridge_tables() -> None:
-    """Every comparison row is in one of the three tables whose sign and size the tests below check."""
-    assert COMPARISON == MEGATRON_LM_H100 + NEMO_24_07_FP8 + MEGATRON_BRIDGE_H100_FP8
+def test_the_comparison_tables_are_the_readme_nemo_24_07_megatron_bridge_and_mlperf_gpt3_tables() -> None:
+    """Every comparison row is in one of the five tables whose sign and size the tests below check."""
+    assert COMPARISON == (
+        MEGATRON_LM_H100 + NEMO_24_07_FP8 + MEGATRON_BRIDGE_H100_FP8 + MLPERF_V40_GPT3 + MLPERF_V41_GPT3
+    )
 
 
 @pytest.mark.parametrize("row", NEMO_24_07_FP8, ids=[r.name for r in NEMO_24_07_FP8])
@@ -379,16 +383,16 @@ def test_mlperf_gpt3_validates_from_512_to_10752_gpus_without_drifting_faster() 
     assert all(residuals[gpus] <= residuals[512] for gpus in residuals if gpus >= 4096), residuals
 
 
-def test_mlperf_v4_gpt3_validates_with_its_fp8_weights_gathered_in_fp8() -> None:
+def test_mlperf_v4_gpt3_is_within_ten_percent_with_its_fp8_weights_gathered_in_fp8() -> None:
     """MLPerf Training v4.0's GPT-3 175B (NVIDIA's H100 submissions, NeMo 24.04: 512 GPUs at TP 4, PP 8, VP 4, and
     10,752 and 11,616 GPUs at TP 4, PP 6, VP 8 with six microbatches a pipeline) gathers the FP8 weights in FP8. Priced
     so, every row is within 10 %; priced in bf16, as the calculator did before it honoured ``--fp8-param-gather``, the
     gather of 7 billion parameters a rank over 448 and 484 data-parallel ranks is exposed and the two largest runs
-    are more than 10 % slower in the estimate than they ran. Every row ran faster than the estimate (newer software
-    than the fitted rows, the layers in CUDA graphs at scale, the GPUs' voltage boost on 512), and the table's median
-    misses the 5 % goal (docs/layout-model.md)."""
+    are 12-14 % slower in the estimate than they ran. Every row ran faster than the estimate (newer software than
+    the fitted rows, the layers in CUDA graphs at scale, the GPUs' voltage boost on 512), and the table's median
+    misses the 5 % goal: a comparison (docs/layout-model.md)."""
     rows = MLPERF_V40_GPT3
-    assert rows and all(r in VALIDATION and r.fp8_param_gather for r in rows)
+    assert rows and all(r in COMPARISON and r.fp8_param_gather for r in rows)
     residuals = [r.residual() for r in rows]
     assert all(-VALIDATION_TOLERANCE < x < 0 for x in residuals), residuals
     assert statistics.median(abs(x) for x in residuals) > 0.05
@@ -419,6 +423,40 @@ def test_fp8_param_gather_halves_the_layers_share_of_the_all_gather() -> None:
     # FP8 saves half the weights' share of the gather's bytes; not of its latency, a few percent of it here.
     saved = (bf16.dp_comm_total_s - fp8.dp_comm_total_s) / (bf16.dp_comm_total_s / 2)
     assert 0.95 * weights / params / 2 < saved < weights / params / 2
+
+
+def test_mlperf_v4_1_gpt3_is_a_comparison_the_model_misses_both_ways() -> None:
+    """MLPerf Training v4.1's new H100 GPT-3 175B runs, settings published whole: NVIDIA's on 256 and 512 GPUs (NeMo
+    24.09, micro-batch 2, VP 6) ran 10 % and 8 % faster than the estimate; Oracle's on its RoCE cloud, 3 % faster on
+    1,536 GPUs and 15 % slower on 3,072, where its step fell to 64 % of the 1,536-GPU one against the estimate's
+    53 %: what the estimate leaves out at scale (network congestion, the slowest of more GPUs) is a cluster's."""
+    residuals = {r.name.split(" (")[0]: r.residual() for r in MLPERF_V41_GPT3}
+    assert all(r in COMPARISON for r in MLPERF_V41_GPT3)
+    assert -0.11 < residuals["NVIDIA eos_n32"] < -0.10 and -0.09 < residuals["NVIDIA eos_n64"] < -0.07, residuals
+    oracle = [r for r in MLPERF_V41_GPT3 if r.name.startswith("Oracle")]
+    assert -0.04 < oracle[0].residual() < -0.03 and 0.14 < oracle[1].residual() < 0.16, residuals
+    assert 0.63 < oracle[1].step_s / oracle[0].step_s < 0.64  # type: ignore[operator]
+    assert 0.53 < oracle[1].estimate().time.step_s / oracle[0].estimate().time.step_s < 0.54
+    assert max(abs(x) for x in residuals.values()) >= VALIDATION_TOLERANCE
+    # NVIDIA's benchmark run against dgxc-benchmarking's recipe for the same model on 256 GPUs (v25.02, NeMo 24.12).
+    recipe = next(r for rows in DGXC_LATER_RELEASES.values() for r in rows
+                  if r.fp8_format and r.name == "GPT-3 175B on 256" and "v25.02" in r.table)  # fmt: skip
+    benchmark = MLPERF_V41_GPT3[0]
+    per_sequence = [r.step_s * r.gpus / r.global_batch for r in (benchmark, recipe)]  # type: ignore[operator]
+    assert per_sequence[0] == pytest.approx(2.30, abs=0.005) and per_sequence[1] == pytest.approx(2.86, abs=0.005)
+    assert 0.05 < recipe.residual() < 0.055
+
+
+def test_mlperf_v5_llama_405b_validates_from_512_to_8192_gpus() -> None:
+    """MLPerf Training v5.0's Llama 3.1 405B on DGX H100 (NVIDIA, NeMo 25.01, TP 8, PP 8, VP 8, CP 2, E4M3 FP8 with the
+    weights gathered in FP8, the embedding and the loss counted in the pipeline split, Mixtral's 32,768-token
+    vocabulary), settings published whole, validates as a table of its own: 512 to 8,192 GPUs within 3.1 %, every
+    run slower than the estimate by a little, the most on the most GPUs."""
+    rows = MLPERF_V50_LLAMA_405B
+    assert rows and all(r in VALIDATION and r.estimate().fits for r in rows)
+    residuals = {r.gpus: r.residual() for r in rows}
+    assert all(0 < x < 0.032 for x in residuals.values()), residuals
+    assert max(residuals, key=lambda g: residuals[g]) == 8192 and statistics.median(residuals.values()) < 0.05
 
 
 @pytest.mark.parametrize(
