@@ -68,6 +68,15 @@ def cudnn_causal_forward_and_backward(head_dim: int) -> tuple[float, ...]:
     return tuple(FORWARD_AND_BACKWARD / (1 / f + 2.5 / b) for f, b in zip(forward, backward, strict=True))
 
 
+@functools.cache
+def cudnn_full_forward_and_backward(head_dim: int) -> tuple[float, ...]:
+    """cuDNN's forward + backward TFLOP/s without a mask (every query against every key) on H100 at
+    ``SEQUENCE_LENGTHS``: the paper's non-causal bars, ``3.5 / (1/forward + 2.5/backward)``."""
+    forward = CUDNN_H100_TFLOPS[("forward", False, head_dim)]
+    backward = CUDNN_H100_TFLOPS[("backward", False, head_dim)]
+    return tuple(FORWARD_AND_BACKWARD / (1 / f + 2.5 / b) for f, b in zip(forward, backward, strict=True))
+
+
 BENCHMARK_PEAK_TFLOPS: Mapping[str, float] = MappingProxyType({"ampere": 312.0, "hopper": 989.0})
 """The dense bf16/fp16 peak of the benchmarked GPUs (A100 SXM4, H100 SXM5), against which a share is taken."""
 
@@ -97,19 +106,43 @@ def attention_backend_kernel(backend: str, generation: str) -> str:
     return "cudnn"
 
 
-def attention_kernel_efficiency(generation: str, *, seq_length: float, head_dim: int, backend: str = "auto") -> float:
-    """The causal fused attention kernel's forward + backward share of the dense bf16 peak, in the kernel's count
-    (``FORWARD_AND_BACKWARD`` × ``4·s²·d·n / 2``), for queries and keys ``seq_length`` long, on ``backend``
-    (``attention_backend_kernel``).
+def attention_kernel_efficiency(
+    generation: str, *, seq_length: float, head_dim: int, backend: str = "auto", causal: bool = True
+) -> float:
+    """The fused attention kernel's forward + backward share of the dense bf16 peak, in the kernel's count
+    (``FORWARD_AND_BACKWARD`` × the multiply-adds of the scores it computes: ``4·s²·d·n / 2`` causal), for queries
+    and keys ``seq_length`` long, on ``backend`` (``attention_backend_kernel``). ``causal=False``: a block without
+    a mask, cuDNN's non-causal bars; FlashAttention-2's non-causal bars are not taken, its causal curve stands for
+    both (a bound: the masked kernel is the slower).
 
     ``generation``: ``ampere`` (A100) or ``hopper`` (H100, H200); KeyError for another."""
     if attention_backend_kernel(backend, generation) == "cudnn":
-        low, high = cudnn_causal_forward_and_backward(64), cudnn_causal_forward_and_backward(128)
+        curve = cudnn_causal_forward_and_backward if causal else cudnn_full_forward_and_backward
+        low, high = curve(64), curve(128)
     else:
         low, high = FLASH_ATTENTION_2_TFLOPS[(generation, 64)], FLASH_ATTENTION_2_TFLOPS[(generation, 128)]
     at_64, at_128 = _at_length(low, seq_length), _at_length(high, seq_length)
     w = (min(max(head_dim, 64), 128) - 64) / 64
     return (at_64 + w * (at_128 - at_64)) / BENCHMARK_PEAK_TFLOPS[generation]
+
+
+def context_parallel_attention_efficiency(
+    generation: str, *, seq_length: float, cp: int, head_dim: int, backend: str = "auto"
+) -> float:
+    """The attention kernels' share of peak on one of ``cp`` context-parallel ranks, each holding ``seq_length``
+    (the sequence over CP) queries. Transformer Engine's ring (``AttnFuncWithCPAndKVP2P``, load-balanced: a rank
+    holds chunks ``i`` and ``2·CP−1−i``) runs CP steps: the first on the rank's own keys, causal over
+    ``seq_length``; each other a block without a mask, all the rank's queries against half of a peer's keys or
+    half its queries against all of them (its sections "lower-triangle" and "upper-triangle"), as much work as the
+    causal step. So ``1/CP`` of the work runs at the causal rate and the rest at the unmasked rate of blocks
+    ``seq_length / 2`` deep; CP 1 is the causal kernel alone."""
+    causal = attention_kernel_efficiency(generation, seq_length=seq_length, head_dim=head_dim, backend=backend)
+    if cp == 1:
+        return causal
+    full = attention_kernel_efficiency(
+        generation, seq_length=seq_length / 2, head_dim=head_dim, backend=backend, causal=False
+    )
+    return 1 / (1 / (cp * causal) + (cp - 1) / (cp * full))
 
 
 GEMM_TILE = 128

@@ -101,7 +101,11 @@ from megatron_ext.estimate.flops import (
 )
 from megatron_ext.estimate.fp8 import fp8_cast_bytes, fp8_peak
 from megatron_ext.estimate.hardware import GpuProfile
-from megatron_ext.estimate.kernels import FORWARD_AND_BACKWARD, attention_kernel_efficiency, gemm_pass_efficiency
+from megatron_ext.estimate.kernels import (
+    FORWARD_AND_BACKWARD,
+    context_parallel_attention_efficiency,
+    gemm_pass_efficiency,
+)
 from megatron_ext.estimate.memory import unfused_attention
 from megatron_ext.estimate.step_overhead import ring_latency, step_overhead
 from megatron_ext.estimate.workload import Workload
@@ -273,7 +277,9 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
     element-wise bytes and TP collectives shrink by CP; attention passes every
     rank's keys and values around the ring, CP − 1 transfers of 2·g·d·(s/CP)·b
     in the forward pass and twice that (keys, values and their gradients) in the
-    backward, behind the attention's own compute where it is long enough.
+    backward, behind the attention's own compute where it is long enough; all but
+    1/CP of that compute is blocks without a causal mask
+    (``kernels.context_parallel_attention_efficiency``).
     """
     m = workload.model
     t, cp = layout.tp, layout.cp
@@ -307,7 +313,7 @@ def unit_times(workload: Workload, layout: ParallelLayout, gpu: GpuProfile, *, g
     linears = ((n + 2 * g) * d / t, h), (h, n * d / t), (f * (2 if m.swiglu else 1) / t, h), (h, f / t)
     gemm_passes = 3 + (1 if workload.recompute_granularity == "full" else 0)
     layer_gemm_s = _gemm_seconds(linears, gemm_rate, gemm_passes, tokens=tokens, gpu=gpu, depth_half=depth)
-    attention_s = _attention_core_seconds(workload, gpu, attention_fwd, seq_length=s, tp=t, peak=peak, rate=rate)
+    attention_s = _attention_core_seconds(workload, gpu, attention_fwd, seq_length=s, tp=t, cp=cp, peak=peak, rate=rate)
     layer_compute = (
         layer_gemm_s
         + attention_s
@@ -384,7 +390,15 @@ def _gemm_seconds(
 
 
 def _attention_core_seconds(
-    workload: Workload, gpu: GpuProfile, attention_fwd: float, *, seq_length: float, tp: int, peak: float, rate: float
+    workload: Workload,
+    gpu: GpuProfile,
+    attention_fwd: float,
+    *,
+    seq_length: float,
+    tp: int,
+    cp: int,
+    peak: float,
+    rate: float,
 ) -> float:
     """The attention core's forward, backward and (recomputed) forward of one layer and microbatch on this rank.
 
@@ -397,8 +411,12 @@ def _attention_core_seconds(
     if not unfused_attention(workload) and workload.mixed_precision:
         # The kernel's count: causal, half of Megatron's full s² square; forward + backward 3.5 forwards, and the
         # forward again when recomputed. Its share of peak at the sequence each CP rank sees.
-        share = gpu.attention_efficiency or attention_kernel_efficiency(
-            gpu.attention_kernels, seq_length=seq_length, head_dim=m.effective_kv_channels, backend=m.attention_backend
+        share = gpu.attention_efficiency or context_parallel_attention_efficiency(
+            gpu.attention_kernels,
+            seq_length=seq_length,
+            cp=cp,
+            head_dim=m.effective_kv_channels,
+            backend=m.attention_backend,
         )
         passes = FORWARD_AND_BACKWARD + (1 if attention_recompute else 0)
         return passes * attention_fwd / 2 / tp / (peak * share)

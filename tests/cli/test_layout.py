@@ -347,7 +347,7 @@ def test_search_tries_context_parallelism_where_each_rank_keeps_4096_tokens() ->
 
 
 def test_at_a_long_sequence_the_search_picks_context_parallelism_over_the_best_layout_without_it() -> None:
-    """Before, the search never tried CP: Llama 3.1 8B at 128k tokens on 64 H100s came out as TP 8 PP 4 (56.9 s a
+    """Before, the search never tried CP: Llama 3.1 8B at 128k tokens on 64 H100s came out as TP 8 PP 4 (57.0 s a
     step in 71 GiB), and evaluating it said "calculator's best: this layout"."""
     common = ("--gpus 64 --gpu h100-sxm --model llama3.1-8b --bf16 --global-batch-size 64 --seq-length 131072 "
               "--use-distributed-optimizer --sequence-parallel --json")  # fmt: skip
@@ -355,11 +355,11 @@ def test_at_a_long_sequence_the_search_picks_context_parallelism_over_the_best_l
     assert code == ExitCode.OK
     (best,) = json.loads(out)["layouts"]
     assert (best["tp"], best["cp"], best["pp"]) == (2, 8, 1) and "--context-parallel-size 8" in best["pretrain_flags"]
-    assert best["step_time_s"] == pytest.approx(44.4, abs=0.05)
+    assert best["step_time_s"] == pytest.approx(41.7, abs=0.05)
     code, out, _ = calc(f"{common} --tp 8 --pp 4")
     doc = json.loads(out)
     (before,) = doc["layouts"]
-    assert before["step_time_s"] == pytest.approx(56.9, abs=0.05)
+    assert before["step_time_s"] == pytest.approx(57.0, abs=0.05)
     assert round(before["memory"]["total_bytes"] / 2**30) == 71
     assert doc["best_layout"]["cp"] > 1
     assert doc["slower_than_best"] > 0.15

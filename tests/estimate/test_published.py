@@ -399,7 +399,7 @@ def test_mlperf_v4_gpt3_is_within_ten_percent_with_its_fp8_weights_gathered_in_f
     largest = [r for r in rows if r.gpus > 10000]
     in_fp8 = [r.residual() for r in largest]
     in_bf16 = [dataclasses.replace(r, fp8_param_gather=False).residual() for r in largest]
-    assert all(-0.07 < x < -0.05 for x in in_fp8) and all(-0.14 < x < -0.12 for x in in_bf16), (in_fp8, in_bf16)
+    assert all(-0.075 < x < -0.05 for x in in_fp8) and all(-0.14 < x < -0.12 for x in in_bf16), (in_fp8, in_bf16)
     # On 10,752 GPUs v3.1's layout (PP 8, VP 12, bf16 gather) and v4.0's ran within 1 % of each other; the estimate
     # has v4.0's 4 % faster, and 4 % slower were its gather in bf16.
     v31 = next(r for r in MLPERF_V31_GPT3 if r.name.startswith("eos-dfw_n1344"))
@@ -427,8 +427,8 @@ def test_fp8_param_gather_halves_the_layers_share_of_the_all_gather() -> None:
 
 def test_mlperf_v4_1_gpt3_is_a_comparison_the_model_misses_both_ways() -> None:
     """MLPerf Training v4.1's new H100 GPT-3 175B runs, settings published whole: NVIDIA's on 256 and 512 GPUs (NeMo
-    24.09, micro-batch 2, VP 6) ran 10 % and 8 % faster than the estimate; Oracle's on its RoCE cloud, 3 % faster on
-    1,536 GPUs and 15 % slower on 3,072, where its step fell to 64 % of the 1,536-GPU one against the estimate's
+    24.09, micro-batch 2, VP 6) ran 10.5 % and 8.4 % faster than the estimate; Oracle's on its RoCE cloud, 3.6 %
+    faster on 1,536 GPUs and 14.6 % slower on 3,072, where its step fell to 64 % of the 1,536-GPU one against the estimate's
     53 %: what the estimate leaves out at scale (network congestion, the slowest of more GPUs) is a cluster's."""
     residuals = {r.name.split(" (")[0]: r.residual() for r in MLPERF_V41_GPT3}
     assert all(r in COMPARISON for r in MLPERF_V41_GPT3)
@@ -444,18 +444,18 @@ def test_mlperf_v4_1_gpt3_is_a_comparison_the_model_misses_both_ways() -> None:
     benchmark = MLPERF_V41_GPT3[0]
     per_sequence = [r.step_s * r.gpus / r.global_batch for r in (benchmark, recipe)]  # type: ignore[operator]
     assert per_sequence[0] == pytest.approx(2.30, abs=0.005) and per_sequence[1] == pytest.approx(2.86, abs=0.005)
-    assert 0.05 < recipe.residual() < 0.055
+    assert 0.045 < recipe.residual() < 0.05
 
 
 def test_mlperf_v5_llama_405b_validates_from_512_to_8192_gpus() -> None:
     """MLPerf Training v5.0's Llama 3.1 405B on DGX H100 (NVIDIA, NeMo 25.01, TP 8, PP 8, VP 8, CP 2, E4M3 FP8 with the
     weights gathered in FP8, the embedding and the loss counted in the pipeline split, Mixtral's 32,768-token
-    vocabulary), settings published whole, validates as a table of its own: 512 to 8,192 GPUs within 3.1 %, every
+    vocabulary), settings published whole, validates as a table of its own: 512 to 8,192 GPUs within 3.3 %, every
     run slower than the estimate by a little, the most on the most GPUs."""
     rows = MLPERF_V50_LLAMA_405B
     assert rows and all(r in VALIDATION and r.estimate().fits for r in rows)
     residuals = {r.gpus: r.residual() for r in rows}
-    assert all(0 < x < 0.032 for x in residuals.values()), residuals
+    assert all(0 < x < 0.034 for x in residuals.values()), residuals
     assert max(residuals, key=lambda g: residuals[g]) == 8192 and statistics.median(residuals.values()) < 0.05
 
 

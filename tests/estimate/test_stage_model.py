@@ -61,9 +61,9 @@ def test_an_uneven_split_is_recommended_where_the_even_one_is_imbalanced() -> No
     assert even["pipeline_split"] == "uniform" and even["stage_imbalance"] > 0.10
     assert max(range(4), key=lambda r: even["stages"][r]["microbatch_s"]) == 3  # the output layer's stage
     assert better["stage_imbalance"] < 0.07 and better["step_time_s"] < even["step_time_s"] * 0.95
-    # docs/layout-model.md's figures: 30% -> 1.3%, 20.5% faster.
-    assert round(even["stage_imbalance"], 2) == 0.30 and round(better["stage_imbalance"], 3) == 0.013
-    assert 1 - better["step_time_s"] / even["step_time_s"] == pytest.approx(0.205, abs=0.005)
+    # docs/layout-model.md's figures: 30% -> 1.2%, 20.8% faster.
+    assert round(even["stage_imbalance"], 2) == 0.30 and round(better["stage_imbalance"], 3) == 0.012
+    assert 1 - better["step_time_s"] / even["step_time_s"] == pytest.approx(0.208, abs=0.002)
     # Integer layers: the output (its GEMM and the cross entropy) weighs between three and four layers, so no split
     # of 32 layers on 4 ranks does better than the heaviest stage holding 9 of the 32 + output's 35.5 layers' work.
     output = (32 * (1 + even["stage_imbalance"]) - 32) / (4 - (1 + even["stage_imbalance"]))  # (8 + o)/((32 + o)/4)
