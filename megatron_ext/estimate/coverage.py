@@ -47,7 +47,8 @@ APPROXIMATED: dict[str, str] = {
     "muon_tp_mode": "Muon's gathers of tensor-parallel weights and its Newton-Schulz iterations are not timed",
     "no_use_layer_wise_param_layout": "the layer-wise distributed optimizer's memory and all-gathers are counted as "
     "the distributed optimizer's",
-    "fp8_param_gather": "the all-gather moves the layers' weights in FP8; memory counts them in bf16, as without the flag",
+    "fp8_param_gather": "the all-gather moves the layers' weights in FP8; memory counts them in the training "
+    "precision, as without the flag",
     **dict.fromkeys(
         ("use_precision_aware_optimizer", "main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"),
         "the main weights, main gradients and Adam's moments are counted in fp32; lower dtypes keep less, and bf16 "

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 SEQUENCE_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -58,23 +58,28 @@ non-causal only: the causal backward is taken as the non-causal one times the fo
 ratio at the same length (masking costs both passes alike)."""
 
 
+def _forward_and_backward(forward: Sequence[float], backward: Sequence[float]) -> tuple[float, ...]:
+    """A forward and a backward rate (TFLOP/s, length by length) as one: ``3.5 / (1/forward + 2.5/backward)``."""
+    return tuple(FORWARD_AND_BACKWARD / (1 / f + 2.5 / b) for f, b in zip(forward, backward, strict=True))
+
+
 @functools.cache
 def cudnn_causal_forward_and_backward(head_dim: int) -> tuple[float, ...]:
-    """cuDNN's causal forward + backward TFLOP/s on H100 at ``SEQUENCE_LENGTHS`` (head dimension 64 or 128):
-    ``3.5 / (1/forward + 2.5/backward)``, the backward as ``CUDNN_H100_TFLOPS`` says."""
+    """cuDNN's causal forward + backward TFLOP/s on H100 at ``SEQUENCE_LENGTHS`` (head dimension 64 or 128), the
+    backward as ``CUDNN_H100_TFLOPS`` says."""
     forward = CUDNN_H100_TFLOPS[("forward", True, head_dim)]
     ratio = [c / n for c, n in zip(forward, CUDNN_H100_TFLOPS[("forward", False, head_dim)], strict=True)]
     backward = [b * r for b, r in zip(CUDNN_H100_TFLOPS[("backward", False, head_dim)], ratio, strict=True)]
-    return tuple(FORWARD_AND_BACKWARD / (1 / f + 2.5 / b) for f, b in zip(forward, backward, strict=True))
+    return _forward_and_backward(forward, backward)
 
 
 @functools.cache
 def cudnn_full_forward_and_backward(head_dim: int) -> tuple[float, ...]:
     """cuDNN's forward + backward TFLOP/s without a mask (every query against every key) on H100 at
-    ``SEQUENCE_LENGTHS``: the paper's non-causal bars, ``3.5 / (1/forward + 2.5/backward)``."""
-    forward = CUDNN_H100_TFLOPS[("forward", False, head_dim)]
-    backward = CUDNN_H100_TFLOPS[("backward", False, head_dim)]
-    return tuple(FORWARD_AND_BACKWARD / (1 / f + 2.5 / b) for f, b in zip(forward, backward, strict=True))
+    ``SEQUENCE_LENGTHS``: the paper's non-causal bars."""
+    return _forward_and_backward(
+        CUDNN_H100_TFLOPS[("forward", False, head_dim)], CUDNN_H100_TFLOPS[("backward", False, head_dim)]
+    )
 
 
 BENCHMARK_PEAK_TFLOPS: Mapping[str, float] = MappingProxyType({"ampere": 312.0, "hopper": 989.0})
@@ -113,7 +118,7 @@ def attention_kernel_efficiency(
     (``FORWARD_AND_BACKWARD`` × the multiply-adds of the scores it computes: ``4·s²·d·n / 2`` causal), for queries
     and keys ``seq_length`` long, on ``backend`` (``attention_backend_kernel``). ``causal=False``: a block without
     a mask, cuDNN's non-causal bars; FlashAttention-2's non-causal bars are not taken, its causal curve stands for
-    both (a bound: the masked kernel is the slower).
+    both (at the same length a bound: the masked kernel is the slower).
 
     ``generation``: ``ampere`` (A100) or ``hopper`` (H100, H200); KeyError for another."""
     if attention_backend_kernel(backend, generation) == "cudnn":
@@ -135,9 +140,11 @@ def context_parallel_attention_efficiency(
     ``seq_length``; each other a block without a mask, all the rank's queries against half of a peer's keys or
     half its queries against all of them (its sections "lower-triangle" and "upper-triangle"), as much work as the
     causal step. So ``1/CP`` of the work runs at the causal rate and the rest at the unmasked rate of blocks
-    ``seq_length / 2`` deep; CP 1 is the causal kernel alone."""
+    ``seq_length / 2`` deep; CP 1 is the causal kernel alone. On FlashAttention-2's curve, which has no unmasked
+    rate, the whole runs at the causal rate over ``seq_length`` (its causal rate at half the depth would price
+    the unmasked blocks slower than the masked kernel)."""
     causal = attention_kernel_efficiency(generation, seq_length=seq_length, head_dim=head_dim, backend=backend)
-    if cp == 1:
+    if cp == 1 or attention_backend_kernel(backend, generation) != "cudnn":
         return causal
     full = attention_kernel_efficiency(
         generation, seq_length=seq_length / 2, head_dim=head_dim, backend=backend, causal=False

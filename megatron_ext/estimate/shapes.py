@@ -113,6 +113,12 @@ class ParameterCounts:
         """Parameters on the most loaded rank (any stage: with uneven stages a middle one may be)."""
         return max(self.stage_ranks)
 
+    @property
+    def linear_weight_share(self) -> float:
+        """Of the most loaded rank's parameters, the share that is the layers' linear weights."""
+        rank = max(range(len(self.stage_ranks)), key=lambda r: self.stage_ranks[r])
+        return self.stage_linear_weights[rank] / self.stage_ranks[rank]
+
 
 def parameter_counts(
     model: ModelArgs,

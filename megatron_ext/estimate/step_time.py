@@ -410,7 +410,8 @@ def _attention_core_seconds(
     attention_recompute = attention_fwd if workload.recompute_granularity != "none" else 0.0
     if not unfused_attention(workload) and workload.mixed_precision:
         # The kernel's count: causal, half of Megatron's full s² square; forward + backward 3.5 forwards, and the
-        # forward again when recomputed. Its share of peak at the sequence each CP rank sees.
+        # forward again when recomputed. Its share of peak: the causal kernel's at the sequence each CP rank holds,
+        # mixed with unmasked blocks' under CP (kernels.context_parallel_attention_efficiency).
         share = gpu.attention_efficiency or context_parallel_attention_efficiency(
             gpu.attention_kernels,
             seq_length=seq_length,
@@ -522,9 +523,7 @@ def _gathered_bytes(workload: Workload, layout: ParallelLayout, rank_parameters:
     gathered = float(workload.activation_bytes * rank_parameters)
     if workload.fp8_param_gather:
         counts = workload.parameter_counts(tp=layout.tp, pp=layout.pp, stage_layers=layout.layers_per_rank)
-        rank = max(range(layout.pp), key=lambda r: counts.stage_ranks[r])
-        share = counts.stage_linear_weights[rank] / counts.stage_ranks[rank]
-        gathered -= (workload.activation_bytes - 1) * share * rank_parameters
+        gathered -= (workload.activation_bytes - 1) * counts.linear_weight_share * rank_parameters
     return gathered
 
 
@@ -543,8 +542,8 @@ def data_parallel_time(
     Gradients are reduced over the DP × CP ranks in their buffer's dtype: an all-reduce of ``2·(n−1)/n`` of the
     bytes, or with the distributed optimizer a reduce-scatter of ``(n−1)/n`` and an all-gather of the
     parameters (``_gathered_bytes``: bf16, the FP8 weights in FP8 with ``--fp8-param-gather``). The bandwidth is
-    NVLink while the group sits in one node, else the network cards of the group's GPUs in a node. Each bucket's collective adds NCCL's ring latency (``ring_latency``), which grows
-    with the group. Overlapped (``--overlap-grad-reduce``), the ``k`` buckets are reduced one after another as
+    NVLink while the group sits in one node, else the network cards of the group's GPUs in a node. Each bucket's
+    collective adds NCCL's ring latency (``ring_latency``), which grows with the group. Overlapped (``--overlap-grad-reduce``), the ``k`` buckets are reduced one after another as
     the last microbatch's backward pass (``B``) makes them ready, evenly in time: the reduction ends at
     ``max(B + r, k·r + B/k)`` (``r`` one bucket's time), so ``max(r, R − B·(k−1)/k)`` of it is exposed — the
     last bucket at least, which is why larger data-parallel groups (Megatron-Core's buckets grow with DP) expose

@@ -840,8 +840,8 @@ MLPERF_V40_GPT3 = [
 # voltage boost on 64 nodes) and Oracle's on 192 and 384 nodes of its BM.GPU.H100.8 cloud (RoCE,
 # Oracle/benchmarks/gpt3/DGXH100_128x8x64x4x8_mbs2: the same recipe with 4 virtual stages); both with the FP8 weights
 # gathered in FP8 (FP8_PARAMS=True) and v4.0's other settings. Step times from the logs' training blocks, as v4.0's;
-# NVIDIA's 1,452-node run repeats v4.0's figures and is left out. The model misses the goal on both submitters (NVIDIA's
-# 256 GPUs ran 10 % faster than the estimate, Oracle's 3,072 15 % slower): listed as a comparison.
+# NVIDIA's 1,452-node run repeats v4.0's figures and is left out. The model misses the goal on both submitters
+# (docs/layout-model.md, "A fourth comparison"): listed as a comparison.
 _M41 = "MLPerf Training v4.1 (b87b9e39), GPT-3 175B, H100 FP8"
 MLPERF_V41_GPT3 = [
     _row(

@@ -147,8 +147,9 @@ def test_fp8_ranks_layouts_faster_where_the_gemms_dominate() -> None:
 # the 'Expected Performance' tables of llama3.1/README_{8b,70b,405b}.md, nemotron/README_{15b,340b}.md and
 # nemo_megatron/README_175b.md: the same model and layout on DGX H100 in BF16 and in FP8 (hybrid, delayed
 # scaling, the FP8 weights gathered in FP8: +model.fp8_params; NeMo 24.09 / 24.05), step times in seconds at the
-# smallest GPU count of each table, run as the BF16 rows of tests/estimate/published.py assume. The FP8 GEMMs' share of the FP8 peak is fitted to the ratios of the
-# calibration models (Llama 3.1 8B, 405B and its proxy, Nemotron-4 340B); the other three validate.
+# smallest GPU count of each table, run as the BF16 rows of tests/estimate/published.py assume. The FP8 GEMMs'
+# share of the FP8 peak is fitted to the ratios of the calibration models (Llama 3.1 8B, 405B and its proxy,
+# Nemotron-4 340B); the other three validate.
 # name, model, GPUs, TP, PP, VP, CP, global batch, micro-batch, recompute, BF16 step s, FP8 step s
 DGXC_PAIRS = [
     ("Llama 3.1 8B", llama(32, 4096, 14336, 32, 8), 8, 1, 1, 1, 2, 128, 1, "none", 12.91, 9.67),

@@ -149,10 +149,11 @@ def test_the_calculators_first_choice_for_the_1t_row_is_the_papers_tp_and_pp() -
     assert (best.tp, best.pp, best.dp) == (row.tp, row.pp, row.gpus // (row.tp * row.pp))
 
 
-def test_the_search_ranks_nvidias_context_parallel_layout_for_llama_8b_within_1_percent_of_its_best() -> None:
+def test_the_search_ranks_nvidias_context_parallel_layout_for_llama_8b_first() -> None:
     """Searching dgxc-benchmarking's Llama 3.1 8B row (8 H100s, sequence 8192, batch 128, its recipe's settings)
-    finds the layout NVIDIA runs it with, TP 1 × CP 2, within 1 % of its best (TP 1 × PP 2 with 16 virtual
-    stages, 0.4 % ahead: closer than the model can tell). Before, the search tried no CP and could not find it."""
+    finds the layout NVIDIA runs it with, TP 1 × CP 2, as its best, 0.5 % ahead of TP 1 × PP 2 with 16 virtual
+    stages (closer than the model can tell). Before the search tried CP it could not find it; before CP's unmasked
+    blocks were priced it came second, 0.4 % behind."""
     row = next(r for r in DGXC_H100 if r.name == "Llama 3.1 8B on 8")
     assert (row.tp, row.cp, row.pp) == (1, 2, 1)
     result = search(
@@ -167,7 +168,10 @@ def test_the_search_ranks_nvidias_context_parallel_layout_for_llama_8b_within_1_
         for e in result.fitting
         if (e.layout.tp, e.layout.cp, e.layout.pp, e.layout.micro_batch_size) == (row.tp, row.cp, row.pp, 1)
     ]
-    assert nvidia.time.step_s < result.fitting[0].time.step_s * 1.01
+    assert nvidia is result.fitting[0]
+    runner_up = result.fitting[1]
+    assert (runner_up.layout.cp, runner_up.layout.pp, runner_up.layout.vp) == (1, 2, 16)
+    assert runner_up.time.step_s / nvidia.time.step_s - 1 == pytest.approx(0.005, abs=0.001)
 
 
 def _search_1t(granularity: str, sequence_parallel: bool) -> None:
@@ -323,7 +327,7 @@ def test_nemo_24_07_fp8_runs_are_within_fifteen_percent(row: PublishedRun) -> No
 
 def test_nemo_24_07_fp8_is_a_comparison_predicted_faster_than_it_ran() -> None:
     """Most of its runs are predicted faster than they ran (all but the GPT-3 175B on 512 GPUs at micro-batch 2),
-    and the table misses the validation goal (largest +11.6%, the Nemotron-8B): listed, not validated.
+    and the table misses the validation goal (largest +10.8%, the Nemotron-8B): listed, not validated.
     Should a change of the model bring it within the goal, it joins the validation rows."""
     residuals = [r.residual() for r in NEMO_24_07_FP8]
     assert [r.name for r in NEMO_24_07_FP8 if r.residual() <= 0] == ["GPT3-175B on 512"]
@@ -335,7 +339,7 @@ def test_megatron_bridge_current_scaling_runs_are_a_comparison_the_model_misses(
     """Megatron-Bridge's H100 FP8 runs with current scaling (NeMo 25.11 to 26.06; settings published whole): the
     Llama 3 70B at TP 4, PP 8, VP 5 is predicted slower than it ran in every release (its last rank holds the output
     layer and the loss beside ten layers), by less than 10%, as dgxc v25.04's FP8 run of that layout; the Llama 3.1
-    405B faster, by at most 11.3%. The table misses the validation goal; should a change of the model bring it
+    405B faster, by at most 11.5%. The table misses the validation goal; should a change of the model bring it
     within, it becomes a validation table."""
     residuals = {r.name: r.residual() for r in MEGATRON_BRIDGE_H100_FP8}
     assert all(r.fp8_recipe == "tensorwise" for r in MEGATRON_BRIDGE_H100_FP8)
@@ -388,7 +392,7 @@ def test_mlperf_v4_gpt3_is_within_ten_percent_with_its_fp8_weights_gathered_in_f
     10,752 and 11,616 GPUs at TP 4, PP 6, VP 8 with six microbatches a pipeline) gathers the FP8 weights in FP8. Priced
     so, every row is within 10 %; priced in bf16, as the calculator did before it honoured ``--fp8-param-gather``, the
     gather of 7 billion parameters a rank over 448 and 484 data-parallel ranks is exposed and the two largest runs
-    are 12-14 % slower in the estimate than they ran. Every row ran faster than the estimate (newer software than
+    are 13-14 % slower in the estimate than they ran. Every row ran faster than the estimate (newer software than
     the fitted rows, the layers in CUDA graphs at scale, the GPUs' voltage boost on 512), and the table's median
     misses the 5 % goal: a comparison (docs/layout-model.md)."""
     rows = MLPERF_V40_GPT3
@@ -399,7 +403,7 @@ def test_mlperf_v4_gpt3_is_within_ten_percent_with_its_fp8_weights_gathered_in_f
     largest = [r for r in rows if r.gpus > 10000]
     in_fp8 = [r.residual() for r in largest]
     in_bf16 = [dataclasses.replace(r, fp8_param_gather=False).residual() for r in largest]
-    assert all(-0.075 < x < -0.05 for x in in_fp8) and all(-0.14 < x < -0.12 for x in in_bf16), (in_fp8, in_bf16)
+    assert all(-0.075 < x < -0.05 for x in in_fp8) and all(-0.145 < x < -0.12 for x in in_bf16), (in_fp8, in_bf16)
     # On 10,752 GPUs v3.1's layout (PP 8, VP 12, bf16 gather) and v4.0's ran within 1 % of each other; the estimate
     # has v4.0's 4 % faster, and 4 % slower were its gather in bf16.
     v31 = next(r for r in MLPERF_V31_GPT3 if r.name.startswith("eos-dfw_n1344"))
@@ -417,8 +421,9 @@ def test_fp8_param_gather_halves_the_layers_share_of_the_all_gather() -> None:
     fp8 = row.estimate().time
     bf16 = dataclasses.replace(row, fp8_param_gather=False).estimate().time
     counts = row.workload().parameter_counts(tp=row.tp, pp=row.pp, stage_layers=row.layout().layers_per_rank)
-    weights, params = counts.stage_linear_weights[0], counts.stage_ranks[0]
-    assert 0.9 < weights / params < 1  # the first stage also holds the word embedding
+    loaded = max(range(row.pp), key=lambda r: counts.stage_ranks[r])  # an end stage: it holds the embedding
+    weights, params = counts.stage_linear_weights[loaded], counts.stage_ranks[loaded]
+    assert weights / params == counts.linear_weight_share and 0.9 < weights / params < 1
     # In bf16 the gradients' reduce-scatter and the parameters' all-gather move the same bytes: half the total each.
     # FP8 saves half the weights' share of the gather's bytes; not of its latency, a few percent of it here.
     saved = (bf16.dp_comm_total_s - fp8.dp_comm_total_s) / (bf16.dp_comm_total_s / 2)
@@ -455,8 +460,8 @@ def test_mlperf_v5_llama_405b_validates_from_512_to_8192_gpus() -> None:
     rows = MLPERF_V50_LLAMA_405B
     assert rows and all(r in VALIDATION and r.estimate().fits for r in rows)
     residuals = {r.gpus: r.residual() for r in rows}
-    assert all(0 < x < 0.034 for x in residuals.values()), residuals
-    assert max(residuals, key=lambda g: residuals[g]) == 8192 and statistics.median(residuals.values()) < 0.05
+    assert all(0.01 < x < 0.035 for x in residuals.values()), residuals
+    assert max(residuals, key=lambda g: residuals[g]) == 8192
 
 
 @pytest.mark.parametrize(
