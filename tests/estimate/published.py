@@ -786,13 +786,24 @@ _M_ASSUMED = (
     "the tokenizer's size is not in the submission: GPT-3's 51,200 as the other GPT-3 rows (the logits are under "
     "1 % of the step); Transformer Engine's fused attention; the result directories' node counts times 8 GPUs"
 )
-MLPERF_V31_GPT3 = [
-    _row(
-        table=_M, name=name, gpu="h100-sxm", model=GPT3_175B, layers=96, hidden=12288, heads=96, seq_length=2048,
-        vocab_size=51200, tp=4, pp=8, vp=12, gpus=gpus, global_batch=batch, micro_batch=1, sequence_parallel=True,
+
+
+def mlperf_gpt3(
+    table: str, name: str, gpus: int, batch: int, step: float, *, pp: int = 8, vp: int = 12, micro: int = 1, **more: Any
+) -> PublishedRun:
+    """One run of NVIDIA's MLPerf Training GPT-3 175B recipe on H100 (v3.1 and later): TP 4, SP, the distributed
+    optimizer with bf16 gradients and overlapped reduction and gather, --tp-comm-overlap, FP8 in the hybrid format,
+    Transformer Engine's attention, GPT-3's shape and 51,200-token vocabulary; ``more``: what a round adds."""
+    return _row(
+        table=table, name=name, gpu="h100-sxm", model=GPT3_175B, layers=96, hidden=12288, heads=96, seq_length=2048,
+        vocab_size=51200, tp=4, pp=pp, vp=vp, gpus=gpus, global_batch=batch, micro_batch=micro, sequence_parallel=True,
         distributed_optimizer=True, overlap=True, tp_comm_overlap=True, grad_reduce_in_bf16=True,
-        fp8_format="hybrid", attention="auto", step_s=step, assumed=_M_ASSUMED,
-    )
+        fp8_format="hybrid", attention="auto", step_s=step, assumed=_M_ASSUMED, **more,
+    )  # fmt: skip
+
+
+MLPERF_V31_GPT3 = [
+    mlperf_gpt3(_M, name, gpus, batch, step)
     for name, gpus, batch, step in [
         ("eos_n64 (512 GPUs)", 512, 2048, 11.052),
         ("eos_n96 (768 GPUs)", 768, 3072, 11.075),
@@ -821,12 +832,7 @@ MLPERF_V31_GPT3 = [
 # ran, and the table's median misses the 5 % goal: listed as a comparison (docs/layout-model.md).
 _M4 = "MLPerf Training v4.0 (6fe95437), GPT-3 175B, H100 FP8"
 MLPERF_V40_GPT3 = [
-    _row(
-        table=_M4, name=name, gpu="h100-sxm", model=GPT3_175B, layers=96, hidden=12288, heads=96, seq_length=2048,
-        vocab_size=51200, tp=4, pp=pp, vp=vp, gpus=gpus, global_batch=batch, micro_batch=micro, sequence_parallel=True,
-        distributed_optimizer=True, overlap=True, tp_comm_overlap=True, grad_reduce_in_bf16=True,
-        fp8_format="hybrid", fp8_param_gather=True, attention="auto", step_s=step, assumed=_M_ASSUMED, comparison=True,
-    )
+    mlperf_gpt3(_M4, name, gpus, batch, step, pp=pp, vp=vp, micro=micro, fp8_param_gather=True, comparison=True)
     for name, gpus, pp, vp, micro, batch, step in [
         ("eos_n64 (512 GPUs)", 512, 8, 4, 2, 2304, 10.9822),
         ("eos-dfw_n1344 (10,752 GPUs)", 10752, 6, 8, 1, 2688, 0.9207),
@@ -844,12 +850,7 @@ MLPERF_V40_GPT3 = [
 # (docs/layout-model.md, "A fourth comparison"): listed as a comparison.
 _M41 = "MLPerf Training v4.1 (b87b9e39), GPT-3 175B, H100 FP8"
 MLPERF_V41_GPT3 = [
-    _row(
-        table=_M41, name=name, gpu="h100-sxm", model=GPT3_175B, layers=96, hidden=12288, heads=96, seq_length=2048,
-        vocab_size=51200, tp=4, pp=8, vp=vp, gpus=gpus, global_batch=batch, micro_batch=2, sequence_parallel=True,
-        distributed_optimizer=True, overlap=True, tp_comm_overlap=True, grad_reduce_in_bf16=True,
-        fp8_format="hybrid", fp8_param_gather=True, attention="auto", step_s=step, assumed=_M_ASSUMED, comparison=True,
-    )
+    mlperf_gpt3(_M41, name, gpus, batch, step, vp=vp, micro=2, fp8_param_gather=True, comparison=True)
     for name, gpus, vp, batch, step in [
         ("NVIDIA eos_n32 (256 GPUs)", 256, 6, 2048, 18.4073),
         ("NVIDIA eos_n64 (512 GPUs)", 512, 6, 2048, 9.5403),
@@ -886,6 +887,7 @@ MLPERF_V50_LLAMA_405B = [
         ("eos-dfw_n1024 (8,192 GPUs)", 8192, 1536, 5.1804),
     ]
 ]  # fmt: skip
+
 
 # MegaScale (Jiang et al., NSDI 2024, arXiv 2402.15627), Table 2: its baseline, Megatron-LM at commit 285068c8,
 # training a 175B GPT (Table 1: 96 layers, hidden 12288, 128 heads, TP 8, PP 8; §6.1: six interleaved stages,
