@@ -336,8 +336,8 @@ def schedule_lines(e: LayoutEstimate, workload: Workload) -> list[str]:
         f"pipeline schedules for TP {lay.tp} PP {lay.pp} DP {lay.dp}, {lay.num_microbatches} microbatches, "
         "simulated pass by pass (GPipe is not a Megatron-Core schedule: shown for comparison only; pretrain_gpt.py "
         "--enable-zero-bubble runs ZB-H1, and ZB interleaved with virtual stages):",
-        f" {'schedule':<46} {'bubble':>7} {'p2p s':>7} {'in flight':>9} {'act GiB':>8} {'peak GiB':>9} {'fits':>4} "
-        f"{'p2p GB':>8} {'step s':>9} {'vs this':>8}".replace(" fits", "  fits"),
+        f" {'schedule':<46} {'bubble':>7} {'p2p s':>7} {'in flight':>9} {'act GiB':>8} {'peak GiB':>9} {'fits':>5} "
+        f"{'p2p GB':>8} {'step s':>9} {'vs this':>8}",
     ]
     for o in options:
         if o.run is None:
