@@ -36,11 +36,11 @@ def _published() -> ModuleType:
 
 
 if TYPE_CHECKING:
-    from tests.estimate.published import ALL, CALIBRATION, PublishedRun, with_constants, worst
+    from tests.estimate.published import ALL, CALIBRATION, PublishedRun, residual_table, with_constants, worst
 else:
     _tables = _published()
     ALL, CALIBRATION = _tables.ALL, _tables.CALIBRATION
-    with_constants, worst = _tables.with_constants, _tables.worst
+    residual_table, with_constants, worst = _tables.residual_table, _tables.with_constants, _tables.worst
 
 A100_GRID = {
     "compute_efficiency": [round(0.60 + 0.01 * i, 2) for i in range(31)],
@@ -66,29 +66,6 @@ def minimax(rows: list[PublishedRun], gpu: GpuProfile, grid: dict[str, list[floa
             best = (error, constants)
     assert best is not None
     return best[1], best[0]
-
-
-def residual_table(rows: Sequence[PublishedRun]) -> list[str]:
-    lines = [
-        "| table | run | GPU | TP | PP | VP | DP | measured | predicted | residual | set |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        e = r.estimate()
-        if r.step_s is not None:
-            measured, predicted = f"{r.step_s:g} s", f"{e.time.step_s:.2f} s"
-        elif r.tokens_per_gpu_s is not None:
-            measured = f"{r.tokens_per_gpu_s:g} tokens/s/GPU"
-            predicted = f"{r.predicted_tokens_per_gpu_s(e):.0f} tokens/s/GPU"
-        else:
-            value = e.hardware_tflops_per_gpu if r.hardware_flops else e.tflops_per_gpu
-            measured, predicted = f"{r.tflops:g} TFLOP/s", f"{value:.1f} TFLOP/s"
-        lines.append(
-            f"| {r.table} | {r.name} | {r.gpu} | {r.tp} | {r.pp} | {r.vp} | {e.layout.dp} | {measured} | "
-            f"{predicted} | {r.residual():+.1%} | "
-            f"{'calibration' if r.calibration else 'comparison' if r.comparison else 'validation'} |"
-        )
-    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -39,6 +39,7 @@ measured time over the predicted one, minus 1); ``docs/layout-model.md`` lists t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -947,3 +948,45 @@ def worst(rows: list[PublishedRun], gpu: GpuProfile) -> float:
 def with_constants(gpu: GpuProfile, **constants: Any) -> GpuProfile:
     """``gpu`` with some efficiency constants replaced."""
     return dataclasses.replace(gpu, **constants)
+
+
+def residual_table(rows: Sequence[PublishedRun]) -> list[str]:
+    """Every row's measurement, estimate and residual as the markdown table of ``docs/layout-model.md``
+    (``bench/calibrate_time_model.py --markdown`` prints it; ``test_layout_model_doc.py`` keeps the docs current)."""
+    lines = [
+        "| table | run | GPU | TP | PP | VP | DP | measured | predicted | residual | set |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        e = r.estimate()
+        if r.step_s is not None:
+            measured, predicted = f"{r.step_s:g} s", f"{e.time.step_s:.2f} s"
+        elif r.tokens_per_gpu_s is not None:
+            measured = f"{r.tokens_per_gpu_s:g} tokens/s/GPU"
+            predicted = f"{r.predicted_tokens_per_gpu_s(e):.0f} tokens/s/GPU"
+        else:
+            value = e.hardware_tflops_per_gpu if r.hardware_flops else e.tflops_per_gpu
+            measured, predicted = f"{r.tflops:g} TFLOP/s", f"{value:.1f} TFLOP/s"
+        lines.append(
+            f"| {r.table} | {r.name} | {r.gpu} | {r.tp} | {r.pp} | {r.vp} | {e.layout.dp} | {measured} | "
+            f"{predicted} | {r.residual():+.1%} | "
+            f"{'calibration' if r.calibration else 'comparison' if r.comparison else 'validation'} |"
+        )
+    return lines
+
+
+def data_parallel_growth(rows: Sequence[PublishedRun]) -> list[tuple[str, int, int, float, float]]:
+    """Each model's sweep at a fixed load per GPU: (model, first and last GPU count, the measured and the predicted
+    growth of the step time between them). Proxies with fewer layers are not part of a sweep."""
+    sweeps: dict[str, list[PublishedRun]] = {}
+    for r in rows:
+        model = r.name.rsplit(" on ", 1)[0]
+        if "layers" not in model:
+            sweeps.setdefault(model, []).append(r)
+    growth = []
+    for model, sweep in sweeps.items():
+        first, last = sweep[0], sweep[-1]
+        assert first.step_s is not None and last.step_s is not None, model
+        predicted = last.estimate().time.step_s / first.estimate().time.step_s - 1
+        growth.append((model, first.gpus, last.gpus, last.step_s / first.step_s - 1, predicted))
+    return growth
