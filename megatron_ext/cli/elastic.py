@@ -40,7 +40,15 @@ from megatron_ext.config.layout_flags import replace_layout_flags
 from megatron_ext.config.training_config import TrainingConfig, build_parser, expand_preset, parse_args
 from megatron_ext.estimate.fp8 import fp8_peak
 from megatron_ext.estimate.hardware import PROFILES, get_profile
-from megatron_ext.estimate.relayout import POLICIES, AllocationPlan, RelayoutError, describe, gpus, plan_allocation
+from megatron_ext.estimate.relayout import (
+    DEFAULT_POLICY,
+    POLICIES,
+    AllocationPlan,
+    RelayoutError,
+    describe,
+    gpus,
+    plan_allocation,
+)
 from megatron_ext.estimate.search import Cluster
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import LayoutError
@@ -63,7 +71,9 @@ def elastic_parser() -> argparse.ArgumentParser:
         "--recipe-world-size", type=int, required=True, help="The world size the recipe's layout was written for."
     )
     parser.add_argument("--checkpoint-dir", default="", help="Where the job saves and resumes (--save/--load).")
-    parser.add_argument("--policy", choices=POLICIES, default="any", help="any: best layout; dp: change DP only.")
+    parser.add_argument(
+        "--policy", choices=POLICIES, default=DEFAULT_POLICY, help="any: best layout; dp: change DP only."
+    )
     parser.add_argument("pretrain_args", nargs=argparse.REMAINDER, help="-- then the pretrain_gpt.py arguments.")
     return parser
 

@@ -41,7 +41,7 @@ from megatron_ext.config.flags import value_type
 from megatron_ext.config.layout_flags import LAYOUT_FLAGS
 from megatron_ext.estimate.derived_numbers import zero_bubble_line
 from megatron_ext.estimate.fp8 import fp8_peak
-from megatron_ext.estimate.relayout import RelayoutError, describe, relayout
+from megatron_ext.estimate.relayout import DEFAULT_POLICY, RelayoutError, describe, relayout
 from megatron_ext.estimate.schedule_comparison import compare_schedules
 from megatron_ext.estimate.search import Cluster, better_split, evaluate, search_like, search_with_savers
 from megatron_ext.estimate.workload import Workload
@@ -172,7 +172,11 @@ def _relayout_mode(
             raise LayoutToolError("--relayout-from-gpus: " + "; ".join(before.problems()))
         old, _ = evaluate_layout_from_flags(args, workload, before, batch)
         plan = relayout(
-            workload, old, cluster, policy=args.relayout_policy or "any", sequence_parallel=args.sequence_parallel
+            workload,
+            old,
+            cluster,
+            policy=args.relayout_policy or DEFAULT_POLICY,
+            sequence_parallel=args.sequence_parallel,
         )
     except (LayoutError, LayoutToolError, RelayoutError) as exc:
         message = str(exc)

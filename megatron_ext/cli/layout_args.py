@@ -25,7 +25,7 @@ from megatron_ext.config.presets import PRESETS, get_preset
 from megatron_ext.config.training_config import cross_group_problems, without_transformer_engine
 from megatron_ext.estimate.coverage import APPROXIMATED, NO_EFFECT
 from megatron_ext.estimate.hardware import PROFILES, get_profile
-from megatron_ext.estimate.relayout import POLICIES
+from megatron_ext.estimate.relayout import DEFAULT_POLICY, POLICIES
 from megatron_ext.estimate.search import DEFAULT_MEMORY_HEADROOM, Cluster
 from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.layout import LayoutError, ParallelLayout
@@ -159,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     replan.add_argument(
         "--relayout-policy",
         choices=POLICIES,
-        help="any: the best layout for the new GPU count (the default); dp: keep TP, CP, PP and VP, change DP only "
-        "(with --relayout-from-gpus).",
+        help=f"{DEFAULT_POLICY} (the default): the best layout for the new GPU count; dp: keep TP, CP, PP and VP, "
+        "change DP only (with --relayout-from-gpus).",
     )
     out.add_argument(
         "--compare-schedules",

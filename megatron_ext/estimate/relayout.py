@@ -23,7 +23,9 @@ from megatron_ext.estimate.workload import Workload
 from megatron_ext.parallel.factors import divisors
 from megatron_ext.parallel.layout import ParallelLayout
 
-POLICIES = ("any", "dp")
+DEFAULT_POLICY = "any"
+"""The policy of a re-plan that names none: the best layout for the new GPUs."""
+POLICIES = (DEFAULT_POLICY, "dp")
 """``any``: the best layout for the new GPUs; ``dp``: the same model-parallel layout, another DP."""
 
 
