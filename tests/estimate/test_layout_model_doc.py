@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import REPO
 from tests.estimate.published import (
     ALL,
+    CALIBRATION,
     COMPARISON,
     DGXC_H100,
     VALIDATION,
@@ -59,14 +60,20 @@ def test_the_data_parallel_growth_table_is_the_calculator_s() -> None:
 
 
 def test_the_accuracy_summary_states_the_tables_figures() -> None:
-    """The "beside other tools" table: how many rows, their median and largest (in size) or range."""
+    """The validation headline, the calibration figures and the "beside other tools" table: how many rows,
+    their median and largest (in size) or range."""
     text = DOC.read_text()
     validation = [r.residual() for r in VALIDATION]
     sizes = [abs(x) for x in validation]
     stated = (
+        f"Validation: {len(VALIDATION)} rows, largest residual {max(sizes):.1%}",
+        f"median {statistics.median(sizes):.1%}.**",
         f"{len(VALIDATION)} published validation rows never fitted",
         f"median {statistics.median(sizes):.1%}, largest {max(sizes):.1%} of step time",
     )
+    for gpu, name in (("a100", "A100"), ("h100", "H100")):
+        fitted = [abs(r.residual()) for r in CALIBRATION if r.gpu.startswith(gpu)]
+        stated += (f"{name} within {max(fitted):.1%} (median {statistics.median(fitted):.1%})",)
     comparison = [r.residual() for r in COMPARISON]
     stated += (
         f"{len(COMPARISON)} published rows listed, not validated",
