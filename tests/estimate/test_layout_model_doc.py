@@ -14,6 +14,9 @@ from tests.estimate.published import (
     CALIBRATION,
     COMPARISON,
     DGXC_H100,
+    DGXC_LATER_RELEASES,
+    KORTHIKANTI_2022,
+    MEGATRON_LM_A100_175B,
     VALIDATION,
     data_parallel_growth,
     residual_table,
@@ -61,8 +64,8 @@ def test_the_data_parallel_growth_table_is_the_calculator_s() -> None:
 
 def test_the_accuracy_summary_states_the_tables_figures() -> None:
     """The validation headline, the calibration figures and the "beside other tools" table: how many rows,
-    their median and largest (in size) or range."""
-    text = DOC.read_text()
+    their median and largest (in size) or range. Line breaks in the prose are spaces."""
+    text = " ".join(DOC.read_text().split())
     validation = [r.residual() for r in VALIDATION]
     sizes = [abs(x) for x in validation]
     stated = (
@@ -71,6 +74,13 @@ def test_the_accuracy_summary_states_the_tables_figures() -> None:
         f"{len(VALIDATION)} published validation rows never fitted",
         f"median {statistics.median(sizes):.1%}, largest {max(sizes):.1%} of step time",
     )
+    first = [abs(r.residual()) for r in VALIDATION if r in KORTHIKANTI_2022 + MEGATRON_LM_A100_175B + DGXC_H100]
+    stated += (
+        f"The {len(first)} rows of the first sources (A100 and dgxc v24.11.1) have a median of "
+        f"{statistics.median(first):.1%} and a largest residual of {max(first):.1%}",
+    )
+    short = [abs(r.residual()) for r in VALIDATION + CALIBRATION if r.micro_batch * r.seq_length / r.cp <= 2048]
+    stated += (f"{len(short)} rows, A100 and H100): median {statistics.median(short):.1%}, largest {max(short):.1%}",)
     for gpu, name in (("a100", "A100"), ("h100", "H100")):
         fitted = [abs(r.residual()) for r in CALIBRATION if r.gpu.startswith(gpu)]
         stated += (f"{name} within {max(fitted):.1%} (median {statistics.median(fitted):.1%})",)
@@ -83,3 +93,27 @@ def test_the_accuracy_summary_states_the_tables_figures() -> None:
     stated = tuple(s.replace("%", " %") for s in stated)  # the summary's typography: "2.0 %"
     missing = [s for s in stated if s not in text]
     assert not missing, missing
+
+
+def test_the_later_releases_table_is_the_calculator_s() -> None:
+    """Each later dgxc-benchmarking table's row count, median, largest residual (and its run) and signs, and the
+    releases' headline."""
+    rows = [r for table in DGXC_LATER_RELEASES.values() for r in table]
+    sizes = [abs(r.residual()) for r in rows]
+    headline = f"({len(rows)} rows, median {statistics.median(sizes):.1%}, largest {max(sizes):.1%})"
+    assert headline.replace("%", " %") in DOC.read_text()
+    documented = _table_after("| release (tag) | NeMo | precision | rows | median | largest | sign |")[2:]
+    assert len(documented) == len(DGXC_LATER_RELEASES)
+    for line in documented:
+        tag, _, precision, *figures = (cell.strip() for cell in line.strip("|").split("|"))
+        (table,) = [t for t in DGXC_LATER_RELEASES if f" {tag}," in t and t.endswith(precision)]
+        residuals = {r.name: r.residual() for r in DGXC_LATER_RELEASES[table]}
+        largest = max(residuals, key=lambda name: abs(residuals[name]))
+        negative = sum(x < 0 for x in residuals.values())
+        expected = [
+            str(len(residuals)),
+            f"{statistics.median(abs(x) for x in residuals.values()):.1%}".replace("%", " %"),
+            f"{_signed(residuals[largest])} ({largest})".replace("%", " %"),
+            f"{negative} of {len(residuals)} negative",
+        ]
+        assert figures == expected, (table, figures, expected)
