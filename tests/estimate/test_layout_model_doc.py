@@ -1,5 +1,6 @@
-"""docs/layout-model.md's figures are what the calculator gives today: the residual table, the data-parallel growth
-table and the accuracy summary beside other tools. A change of the model that moves a figure fails here until
+"""docs/layout-model.md's figures are what the calculator gives today: the residual table, the later dgxc releases'
+table, the data-parallel growth table and the accuracy figures (the validation headline, the calibration, the
+first sources, the short microbatches, the summary beside other tools). A change of the model that moves a figure fails here until
 the docs are regenerated (``bench/calibrate_time_model.py --markdown``) and the summary is restated."""
 
 from __future__ import annotations
