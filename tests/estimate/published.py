@@ -176,6 +176,17 @@ class PublishedRun:
         """Tokens per second per GPU at ``estimate``'s step time."""
         return self.global_batch * self.seq_length / (estimate.time.step_s * self.gpus)
 
+    def measured_step_s(self) -> float:
+        """The measured step time, from what the source published: a time, tokens per second per GPU, or TFLOP/s
+        per GPU (over the FLOPs of a step by the formula of that source, Megatron-LM's)."""
+        if self.step_s is not None:
+            return self.step_s
+        if self.tokens_per_gpu_s is not None:
+            return self.global_batch * self.seq_length / (self.tokens_per_gpu_s * self.gpus)
+        assert self.tflops is not None
+        step = self.estimate().time
+        return (step.hardware_flops if self.hardware_flops else step.model_flops) / (self.tflops * 1e12 * self.gpus)
+
     def residual(self, gpu: GpuProfile | None = None) -> float:
         """Predicted throughput over measured, minus 1."""
         e = self.estimate(gpu)
@@ -990,3 +1001,40 @@ def data_parallel_growth(rows: Sequence[PublishedRun]) -> list[tuple[str, int, i
         predicted = last.estimate().time.step_s / first.estimate().time.step_s - 1
         growth.append((model, first.gpus, last.gpus, last.step_s / first.step_s - 1, predicted))
     return growth
+
+
+def measured_again(rows: Sequence[PublishedRun]) -> list[list[PublishedRun]]:
+    """Runs the calculator cannot tell apart (the same GPU, workload and layout, so one estimate) that more than
+    one table published: each group in table order, the groups by the spread of their measured step times
+    (``spread``), widest first."""
+    groups: dict[str, list[PublishedRun]] = {}
+    for r in rows:
+        groups.setdefault(repr((r.gpu, r.workload(), r.layout())), []).append(r)
+    repeated = [group for group in groups.values() if len({r.table for r in group}) > 1]
+    return sorted(repeated, key=spread, reverse=True)
+
+
+def spread(group: Sequence[PublishedRun]) -> float:
+    """How much longer the slowest measurement of ``group`` took than the fastest, as a fraction."""
+    steps = [r.measured_step_s() for r in group]
+    return max(steps) / min(steps) - 1
+
+
+def measured_again_table(groups: Sequence[Sequence[PublishedRun]]) -> list[str]:
+    """``groups`` (``measured_again``) as the markdown table of ``docs/layout-model.md``: each run, where it was
+    measured, its step times there and their spread."""
+    lines = ["| run | measured in | step times | spread |", "|---|---|---|---|"]
+    for group in groups:
+        first = group[0]
+        precision = f"FP8 {first.fp8_recipe}" if first.fp8_format else first.precision.upper()
+        steps = ", ".join(f"{r.measured_step_s():.2f} s" for r in group)
+        lines.append(
+            f"| {first.name}, {precision} | {', '.join(_source(r.table) for r in group)} | {steps} | "
+            f"{spread(group):.1%} |".replace("%", " %")
+        )
+    return lines
+
+
+def _source(table: str) -> str:
+    """A table's name up to its first comma, a dgxc-benchmarking release by its tag alone."""
+    return table.removeprefix("NVIDIA dgxc-benchmarking ").split(",")[0]

@@ -20,7 +20,10 @@ from tests.estimate.published import (
     MEGATRON_LM_A100_175B,
     VALIDATION,
     data_parallel_growth,
+    measured_again,
+    measured_again_table,
     residual_table,
+    spread,
 )
 
 pytestmark = pytest.mark.unit
@@ -118,3 +121,19 @@ def test_the_later_releases_table_is_the_calculator_s() -> None:
             f"{negative} of {len(residuals)} negative",
         ]
         assert figures == expected, (table, figures, expected)
+
+
+def test_the_same_runs_measured_again_are_the_tables_runs() -> None:
+    """The runs more than one table measured: how many, their spread, and the widest six."""
+    groups = measured_again(ALL)
+    spreads = [spread(group) for group in groups]
+    text = " ".join(DOC.read_text().split())
+    stated = (
+        f"{len(groups)} of the runs above are ones the calculator cannot tell apart",
+        f"{sum(len(group) for group in groups)} measurements in all",
+        f"differ by a median of {statistics.median(spreads):.1%} and by up to {max(spreads):.1%}",
+    )
+    missing = [s for s in (s.replace("%", " %") for s in stated) if s not in text]
+    assert not missing, missing
+    expected = measured_again_table(groups[:6])
+    assert _table_after(expected[0]) == expected
