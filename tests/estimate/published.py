@@ -188,15 +188,9 @@ class PublishedRun:
         return (step.hardware_flops if self.hardware_flops else step.model_flops) / (self.tflops * 1e12 * self.gpus)
 
     def residual(self, gpu: GpuProfile | None = None) -> float:
-        """Predicted throughput over measured, minus 1."""
-        e = self.estimate(gpu)
-        if self.step_s is not None:
-            return self.step_s / e.time.step_s - 1
-        if self.tokens_per_gpu_s is not None:
-            return self.predicted_tokens_per_gpu_s(e) / self.tokens_per_gpu_s - 1
-        assert self.tflops is not None
-        predicted = e.hardware_tflops_per_gpu if self.hardware_flops else e.tflops_per_gpu
-        return predicted / self.tflops - 1
+        """Predicted throughput over measured, minus 1: the measured step time over the predicted one, minus 1
+        (tokens and FLOPs per step are the same on both sides)."""
+        return self.measured_step_s() / self.estimate(gpu).time.step_s - 1
 
 
 def _row(**values: Any) -> PublishedRun:
