@@ -25,9 +25,11 @@ of passes and a simulated timeline.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from itertools import accumulate
+from operator import sub
 
 
 def bubble_fraction(*, pp: int, vp: int, num_microbatches: int) -> float:
@@ -82,9 +84,12 @@ def peak_held(
     same microbatch and chunk removes them. With equal chunks, ``in_flight_passes`` of them.
 
     Uneven chunks (``--pipeline-model-parallel-layout``, a balanced split) are held for different spans: the last
-    virtual stage's forward passes are the first the backward passes release, the first stage's the last. Whole
-    microbatch groups in the middle of the steady state repeat the same held sets, so they are left out of the walk
-    (the peak is the same; the work stays a few groups long).
+    virtual stage's forward passes are the first the backward passes release, the first stage's the last. After
+    backward pass ``k`` the rank holds forward passes ``0 … k + w`` less backward passes ``0 … k`` (``w`` its warm-up
+    passes). A whole group of ``N`` microbatches adds and releases ``N`` of every chunk, so that amount repeats with
+    the period of a group's passes while both spans lie in whole groups: the peak is found among the first period
+    and the passes near the step's end. Whole groups in the middle of the steady state are left out of the sums
+    (``_held_sums``; the same peak), which every rank of the pipeline shares.
     """
     vp = len(chunk_bytes)
     count = in_flight_passes(
@@ -96,18 +101,39 @@ def peak_held(
     warmup = warmup_passes(
         pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=pipeline_rank, group_size=group_size
     )
+    added, released, whole = _held_sums(tuple(chunk_bytes), pp=pp, num_microbatches=num_microbatches, group=group)
+    steady = len(released) - 1 - warmup
+    if steady <= 0:
+        return added[-1]
+    ahead, period = warmup + 1, group * vp
+    # Held after backward pass k: added[k + ahead] − released[k], repeating every period while k + ahead + period
+    # is within the whole groups; past that, every k to the end.
+    head = min(period, steady)
+    tail = max(0, min(whole - ahead - period, steady - 1))
+    return max(
+        max(map(sub, added[ahead : ahead + head], released[:head])),
+        max(map(sub, added[tail + ahead : steady + ahead], released[tail:steady])),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _held_sums(
+    chunk_bytes: tuple[float, ...], *, pp: int, num_microbatches: int, group: int
+) -> tuple[tuple[float, ...], tuple[float, ...], int]:
+    """Running sums of the bytes the forward passes add and the backward passes release (at the mirrored chunk:
+    backward pass ``k`` releases forward pass ``k``'s microbatch in the last chunk first), along Megatron-Core's
+    order of ``num_microbatches`` with whole groups in the middle left out, and how many passes the whole groups
+    cover. Kept for every rank's warm-up: the first rank's, the longest."""
+    vp = len(chunk_bytes)
+    warmup = warmup_passes(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=0, group_size=group)
     m = num_microbatches
     keep = math.ceil((warmup + 1) / vp) + 4 * group
     if m > keep + group:
         m -= (m - keep) // group * group
     table = schedule_table(m, vp, group)
-    added = list(accumulate((chunk_bytes[c] for _, c in table), initial=0.0))
-    # Backward pass k releases the microbatch of forward entry k at the mirrored chunk.
-    released = list(accumulate((chunk_bytes[vp - 1 - c] for _, c in table), initial=0.0))
-    steady = len(table) - warmup
-    if steady <= 0:
-        return added[-1]
-    return max(added[warmup + 1 + k] - released[k] for k in range(steady))
+    added = tuple(accumulate((chunk_bytes[c] for _, c in table), initial=0.0))
+    released = tuple(accumulate((chunk_bytes[vp - 1 - c] for _, c in table), initial=0.0))
+    return added, released, m // group * group * vp  # tuples: the cache shares them
 
 
 def valid_group_sizes(*, pp: int, num_microbatches: int) -> list[int]:

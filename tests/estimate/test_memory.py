@@ -450,6 +450,9 @@ def test_estimate_reports_consistent_throughput() -> None:
         (8, 5, 40, None),
         (8, 5, 128, None),
         (4, 3, 70, 6),
+        (16, 2, 256, None),
+        (12, 3, 180, 14),
+        (6, 4, 203, 7),
     ],
 )
 def test_uneven_chunks_are_held_as_megatron_cores_order_holds_them(
@@ -457,18 +460,20 @@ def test_uneven_chunks_are_held_as_megatron_cores_order_holds_them(
 ) -> None:
     """``peak_held`` against a walk along every rank's order of passes (``pipeline_schedule.schedule_rows``): each
     forward pass adds its chunk's activations, its backward pass removes them; chunks of different sizes, as a
-    balanced split makes them. The long steps (128 microbatches; 70 in groups of 6, the last of 4) leave whole
-    groups out of the walk: the same peak."""
+    balanced split makes them. The long steps (128 to 256 microbatches; 70 in groups of 6, the last of 4; 203 in
+    groups of 7) leave whole groups out of the sums and read the peak off one group's period and the step's end:
+    the same peak."""
     rng = random.Random(pp * 1000 + vp * 10 + microbatches)
     for rank in range(pp):
-        chunk_bytes = [float(rng.randint(1, 6)) for _ in range(vp)]
         rows = schedule_rows(pp=pp, vp=vp, num_microbatches=microbatches, pipeline_rank=rank, group_size=group)
-        held = peak = 0.0
-        for kind, _, chunk in rows.tolist():
-            held += chunk_bytes[chunk] if kind == 0 else -chunk_bytes[chunk]
-            peak = max(peak, held)
-        got = peak_held(chunk_bytes, pp=pp, num_microbatches=microbatches, pipeline_rank=rank, group_size=group)
-        assert got == peak, (rank, chunk_bytes)
-        assert got <= in_flight_passes(
-            pp=pp, vp=vp, num_microbatches=microbatches, pipeline_rank=rank, group_size=group
-        ) * max(chunk_bytes)
+        for _ in range(10):  # the peak's place in the step moves with the chunks' sizes
+            chunk_bytes = [float(rng.randint(1, 9)) for _ in range(vp)]
+            held = peak = 0.0
+            for kind, _, chunk in rows.tolist():
+                held += chunk_bytes[chunk] if kind == 0 else -chunk_bytes[chunk]
+                peak = max(peak, held)
+            got = peak_held(chunk_bytes, pp=pp, num_microbatches=microbatches, pipeline_rank=rank, group_size=group)
+            assert got == peak, (rank, chunk_bytes)
+            assert got <= in_flight_passes(
+                pp=pp, vp=vp, num_microbatches=microbatches, pipeline_rank=rank, group_size=group
+            ) * max(chunk_bytes)
