@@ -535,6 +535,55 @@ STEADY_TOLERANCE = 1e-9
 """Relative difference (of the step) below which two passes' shifts count as equal."""
 
 
+def orders_of(schedule: str, *, pp: int, vp: int, num_microbatches: int, group_size: int | None = None) -> list[Rows]:
+    """Every rank's order of passes under ``schedule``, as rows."""
+    if schedule == "gpipe":
+        return [gpipe_rows(pp=pp, num_microbatches=num_microbatches, pipeline_rank=r) for r in range(pp)]
+    return [
+        schedule_rows(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=r, group_size=group_size)
+        for r in range(pp)
+    ]
+
+
+def orders_and_counts(
+    schedule: str, *, pp: int, vp: int, num_microbatches: int, group_size: int | None
+) -> tuple[list[Rows], tuple[int, ...], tuple[int, ...]]:
+    """Every rank's order under ``schedule``, the chunks each holds at its peak and the messages each sends."""
+    orders = orders_of(schedule, pp=pp, vp=vp, num_microbatches=num_microbatches, group_size=group_size)
+    in_flight = tuple(peak_held(o) for o in orders)
+    messages = tuple(int(sending(o, pp=pp, vp=vp, pipeline_rank=r).sum()) for r, o in enumerate(orders))
+    return orders, in_flight, messages
+
+
+def whole_steps_together(
+    schedule: str,
+    *,
+    pp: int,
+    num_microbatches: int,
+    chunk_times: Sequence[Sequence[Sequence[float]]],
+    p2p_times: Sequence[float],
+    group_sizes: Sequence[int],
+) -> dict[int, list[StepFigures]]:
+    """Whole steps of ``schedule`` at each of ``group_sizes``, one for each transfer time of ``p2p_times``, placed
+    in one sweep (``place_all``): the figures ``schedule_comparison.schedule_figures`` gives each alone, for steps
+    it would place whole (``placed_whole``), at the cost of about one of them."""
+    if not group_sizes:
+        return {}
+    vp, m = len(chunk_times[0]), num_microbatches
+    steps, counts = [], []
+    for group in group_sizes:
+        orders, in_flight, messages = orders_and_counts(schedule, pp=pp, vp=vp, num_microbatches=m, group_size=group)
+        steps += [Step(orders, chunk_times, t, blocking_p2p=vp == 1) for t in p2p_times]
+        counts += [(in_flight, messages)] * len(p2p_times)
+    swept = place_all(steps, pp=pp, vp=vp, num_microbatches=m, starts=False)
+    placed = [
+        StepFigures(makespan=p.makespan, in_flight=in_flight, messages=messages)
+        for p, (in_flight, messages) in zip(swept, counts, strict=True)
+    ]
+    k = len(p2p_times)
+    return {group: placed[i * k : (i + 1) * k] for i, group in enumerate(group_sizes)}
+
+
 def figures_at_scale(
     place: Callable[[int, Sequence[int]], Sequence[tuple[StepFigures, np.ndarray]]],
     *,
@@ -562,11 +611,7 @@ def figures_at_scale(
     ``tests/estimate/test_long_steps.py`` checks this against whole steps.
     """
     m = num_microbatches
-    period = (group_size or pp) if vp > 1 else 1
-    # How far apart (in microbatches) the passes that wait on each other are: rank 0's warm-up, unclamped
-    # (past it no rank's warm-up depends on m), and a group, over which the table spreads a microbatch's chunks.
-    warmup = warmup_passes(pp=pp, vp=vp, num_microbatches=pp * vp * period, pipeline_rank=0, group_size=group_size)
-    span = -(-warmup // vp) + period + 1
+    period, span = _repetition(pp=pp, vp=vp, group_size=group_size)
     n = 3 * span + 2 * period
     found: list[StepFigures | None] = [None] * variants
     pending = list(range(variants))
@@ -586,6 +631,22 @@ def figures_at_scale(
         for which, (figures, _) in zip(pending, place(m, pending), strict=True):
             found[which] = figures
     return [figures for figures in found if figures is not None]
+
+
+def _repetition(*, pp: int, vp: int, group_size: int | None) -> tuple[int, int]:
+    """(the period an order repeats with, in microbatches; the span of microbatches whose passes wait on each other:
+    rank 0's warm-up, unclamped (past it no rank's warm-up depends on m), and a group, over which the table spreads
+    a microbatch's chunks)."""
+    period = (group_size or pp) if vp > 1 else 1
+    warmup = warmup_passes(pp=pp, vp=vp, num_microbatches=pp * vp * period, pipeline_rank=0, group_size=group_size)
+    return period, -(-warmup // vp) + period + 1
+
+
+def placed_whole(*, num_microbatches: int, pp: int, vp: int = 1, group_size: int | None = None) -> bool:
+    """Whether ``figures_at_scale`` places the step whole: its first shorter step would be more than half of it."""
+    period, span = _repetition(pp=pp, vp=vp, group_size=group_size)
+    n = 3 * span + 2 * period
+    return 2 * (n + (num_microbatches - n) % period) > num_microbatches
 
 
 def _steady_shift(end: np.ndarray, *, period: int, span: int, step: float) -> float | None:

@@ -43,17 +43,15 @@ from megatron_ext.estimate.flops import layer_forward_flops
 from megatron_ext.estimate.memory import estimate_memory
 from megatron_ext.estimate.pipeline_schedule import (
     Placed,
-    Rows,
     Step,
     StepFigures,
     Timeline,
     figures_at_scale,
-    gpipe_rows,
-    peak_held,
+    orders_and_counts,
     place_all,
-    schedule_rows,
-    sending,
+    placed_whole,
     uniform_chunk_times,
+    whole_steps_together,
 )
 from megatron_ext.estimate.search import LayoutEstimate, evaluate, memory_verdict, zero_bubble_possible
 from megatron_ext.estimate.step_time import p2p_bandwidth, p2p_message_bytes, unit_times
@@ -119,16 +117,6 @@ class ScheduleRun:
         return tuple(c / self.vp for c in self.in_flight_chunks)
 
 
-def orders_of(schedule: str, *, pp: int, vp: int, num_microbatches: int, group_size: int | None = None) -> list[Rows]:
-    """Every rank's order of passes under ``schedule``, as rows."""
-    if schedule == "gpipe":
-        return [gpipe_rows(pp=pp, num_microbatches=num_microbatches, pipeline_rank=r) for r in range(pp)]
-    return [
-        schedule_rows(pp=pp, vp=vp, num_microbatches=num_microbatches, pipeline_rank=r, group_size=group_size)
-        for r in range(pp)
-    ]
-
-
 def _busy(chunk_times: ChunkTimes | ChunkTimes3, num_microbatches: int) -> float:
     """The slowest stage's busy time in a step."""
     return num_microbatches * max(sum(map(sum, row)) for row in chunk_times)
@@ -155,10 +143,10 @@ def schedule_figures(
         raise ValueError(f"{schedule} runs one model chunk per rank, got {vp}")
 
     def place_steps(n: int, which: Sequence[int]) -> list[tuple[StepFigures, Placed]]:
-        orders = orders_of(schedule, pp=pp, vp=vp, num_microbatches=n, group_size=group_size)
+        orders, in_flight, messages = orders_and_counts(
+            schedule, pp=pp, vp=vp, num_microbatches=n, group_size=group_size
+        )
         steps = [Step(orders, chunk_times, p2p_times[k], blocking_p2p=vp == 1) for k in which]
-        in_flight = tuple(peak_held(o) for o in orders)
-        messages = tuple(int(sending(o, pp=pp, vp=vp, pipeline_rank=r).sum()) for r, o in enumerate(orders))
         return [
             (StepFigures(makespan=placed.makespan, in_flight=in_flight, messages=messages), placed)
             for placed in place_all(steps, pp=pp, vp=vp, num_microbatches=n, starts=whole)
@@ -234,10 +222,11 @@ def run_schedule(
     group_size: int | None = None,
     whole: bool = False,
     simulated: tuple[StepFigures, Timeline | None] | None = None,
+    simulated_compute: StepFigures | None = None,
 ) -> ScheduleRun:
     """Simulate ``schedule`` with ``chunk_times[rank][chunk]`` = (forward, backward) of one microbatch, with the
-    transfers and without (``schedule_figures``; ``whole``: keep the step's every pass; ``simulated``: the step
-    with the transfers, already placed)."""
+    transfers and without (``schedule_figures``; ``whole``: keep the step's every pass; ``simulated`` and
+    ``simulated_compute``: the step with the transfers and without, already placed)."""
     common: dict[str, Any] = dict(
         pp=pp, num_microbatches=num_microbatches, chunk_times=chunk_times, group_size=group_size, whole=whole
     )
@@ -246,7 +235,10 @@ def run_schedule(
         (step, timeline), compute = runs[0], runs[-1][0]
     else:
         step, timeline = simulated
-        compute = schedule_figures(schedule, **common, p2p_times=(0.0,))[0][0] if p2p_time > 0 else step
+        if simulated_compute is not None:
+            compute = simulated_compute
+        else:
+            compute = schedule_figures(schedule, **common, p2p_times=(0.0,))[0][0] if p2p_time > 0 else step
     return ScheduleRun(
         schedule=schedule,
         vp=len(chunk_times[0]),
@@ -329,10 +321,27 @@ def best_group(
     known = {pp: default} if default is not None else {}
     common: dict[str, Any] = dict(pp=pp, num_microbatches=num_microbatches, chunk_times=chunk_times, whole=whole)
     tried = group_candidates(pp=pp, num_microbatches=num_microbatches) if groups is None else groups
-    placed = {
+    vp = len(chunk_times[0])
+    # The groups whose steps are placed whole anyway: all in one sweep, with the transfers and without.
+    together = [
+        n
+        for n in tried
+        if n not in known and not whole and placed_whole(num_microbatches=num_microbatches, pp=pp, vp=vp, group_size=n)
+    ]
+    p2p_times = (p2p_time, 0.0) if p2p_time > 0 else (p2p_time,)
+    swept = whole_steps_together(
+        "interleaved-group",
+        pp=pp,
+        num_microbatches=num_microbatches,
+        chunk_times=chunk_times,
+        p2p_times=p2p_times,
+        group_sizes=together,
+    )
+    placed: dict[int, tuple[StepFigures, Timeline | None]] = {n: (figures[0], None) for n, figures in swept.items()}
+    placed |= {
         n: schedule_figures("interleaved-group", **common, p2p_times=(p2p_time,), group_size=n)[0]
         for n in tried
-        if n not in known
+        if n not in known and n not in placed
     }
     steps = {n: known[n].makespan if n in known else placed[n][0].makespan for n in tried}
     if not steps:
@@ -341,9 +350,10 @@ def best_group(
     best = next(n for n, step in steps.items() if step <= fastest * (1 + GROUP_TIE))
     if best in known:
         return dataclasses.replace(known[best], schedule="interleaved-group", group_size=best), steps
-    return run_schedule(
-        "interleaved-group", **common, p2p_time=p2p_time, group_size=best, simulated=placed[best]
-    ), steps
+    compute = swept[best][-1] if best in swept else None
+    run = run_schedule("interleaved-group", **common, p2p_time=p2p_time, group_size=best, simulated=placed[best],
+                       simulated_compute=compute)  # fmt: skip
+    return run, steps
 
 
 @dataclass(frozen=True, kw_only=True)

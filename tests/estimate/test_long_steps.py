@@ -18,8 +18,10 @@ from megatron_ext.estimate.pipeline_schedule import (
     _steady_shift,
     figures_at_scale,
     place,
+    placed_whole,
     schedule_rows,
     simulate,
+    whole_steps_together,
 )
 from megatron_ext.estimate.schedule_comparison import compare_schedules, schedule_figures
 from megatron_ext.estimate.search import Cluster, search
@@ -162,3 +164,21 @@ def test_the_window_repeats_only_when_every_pass_in_it_does() -> None:
     assert _steady_shift(end, period=period, span=span, step=float(end[:, :2].max())) == 3.0
     end[1, 1, :, 0] += 0.5 * 0.9**microbatch  # rank 1's backward passes still settling
     assert _steady_shift(end, period=period, span=span, step=float(end[:, :2].max())) is None
+
+
+def test_whole_steps_placed_together_are_each_step_placed_alone() -> None:
+    """The comparison's group sizes whose steps are placed whole anyway share one sweep
+    (``pipeline_schedule.whole_steps_together``): each one's figures, with transfers and without, are its own
+    step's, uneven stages included."""
+    rng = random.Random(7)
+    pp, vp, m = 4, 3, 36
+    times = [[(rng.uniform(1, 2), rng.uniform(2, 4)) for _ in range(vp)] for _ in range(pp)]
+    groups = [n for n in valid_group_sizes(pp=pp, num_microbatches=m) if placed_whole(num_microbatches=m, pp=pp,
+                                                                                     vp=vp, group_size=n)]  # fmt: skip
+    assert len(groups) >= 3, groups
+    together = whole_steps_together("interleaved-group", pp=pp, num_microbatches=m, chunk_times=times,
+                                    p2p_times=(0.3, 0.0), group_sizes=groups)  # fmt: skip
+    for n in groups:
+        alone = schedule_figures("interleaved-group", pp=pp, num_microbatches=m, chunk_times=times,
+                                 p2p_times=(0.3, 0.0), group_size=n)  # fmt: skip
+        assert together[n] == [figures for figures, _ in alone], n
