@@ -543,8 +543,9 @@ def data_parallel_time(
     bytes, or with the distributed optimizer a reduce-scatter of ``(n−1)/n`` and an all-gather of the
     parameters (``_gathered_bytes``: bf16, the FP8 weights in FP8 with ``--fp8-param-gather``). The bandwidth is
     NVLink while the group sits in one node, else the network cards of the group's GPUs in a node. Each bucket's
-    collective adds NCCL's ring latency (``ring_latency``), which grows with the group. Overlapped (``--overlap-grad-reduce``), the ``k`` buckets are reduced one after another as
-    the last microbatch's backward pass (``B``) makes them ready, evenly in time: the reduction ends at
+    collective adds NCCL's ring latency (``ring_latency``), which grows with the group. Overlapped
+    (``--overlap-grad-reduce``), the ``k`` buckets are reduced one after another as the last microbatch's
+    backward pass (``B``) makes them ready, evenly in time: the reduction ends at
     ``max(B + r, k·r + B/k)`` (``r`` one bucket's time), so ``max(r, R − B·(k−1)/k)`` of it is exposed — the
     last bucket at least, which is why larger data-parallel groups (Megatron-Core's buckets grow with DP) expose
     more. The all-gather with ``--overlap-param-gather`` likewise: its first bucket before the first forward

@@ -176,21 +176,23 @@ class PublishedRun:
         """Tokens per second per GPU at ``estimate``'s step time."""
         return self.global_batch * self.seq_length / (estimate.time.step_s * self.gpus)
 
-    def measured_step_s(self) -> float:
+    def measured_step_s(self, estimate: LayoutEstimate | None = None) -> float:
         """The measured step time, from what the source published: a time, tokens per second per GPU, or TFLOP/s
-        per GPU (over the FLOPs of a step by the formula of that source, Megatron-LM's)."""
+        per GPU (over the FLOPs of a step by the formula of that source, Megatron-LM's, which ``estimate`` counts:
+        the same on any GPU; by default this row's)."""
         if self.step_s is not None:
             return self.step_s
         if self.tokens_per_gpu_s is not None:
             return self.global_batch * self.seq_length / (self.tokens_per_gpu_s * self.gpus)
         assert self.tflops is not None
-        step = self.estimate().time
+        step = (estimate or self.estimate()).time
         return (step.hardware_flops if self.hardware_flops else step.model_flops) / (self.tflops * 1e12 * self.gpus)
 
     def residual(self, gpu: GpuProfile | None = None) -> float:
         """Predicted throughput over measured, minus 1: the measured step time over the predicted one, minus 1
         (tokens and FLOPs per step are the same on both sides)."""
-        return self.measured_step_s() / self.estimate(gpu).time.step_s - 1
+        estimate = self.estimate(gpu)
+        return self.measured_step_s(estimate) / estimate.time.step_s - 1
 
 
 def _row(**values: Any) -> PublishedRun:
