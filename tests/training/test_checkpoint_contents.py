@@ -37,11 +37,11 @@ def test_use_checkpoint_args_resumes_from_a_command_line_without_the_models_flag
     """Megatron-LM's --use-checkpoint-args --use-mp-args-from-checkpoint-args: the shared run (PP2 × VP2, with
     dropout) goes on from iteration 3 given only its data, batch and length; the shape, switches and layout come
     from the checkpoint, and the run says which."""
-    from tests.training.conftest import copy_of
+    from tests.training.conftest import ITERS, copy_of
 
     load = copy_of(saved, tmp_path)
     argv = ["--mock-data", "--vocab-size", "255", "--micro-batch-size", "2", "--global-batch-size", "8",
-            "--lr", "1e-3", "--lr-warmup-iters", "2", "--lr-decay-iters", "40", "--lr-decay-style", "cosine",
+            "--lr", "1e-3", "--lr-warmup-iters", "2", "--lr-decay-iters", str(ITERS), "--lr-decay-style", "cosine",
             "--device", "cpu", "--seed", "1234", "--train-iters", "4", "--load", str(load),
             "--use-checkpoint-args", "--use-mp-args-from-checkpoint-args"]  # fmt: skip
     proc = run_pretrain(argv, nproc=2)

@@ -395,7 +395,7 @@ def test_dry_run_names_the_checkpoint_a_resume_falls_back_to_and_moves_nothing(s
 
 def test_learning_rate_schedule_change_needs_a_choice(saved: Path, tmp_path: Path) -> None:
     save = saved  # loaded, never saved to (no --save)
-    longer = [a if a != "40" else "80" for a in RUN]  # --lr-decay-iters 40 -> 80 (and --train-iters)
+    longer = [a if a != str(ITERS) else str(2 * ITERS) for a in RUN]  # --lr-decay-iters and --train-iters doubled
     proc = run_pretrain([*longer, "--load", str(save)], nproc=2, expect=ExitCode.CHECKPOINT)
     assert "the learning-rate schedule differs from the checkpoint's" in proc.stdout
     assert "--override-opt_param-scheduler" in proc.stdout
@@ -411,7 +411,7 @@ def test_learning_rate_schedule_change_needs_a_choice(saved: Path, tmp_path: Pat
         first_resumed_lr("--use-checkpoint-opt_param-scheduler"),
         first_resumed_lr("--override-opt-param-scheduler"),
     )
-    assert overridden > kept  # decaying over 80 iterations instead of 40: a higher lr at iteration 4
+    assert overridden > kept  # decaying over twice the iterations: a higher lr at iteration 4
 
 
 def test_finetuning_into_the_pretraining_directory_is_refused(saved: Path, tmp_path: Path) -> None:
