@@ -45,7 +45,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -367,21 +367,25 @@ def place_all(steps: Sequence[Step], *, pp: int, vp: int, num_microbatches: int,
     width = max((len(structure[0]) for structure in structures), default=0)
     # Per pass, position by position and within a position every structure's ranks (the passes placed together
     # lie close in memory); past a rank's last pass, the pass that never runs.
+    # The narrowest types that hold them: a long step's arrays are large, and filling fresh memory is most of what
+    # setting up a sweep costs.
     columns = len(structures) * pp
-    keys = np.full((2, width + 1, columns), block - 1, dtype=np.int64)  # a pass's own key, its input's
+    key = _key_type(len(steps) * block)
+    keys = np.full((2, width + 1, columns), block - 1, dtype=key)  # a pass's own key, its input's
     keys[1] = block - 2
-    values = np.zeros((3, width + 1, columns))  # from another rank, duration, sends to another rank
+    flags = np.zeros((2, width + 1, columns), dtype=bool)  # from another rank, sends to another rank
+    took = np.zeros((width + 1, columns))
     for j, (own, dep, remote, duration, sends) in enumerate(structures):
         where = np.s_[: len(own), j * pp : (j + 1) * pp]
         keys[0][where] = np.where(own >= 0, own, block - 1)
         keys[1][where] = np.where(dep >= 0, dep, np.where(dep == NO_INPUT, block - 3, block - 2))
-        values[0][where], values[1][where], values[2][where] = remote, duration, sends
+        flags[0][where], took[where], flags[1][where] = remote, duration, sends
     # Separate one-dimensional arrays: a gather from each is several times faster than one from a stacked array.
     own_at, needs_at = keys[0].ravel(), keys[1].ravel()
-    remote_at, took_at, sends_at = values[0].ravel(), values[1].ravel(), values[2].ravel()
+    remote_at, took_at, sends_at = flags[0].ravel(), took.ravel(), flags[1].ravel()
     # Per rank of the sweep: its structure's column, its step's first key, transfer and blocking send.
     column = np.concatenate([found[(id(s.orders), id(s.chunk_times))] * pp + np.arange(pp) for s in steps])
-    base = np.repeat(np.arange(len(steps)) * block, pp)
+    base = np.repeat(np.arange(len(steps), dtype=key) * block, pp)
     p2p = np.repeat([s.p2p_time for s in steps], pp)
     hold = np.repeat([s.p2p_time if s.blocking_p2p else 0.0 for s in steps], pp)
 
@@ -421,11 +425,17 @@ NO_INPUT, NO_PASS = -1, -2
 """``_structure``'s key of a pass's input when it needs none, and its keys past a rank's last pass."""
 
 
+def _key_type(keys: int) -> type[np.signedinteger[Any]]:
+    """int32 when ``keys`` keys fit in it (a sweep's keys, and ``_structure``'s), else int64."""
+    return np.int32 if keys < np.iinfo(np.int32).max else np.int64
+
+
 def _structure(step: Step, *, pp: int, vp: int, m: int) -> tuple[np.ndarray, ...]:
     """Per position in the orders (rows) and rank (columns) of ``step``: the pass's key, by (microbatch, chunk,
     kind, rank), ``((mb·v + chunk)·3 + kind)·p + rank``; the key of the pass whose output it needs (``NO_INPUT``:
     none, a W's B runs before it on its rank's order); whether that comes from another rank; its duration;
-    whether it sends to another rank (``sending``). Past a rank's last pass, keys ``NO_PASS``."""
+    whether it sends to another rank (``sending``). Past a rank's last pass, keys ``NO_PASS``. The keys are
+    ``_key_type``'s, the two flags bool."""
     orders = step.orders
     times = np.zeros((pp, vp, 3))
     given = np.asarray(step.chunk_times, dtype=float)
@@ -436,7 +446,8 @@ def _structure(step: Step, *, pp: int, vp: int, m: int) -> tuple[np.ndarray, ...
         raise ValueError(f"{len(orders)} rank orders given for {pp} pipeline ranks")
     lengths = np.array([len(rows) for rows in orders], dtype=np.int64)
     width = int(lengths.max(initial=0))
-    table = np.zeros((pp, width, 3), dtype=np.int64)
+    key = _key_type(3 * m * vp * pp)
+    table = np.zeros((pp, width, 3), dtype=key)
     for r, rows in enumerate(orders):
         table[r, : len(rows)] = rows
     kind, mb, chunk = np.ascontiguousarray(table.transpose(2, 1, 0))  # rank by rank within a position
@@ -452,19 +463,20 @@ def _structure(step: Step, *, pp: int, vp: int, m: int) -> tuple[np.ndarray, ...
         (k == 1) & last & (c < vp - 1),  # the last rank: the next chunk's from rank 0
         (k == 1) & last,  # the last stage: its own forward
     ]
-    offsets = np.select(conditions, [rank - 1, -2 * pp - 1, pp + rank + 1, 4 * pp, rank], default=0)
+    offsets = np.select(conditions, [rank - 1, -2 * pp - 1, pp + rank + 1, 4 * pp, rank], default=0).astype(key)
     needs = np.select(conditions, [True] * 5, default=False)
     remote = conditions[0] | conditions[2] | ((conditions[1] | conditions[3]) & (pp > 1))
     sends = np.stack([sending(np.stack([np.full(vp, kk), np.zeros(vp, dtype=np.int64), np.arange(vp)], axis=1),
                               pp=pp, vp=vp, pipeline_rank=r) for kk in range(3) for r in range(pp)])  # fmt: skip
-    which = (kind * pp + np.arange(pp)) * vp + chunk  # the pass's (kind, rank, chunk)
+    ranks = np.arange(pp, dtype=key)
+    which = (kind * pp + ranks) * vp + chunk  # the pass's (kind, rank, chunk)
     slot = (mb * vp + chunk) * (3 * pp)
-    own = slot + kind * pp + np.arange(pp)
+    own = slot + kind * pp + ranks
     dep = np.where(needs.ravel()[which], slot + offsets.ravel()[which], NO_INPUT)
     beyond = np.arange(width)[:, None] >= lengths[None, :]
     own[beyond], dep[beyond] = NO_PASS, NO_PASS
     duration = times.transpose(2, 0, 1).ravel()[which]
-    return own, dep, remote.ravel()[which].astype(float), duration, sends.ravel()[which].astype(float)
+    return own, dep, remote.ravel()[which], duration, sends.ravel()[which]
 
 
 def simulate(

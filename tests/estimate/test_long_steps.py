@@ -11,13 +11,17 @@ import pytest
 
 from megatron_ext.config.arguments import ModelArgs
 from megatron_ext.config.presets import get_preset
+from megatron_ext.estimate import pipeline_schedule
 from megatron_ext.estimate.hardware import get_profile
 from megatron_ext.estimate.memory import estimate_memory
 from megatron_ext.estimate.pipeline_schedule import (
+    Step,
     StepFigures,
+    _key_type,
     _steady_shift,
     figures_at_scale,
     place,
+    place_all,
     placed_whole,
     schedule_rows,
     simulate,
@@ -182,3 +186,27 @@ def test_whole_steps_placed_together_are_each_step_placed_alone() -> None:
         alone = schedule_figures("interleaved-group", pp=pp, num_microbatches=m, chunk_times=times,
                                  p2p_times=(0.3, 0.0), group_size=n)  # fmt: skip
         assert together[n] == [figures for figures, _ in alone], n
+
+
+def test_a_sweep_with_wide_keys_places_every_pass_as_with_narrow_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``place_all`` keeps its keys in int32 where they fit (``_key_type``) and in int64 past 2³¹ keys, which no
+    test can allocate: forced to int64, the same steps (interleaved with uneven chunks and transfers, and zero
+    bubble's F, B and W) start and end every pass at the same times."""
+    rng = random.Random(11)
+    pp, vp, m = 4, 2, 16
+    times = _uneven(rng, pp=pp, vp=vp, spread=0.5)
+    two = [[row[:2] for row in rank] for rank in times]
+    steps = [
+        Step([schedule_rows(pp=pp, vp=vp, num_microbatches=m, pipeline_rank=r, group_size=6) for r in range(pp)],
+             two, 0.2),
+        Step(fixed_orders("zb-interleaved", pp=pp, vp=vp, num_microbatches=m)[0], times, 0.1),
+    ]  # fmt: skip
+    assert _key_type(3 * m * vp * pp) is np.int32 and _key_type(2**31) is np.int64
+    narrow = place_all(steps, pp=pp, vp=vp, num_microbatches=m)
+    monkeypatch.setattr(pipeline_schedule, "_key_type", lambda keys: np.int64)
+    wide = place_all(steps, pp=pp, vp=vp, num_microbatches=m)
+    for a, b in zip(narrow, wide, strict=True):
+        assert a.start is not None and b.start is not None
+        np.testing.assert_array_equal(a.start, b.start)
+        np.testing.assert_array_equal(a.end, b.end)
+        assert not np.isnan(a.end[:, :2]).all()
