@@ -366,9 +366,8 @@ def place_all(steps: Sequence[Step], *, pp: int, vp: int, num_microbatches: int,
             structures.append(_structure(step, pp=pp, vp=vp, m=m))
     width = max((len(structure[0]) for structure in structures), default=0)
     # Per pass, position by position and within a position every structure's ranks (the passes placed together
-    # lie close in memory); past a rank's last pass, the pass that never runs.
-    # The narrowest types that hold them: a long step's arrays are large, and filling fresh memory is most of what
-    # setting up a sweep costs.
+    # lie close in memory); past a rank's last pass, the pass that never runs. In the narrowest types that hold
+    # them: a long step's arrays are large, and filling fresh memory is most of what setting up a sweep costs.
     columns = len(structures) * pp
     key = _key_type(len(steps) * block)
     keys = np.full((2, width + 1, columns), block - 1, dtype=key)  # a pass's own key, its input's
