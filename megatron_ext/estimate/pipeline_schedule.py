@@ -622,11 +622,10 @@ def figures_at_scale(
     ``tests/estimate/test_long_steps.py`` checks this against whole steps.
     """
     m = num_microbatches
-    period, span = _repetition(pp=pp, vp=vp, group_size=group_size)
-    n = 3 * span + 2 * period
+    period, span, n = _repetition(pp=pp, vp=vp, group_size=group_size)
     found: list[StepFigures | None] = [None] * variants
     pending = list(range(variants))
-    while pending and 2 * (n + (m - n) % period) <= m:  # a shorter step of more than half the step saves little
+    while pending and not _too_long(n, num_microbatches=m, period=period):
         n += (m - n) % period
         for which, (figures, end) in zip(pending, place(n, pending), strict=True):
             shift = _steady_shift(end, period=period, span=span, step=figures.makespan)
@@ -644,19 +643,25 @@ def figures_at_scale(
     return [figures for figures in found if figures is not None]
 
 
-def _repetition(*, pp: int, vp: int, group_size: int | None) -> tuple[int, int]:
+def _repetition(*, pp: int, vp: int, group_size: int | None) -> tuple[int, int, int]:
     """(the period an order repeats with, in microbatches; the span of microbatches whose passes wait on each other:
     rank 0's warm-up, unclamped (past it no rank's warm-up depends on m), and a group, over which the table spreads
-    a microbatch's chunks)."""
+    a microbatch's chunks; the first shorter step ``figures_at_scale`` tries, three spans and two periods)."""
     period = (group_size or pp) if vp > 1 else 1
     warmup = warmup_passes(pp=pp, vp=vp, num_microbatches=pp * vp * period, pipeline_rank=0, group_size=group_size)
-    return period, -(-warmup // vp) + period + 1
+    span = -(-warmup // vp) + period + 1
+    return period, span, 3 * span + 2 * period
 
 
 def placed_whole(*, num_microbatches: int, pp: int, vp: int = 1, group_size: int | None = None) -> bool:
     """Whether ``figures_at_scale`` places the step whole: its first shorter step would be more than half of it."""
-    period, span = _repetition(pp=pp, vp=vp, group_size=group_size)
-    n = 3 * span + 2 * period
+    period, _, first = _repetition(pp=pp, vp=vp, group_size=group_size)
+    return _too_long(first, num_microbatches=num_microbatches, period=period)
+
+
+def _too_long(n: int, *, num_microbatches: int, period: int) -> bool:
+    """Whether the shorter step ``figures_at_scale`` would place next, ``n`` microbatches raised to be ``≡ m``
+    modulo the period, is more than half the step: it would save little, and the step is placed whole."""
     return 2 * (n + (num_microbatches - n) % period) > num_microbatches
 
 

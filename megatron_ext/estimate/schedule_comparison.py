@@ -325,8 +325,8 @@ def best_group(
     # The groups whose steps are placed whole anyway: all in one sweep, with the transfers and without.
     together = [
         n
-        for n in tried
-        if n not in known and not whole and placed_whole(num_microbatches=num_microbatches, pp=pp, vp=vp, group_size=n)
+        for n in ([] if whole else tried)
+        if n not in known and placed_whole(num_microbatches=num_microbatches, pp=pp, vp=vp, group_size=n)
     ]
     p2p_times = (p2p_time, 0.0) if p2p_time > 0 else (p2p_time,)
     swept = whole_steps_together(
