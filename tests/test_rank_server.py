@@ -54,7 +54,9 @@ def test_a_forked_script_has_its_arguments_environment_output_and_exit_status(tm
 
 CLIENT_SCRIPT = """
 import os, sys, time
-print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], flush=True)
+# One write per line: with PYTHONUNBUFFERED, print() writes each piece apart and two ranks' pieces interleave.
+sys.stdout.write(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}\\n")
+sys.stdout.flush()
 (Path := __import__("pathlib").Path)(sys.argv[2], os.environ["RANK"]).write_text(str(os.getpid()))
 if sys.argv[1] == "sleep":
     time.sleep(120)

@@ -26,6 +26,7 @@ Exit codes of ``pretrain_gpt.py`` (kept through ``python -m megatron_ext.cli.lau
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -35,6 +36,16 @@ import torch
 import torch.distributed as dist
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+STEP_DELAY_VARIABLE = "MEGATRON_EXT_STEP_DELAY_S"
+"""A test seam: seconds every rank sleeps before each training step, so that a run lasts without keeping the CPU
+busy (``tests/recipes/test_slurm.py``'s time-limit job trains until SLURM's signal, a minute in)."""
+
+
+def step_delay_s() -> float:
+    """``MEGATRON_EXT_STEP_DELAY_S``, 0 when unset."""
+    return float(os.environ.get(STEP_DELAY_VARIABLE) or 0)
 
 
 class NonFiniteLossError(RuntimeError):

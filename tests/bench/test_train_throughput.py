@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests import waits
-from tests.conftest import REPO, _env
+from tests.conftest import REPO, bench_env
 from tests.waits import RUN_S
 
 pytestmark = pytest.mark.distributed
@@ -22,7 +22,8 @@ def test_two_variants_side_by_side_on_cpu(tmp_path: Path) -> None:
     cmd += ["--variant", "sdpa=--attention-backend=auto", "--variant", "mcore=--attention-backend local"]
     cmd += ["--json", str(out), "--"]
     cmd += "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --global-batch-size 8".split()
-    proc = waits.run(cmd, timeout=RUN_S, env=_env(), cwd=REPO)
+    # The ranks forked from the tests' rank server (bench_env): what is under test is the benchmark, not a launcher.
+    proc = waits.run(cmd, timeout=RUN_S, env=bench_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())["results"]
     assert [r["variant"] for r in results] == ["sdpa", "mcore"]

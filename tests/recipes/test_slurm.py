@@ -27,6 +27,7 @@ import pytest
 
 from megatron_ext.checkpoint.on_disk import read_tracker
 from megatron_ext.config.exit_codes import ExitCode
+from megatron_ext.training.resilience import STEP_DELAY_VARIABLE
 from tests import waits
 from tests.conftest import REPO, read_metrics, train_losses
 from tests.recipes.slurm_cluster import SlurmCluster
@@ -38,6 +39,8 @@ pytestmark = pytest.mark.slurm
 RECIPE = REPO / "recipes" / "gpt_tiny_cpu_pp2_vp2.sh"
 ITERS = 40
 """The recipe's default TRAIN_ITERS."""
+STEP_DELAY_S = 0.5
+"""The time-limit job's sleep before each step: most of a step's time, so that its ranks mostly wait."""
 
 T = TypeVar("T")
 
@@ -137,10 +140,12 @@ def test_time_limit_signal_saves_requeues_and_resumes(cluster: SlurmCluster, pla
     started; the limit itself is enforced 30 s later at the soonest. The training is
     sized from the plain run's fastest step to last at least 50 s after its start-up,
     so that it is still running when the signal comes (at most 48 s after submission).
+    Each step sleeps ``STEP_DELAY_S`` first (``MEGATRON_EXT_STEP_DELAY_S``): the
+    minute passes with the CPU left to the other tests, not spent on a few hundred more steps.
     """
     # The fastest steady-state step of the plain run: a busy machine may speed up meanwhile.
     steps = [r["elapsed_ms"] / 1e3 for r in read_metrics(plain_run.run_dir / "metrics.jsonl") if "lm_loss" in r]
-    iters = min(4000, max(250, math.ceil(50 / min(steps[len(steps) // 2 :]))))
+    iters = min(4000, math.ceil(50 / (STEP_DELAY_S + min(steps[len(steps) // 2 :]))))
     until_check = (_next_time_limit_check(cluster) - datetime.now()).total_seconds()
     if not 9 <= until_check <= 18:
         time.sleep((until_check - 13) % 30)
@@ -153,6 +158,7 @@ def test_time_limit_signal_saves_requeues_and_resumes(cluster: SlurmCluster, pla
         SAVE_INTERVAL="0",  # the only checkpoint before the end is the one the signal asks for
         EVAL_INTERVAL="0",
         EVAL_ITERS="0",
+        **{STEP_DELAY_VARIABLE: str(STEP_DELAY_S)},
     )
     # The recipe answers exit code 75 with `scontrol requeue`: the job restarts.
     record = cluster.wait_for_job(

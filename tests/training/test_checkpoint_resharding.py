@@ -32,7 +32,7 @@ TP2_PP2_VP2 = (
 
 @pytest.fixture(scope="module")
 def interrupted(seed_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """TP2·PP2·VP2 trained to iteration 5 and saved (model, optimizer, scheduler, data position)."""
+    """TP2·PP2·VP2 trained to iteration 3 and saved (model, optimizer, scheduler, data position)."""
     save = tmp_path_factory.mktemp("interrupted") / "ckpt"
     train_from_seed(
         seed_checkpoint,
@@ -85,7 +85,7 @@ DISTOPT = ["--use-distributed-optimizer"]
 
 
 def _distopt_saved_at_half(seed: Path, tmp_path: Path, *extra: str) -> Path:
-    """DP2 with the distributed optimizer, trained from the seed and saved at iteration 5."""
+    """DP2 with the distributed optimizer, trained from the seed and saved at iteration 3."""
     save = tmp_path / "ckpt"
     train_from_seed(
         seed, tmp_path / "a.jsonl", 2, DISTOPT, "--save", str(save), "--exit-interval", str(HALF), *extra, expect=75

@@ -1,7 +1,7 @@
 """Loss equivalence across layouts: the proof that the parallelism is right (also for the model variants).
 
 Every layout starts from the same seed checkpoint (identical initial weights,
-saved once under TP1·PP1), trains 10 iterations on the same mock data with
+saved once under TP1·PP1), trains 6 iterations on the same mock data with
 the same global batch (8 sequences of 32 tokens) in fp32 on CPU with dropout
 off, and must reproduce the per-iteration loss and gradient norm of the
 TP1·PP1·DP1 baseline to a relative 1e-5 (with Adam and clipping the loss alone

@@ -4,8 +4,8 @@ Megatron pads the vocabulary to a multiple of ``--make-vocab-size-divisible-by``
 × TP. With ``--vocab-size 301`` (301 ids, end of document included) that is
 384 rows at TP1 and 512 at TP2 and TP4: a checkpoint that moves between them
 must keep its rows, or the new ones enter every softmax with random weights.
-Each case trains a reference run that saves at iteration 5 and goes on to 10;
-the checkpoint at 5 is then resumed under another layout, which must give the
+Each case trains a reference run that saves at iteration 3 and goes on to 6;
+the checkpoint at 3 is then resumed under another layout, which must give the
 reference's losses and gradient norms for iterations 6-10 (fp32, 1e-5).
 """
 
@@ -30,7 +30,7 @@ FULLY_RESHARDABLE = ["--use-distributed-optimizer", "--dist-ckpt-optim-fully-res
 
 
 def _reference(tmp_path: Path, nproc: int, *flags: str) -> tuple[Path, Path]:
-    """(checkpoint root whose tracker names iteration 5, metrics of the uninterrupted run)."""
+    """(checkpoint root whose tracker names iteration 3, metrics of the uninterrupted run)."""
     save, metrics = tmp_path / "ref-ckpt", tmp_path / "ref.jsonl"
     run_pretrain(
         [*MODEL, *flags, "--train-iters", str(ITERS), "--save", str(save), "--save-interval", str(HALF),
