@@ -513,7 +513,8 @@ class Trainer:
         window = LogWindow()
         delay = resilience.step_delay_s()
         while self.iteration < run.train_iters:
-            time.sleep(delay)
+            if delay:
+                time.sleep(delay)
             profiler.before_step(self.iteration)
             if self._batch_grows() and run.save and self.saves.last_saved != self.iteration:
                 # As Megatron-LM: a checkpoint of the last step with the smaller batch.
