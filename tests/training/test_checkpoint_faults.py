@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate.derived_numbers import checkpoint_bytes
 from tests import waits
-from tests.conftest import REPO, _env, launch_command, run_pretrain, run_script, train_losses
+from tests.conftest import REPO, _env, launch_command, run_forked, run_pretrain, run_script, train_losses
 from tests.filesystems import read_only_filesystem, small_filesystem
 from tests.training.conftest import RUN, copy_of
 from tests.waits import READY_S, RUN_S
@@ -52,8 +51,9 @@ def _one_error_line(proc: subprocess.CompletedProcess[str], text: str) -> None:
     assert "Traceback" not in output, output[-3000:]
 
 
-def _tool(*args: str) -> subprocess.CompletedProcess[str]:
-    return waits.run([sys.executable, *args], timeout=RUN_S, env=_env(), cwd=REPO)
+def _tool(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A tool forked from the rank server (``run_forked``): what is under test is what it says, not its start."""
+    return run_forked(REPO / script, list(args))
 
 
 # ------------------------------------------------------------------ 1. a missing tracker

@@ -7,15 +7,12 @@ Uses the real-data run that tests/training/test_train_on_indexed.py and tests/hu
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from megatron_ext.config.exit_codes import ExitCode
-from tests import waits
-from tests.conftest import REPO, SavedRun, _env, pipeline_flags, run_pretrain, run_script
-from tests.waits import RUN_S
+from tests.conftest import REPO, SavedRun, pipeline_flags, run_forked, run_pretrain, run_script
 
 pytestmark = pytest.mark.distributed
 
@@ -76,12 +73,12 @@ def test_the_tools_refuse_another_tokenizer(
 ) -> None:
     """Before: generate.py printed text decoded with the wrong ids and to-hf shipped the wrong tokenizer, exit 0."""
     load = ["--load", str(pipeline_run.checkpoint), "--tokenizer-model", str(other_model)]
-    args = (
-        ["tools/generate.py", *load, "--prompt", "The", "--max-new-tokens", "2"]
+    script, args = (
+        ("generate.py", [*load, "--prompt", "The", "--max-new-tokens", "2"])
         if tool == "generate"
-        else ["tools/convert_checkpoint.py", "to-hf", *load, "--output", str(tmp_path / "hf")]
+        else ("convert_checkpoint.py", ["to-hf", *load, "--output", str(tmp_path / "hf")])
     )
-    proc = waits.run([sys.executable, *args], timeout=RUN_S, env=_env(), cwd=REPO)
+    proc = run_forked(REPO / "tools" / script, args)
     assert proc.returncode == ExitCode.CHECKPOINT, proc.stderr
     assert "the checkpoint was trained with the tokenizer" in proc.stderr
     assert "--accept-tokenizer-change to use this one deliberately" in proc.stderr
