@@ -11,6 +11,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
 
@@ -60,6 +61,32 @@ def bench_env() -> dict[str, str]:
     return env
 
 
+def start_ranks(
+    args: list[str],
+    *,
+    nproc: int,
+    out: IO[str],
+    err: IO[str],
+    env: dict[str, str] | None = None,
+    script: Path = PRETRAIN,
+) -> list[Any]:
+    """``spawn_ranks``' ranks, started and not waited for (``Popen``-like: ``rank_client.wait_ranks`` and
+    ``exit_code`` take them), writing to ``out`` and ``err``: for a test that acts while they run."""
+    port = str(_free_port())
+    ranks: list[Any] = []
+    for rank in range(nproc):
+        rank_env = _env() | (env or {}) | {
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+        }  # fmt: skip
+        ranks.append(
+            _RANKS.start(script, args, env=rank_env, stdout=out, stderr=err)
+            if rank_server.enabled(rank_env)
+            else subprocess.Popen([sys.executable, str(script), *args], stdout=out, stderr=err, env=rank_env, cwd=REPO)
+        )
+    return ranks
+
+
 def spawn_ranks(
     args: list[str], *, nproc: int, timeout: float, env: dict[str, str] | None = None, script: Path = PRETRAIN
 ) -> subprocess.CompletedProcess[str]:
@@ -71,21 +98,8 @@ def spawn_ranks(
     (exit codes, signals) is tested through ``launch_command``. Ranks still running after ``timeout`` s
     are killed and the test fails with the command and the tail of their output. ``env``: more variables;
     ``script``: another script that runs pretrain_gpt.py's training (``tools/record_schedule.py``)."""
-    port = str(_free_port())
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        ranks = []
-        for rank in range(nproc):
-            rank_env = _env() | (env or {}) | {
-                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-            }  # fmt: skip
-            ranks.append(
-                _RANKS.start(script, args, env=rank_env, stdout=out, stderr=err)
-                if rank_server.enabled(rank_env)
-                else subprocess.Popen(
-                    [sys.executable, str(script), *args], stdout=out, stderr=err, env=rank_env, cwd=REPO
-                )
-            )
+        ranks = start_ranks(args, nproc=nproc, out=out, err=err, env=env, script=script)
         # A failed rank leaves the others waiting in a collective: they are ended, as torchrun does.
         if not rank_client.wait_ranks(ranks, timeout=timeout, poll_s=0.05):
             out.seek(0)

@@ -26,8 +26,8 @@ from megatron_ext.checkpoint.on_disk import (
 from megatron_ext.config.exit_codes import ExitCode
 from megatron_ext.config.training_config import parse_args
 from megatron_ext.estimate.derived_numbers import checkpoint_bytes
-from tests import waits
-from tests.conftest import REPO, _env, launch_command, run_forked, run_pretrain, run_script, train_losses
+from tests import rank_client, waits
+from tests.conftest import REPO, run_forked, run_pretrain, run_script, start_ranks, train_losses
 from tests.filesystems import read_only_filesystem, small_filesystem
 from tests.training.conftest import RUN, copy_of
 from tests.waits import READY_S, RUN_S
@@ -178,10 +178,9 @@ def test_a_disk_that_fills_and_is_freed_costs_one_save(tmp_path: Path) -> None:
             "--metrics-file",
             str(metrics),
         ]
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                launch_command(args, nproc=2), stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=REPO
-            )
+        # Forked ranks, started and not waited for (the launcher's part is the signal tests').
+        with open(log, "w") as out:
+            ranks = start_ranks(args, nproc=2, out=out, err=out)
         try:
             waits.wait_for("the first iteration", lambda: metrics.exists() and train_losses(metrics), timeout=READY_S,
                            state=lambda: waits.tail(log))  # fmt: skip
@@ -191,12 +190,14 @@ def test_a_disk_that_fills_and_is_freed_costs_one_save(tmp_path: Path) -> None:
             waits.wait_for("the failed save", lambda: log.read_text().count("training goes on") == 2,
                            timeout=READY_S, state=lambda: waits.tail(log))  # fmt: skip
             ballast.unlink()
-            code = waits.wait_exit(proc, "the run to finish", timeout=RUN_S, log=log)
+            finished = rank_client.wait_ranks(ranks, timeout=RUN_S)
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            for rank in ranks:
+                if rank.poll() is None:
+                    rank.kill()
         output = log.read_text()
-        assert code == ExitCode.OK, output[-3000:]
+        assert finished, f"the run did not finish in {RUN_S:g} s (killed): {waits.tail(output)}"
+        assert rank_client.exit_code(ranks) == ExitCode.OK, output[-3000:]
         assert f"cannot write checkpoint {checkpoint_dir(save, 10)}: no space left on device (ENOSPC)" in output
         assert sorted(p.name for p in save.iterdir()) == ["iter_0000020", "iter_0000030", TRACKER_FILENAME]
         assert read_tracker(save) == 30
