@@ -30,7 +30,7 @@ from tests import rank_client, waits
 from tests.conftest import REPO, run_forked, run_pretrain, run_script, start_ranks, train_losses
 from tests.filesystems import read_only_filesystem, small_filesystem
 from tests.training.conftest import RUN, copy_of
-from tests.waits import READY_S, RUN_S
+from tests.waits import READY_S, RUN_S, STOP_S
 
 pytestmark = pytest.mark.distributed
 
@@ -192,9 +192,10 @@ def test_a_disk_that_fills_and_is_freed_costs_one_save(tmp_path: Path) -> None:
             ballast.unlink()
             finished = rank_client.wait_ranks(ranks, timeout=RUN_S)
         finally:
-            for rank in ranks:
+            for rank in ranks:  # on a failure above: gone before the small filesystem is unmounted
                 if rank.poll() is None:
                     rank.kill()
+                    rank.wait(timeout=STOP_S)
         output = log.read_text()
         assert finished, f"the run did not finish in {RUN_S:g} s (killed): {waits.tail(output)}"
         assert rank_client.exit_code(ranks) == ExitCode.OK, output[-3000:]
