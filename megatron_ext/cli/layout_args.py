@@ -18,6 +18,7 @@ from megatron_ext.config.layout_flags import (
     context_parallel_problem,
     megatron_lm_adjustments,
     pipeline_p2p_problems,
+    wgrad_deferral_problems,
     zero_bubble_problems,
 )
 from megatron_ext.config.optimizer_args import OptimizerArgs
@@ -276,7 +277,10 @@ def evaluate_layout_from_flags(
 ) -> tuple[ParallelLayout, tuple[str, ...]]:
     """The layout of the given flags, built exactly as ``pretrain_gpt.py`` builds it (LayoutError if invalid),
     and the flags changed on the way as Megatron-LM changes them (each with why)."""
-    given = {f.name: getattr(args, f.name) for f in options(ParallelArgs, estimate=True)}
+    given = {
+        f.name: getattr(args, f.name)
+        for f in [*options(ParallelArgs, estimate=True), *approximated_fields(ParallelArgs)]
+    }
     try:
         parallel = ParallelArgs(**{name: value for name, value in given.items() if value is not None})
     except ConfigError as exc:  # an out-of-range factor (--tp 0): the same one-line refusal as a broken rule
@@ -297,6 +301,7 @@ def evaluate_layout_from_flags(
         zero_bubble_problems(
             parallel, layout, transformer_engine=without_transformer_engine(workload.model, "cuda") is None
         )
+        wgrad_deferral_problems(workload.model, parallel, layout)
     except ConfigError as exc:
         raise LayoutError([str(exc)]) from None
     return layout, notes

@@ -436,6 +436,15 @@ class ParallelArgs(_Options):
     tp_comm_overlap_cfg: str | None = opt(
         None, "With --tp-comm-overlap: a YAML file of Transformer Engine userbuffer settings by GEMM (ub_cfgs)."
     )
+    defer_embedding_wgrad_compute: bool = opt(
+        False,
+        "The output layer's weight-gradient GEMMs wait until the last stage's final backward pass, and run while the "
+        "other stages drain the pipeline (Megatron-Core). Needs PP > 1, a GPU and apex's fused weight-gradient "
+        "kernel.",
+    )
+    wgrad_deferral_limit: int = opt(
+        0, "With --defer-embedding-wgrad-compute: how many microbatches (the first ones) defer it; 0: all.", minimum=0
+    )
     overlap_grad_reduce: bool = opt(False, "Overlap the gradient reduce-scatter with backward.", estimate=True)
     overlap_param_gather: bool = opt(
         False, "Overlap the parameter all-gather with forward (needs the distributed optimizer).", estimate=True

@@ -202,8 +202,8 @@ REFUSALS: tuple[Refusal, ...] = (
         prefixes=("--fp4-",),
     ),
     _r(
-        "deferred weight-gradient computation needs Transformer Engine's layers and TP overlap; not supported",
-        "--defer-embedding-wgrad-compute --wgrad-deferral-limit --delay-wgrad-compute",
+        "Transformer Engine's delayed weight gradients (for MoE's expert-parallel overlap) are not supported",
+        "--delay-wgrad-compute",
     ),
     _r("NVIDIA Kitchen quantization is not supported", prefixes=("--kitchen-", "--use-kitchen-")),
     _r(

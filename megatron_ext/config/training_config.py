@@ -22,6 +22,7 @@ from megatron_ext.config.layout_flags import (
     gloo_problem,
     megatron_lm_adjustments,
     pipeline_p2p_problems,
+    wgrad_deferral_problems,
     zero_bubble_problems,
 )
 from megatron_ext.config.megatron_lm import split_unknown, unknown_flags_note
@@ -262,6 +263,7 @@ def make_config(
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
     pipeline_p2p_problems(parallel, layout)
     zero_bubble_problems(parallel, layout, transformer_engine=without_transformer_engine(model, run.device) is None)
+    wgrad_deferral_problems(model, parallel, layout)
     problems = iterations.ramp_problems(batch, layout)
     if problems:
         raise ConfigError("\n".join(problems))
@@ -309,6 +311,8 @@ def cross_group_problems(model: ModelArgs, parallel: ParallelArgs, optim: Optimi
         raise ConfigError(precision_aware_refusal("this run is on CPU (--device cpu)"))
     if device == "cpu" and (problem := gloo_problem(parallel)):
         raise ConfigError(problem)
+    if device == "cpu" and parallel.defer_embedding_wgrad_compute:
+        raise ConfigError(wgrad_deferral_refusal("this run is on CPU (--device cpu)"))
     if optim.fp8_param_gather and not parallel.use_distributed_optimizer:
         raise ConfigError("--fp8-param-gather all-gathers the distributed optimizer's weights: give "
                           "--use-distributed-optimizer (as Megatron-LM requires)")  # fmt: skip
@@ -327,6 +331,15 @@ def transformer_engine_refusal(features: list[str], why: str) -> str:
     return (
         f"{' and '.join(features)} need Transformer Engine's layers, {why}; run on GPUs with Transformer Engine "
         "(--transformer-impl auto or transformer_engine), or drop them"
+    )
+
+
+def wgrad_deferral_refusal(why: str) -> str:
+    """One line: why this run cannot defer the output layer's weight gradients, and what to do."""
+    return (
+        "--defer-embedding-wgrad-compute: Megatron-Core runs the deferred GEMMs with apex's fused weight-gradient "
+        f"kernel (fused_weight_gradient_mlp_cuda), and {why}; run on GPUs with apex's CUDA extensions, or drop the "
+        "flag (it moves work within the step, the result is the same)"
     )
 
 

@@ -628,7 +628,9 @@ def pretrain_flags(workload: Workload, layout: ParallelLayout) -> list[str]:
     ]
     # The flags the estimate approximates: the run must still be given them (--squared-relu is another model).
     given = {pair[0] for pair in pairs}
-    pairs += [pair for pair in _pairs(list(workload.approximated)) if pair[0] not in given]
+    # Megatron-Core refuses a deferred output-layer weight gradient without a pipeline: not emitted there.
+    dropped = given | ({"--defer-embedding-wgrad-compute", "--wgrad-deferral-limit"} if layout.pp == 1 else set())
+    pairs += [pair for pair in _pairs(list(workload.approximated)) if pair[0] not in dropped]
     return [shlex.join(pair) for pair in pairs]  # a layout string holds | ( ) *: quoted for the shell
 
 

@@ -19,6 +19,7 @@ from megatron_ext.config.training_config import (
     precision_aware_refusal,
     transformer_engine_features,
     transformer_engine_refusal,
+    wgrad_deferral_refusal,
 )
 from megatron_ext.parallel.layout import ParallelLayout
 
@@ -53,7 +54,8 @@ def check_transformer_engine(cfg: TrainingConfig, device: torch.device) -> None:
     parallelism (Megatron-Core's own attention asserts CP 1), FP8 and TP communication overlap; and, where it
     builds them for a zero-bubble schedule, one that defers their weight gradients. The precision-aware optimizer
     needs Transformer Engine installed (its FusedAdam), whatever the layers. A per-document attention mask needs
-    Megatron-Core's own attention: Transformer Engine's, built with the causal mask type, ignores a mask tensor."""
+    Megatron-Core's own attention: Transformer Engine's, built with the causal mask type, ignores a mask tensor.
+    Deferring the output layer's weight gradients needs a GPU and apex's kernel, which Megatron-Core's drain calls."""
     if cfg.data.document_attention_mask and use_transformer_engine(cfg, device):
         raise ConfigError(
             "--reset-attention-mask: Transformer Engine's attention (causal mask type) ignores the per-document mask "
@@ -77,6 +79,12 @@ def check_transformer_engine(cfg: TrainingConfig, device: torch.device) -> None:
                 f"needs Transformer Engine 2.3 or newer; {get_te_version()} is installed: upgrade it or give "
                 "--transformer-impl local"
             )
+    if cfg.parallel.defer_embedding_wgrad_compute and (
+        device.type != "cuda" or importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None
+    ):
+        raise ConfigError(
+            wgrad_deferral_refusal("this run is on CPU" if device.type != "cuda" else "apex's kernel is not installed")
+        )
     features = transformer_engine_features(cfg.optim, cfg.parallel)
     if (cfg.layout.cp > 1 or features) and not use_transformer_engine(cfg, device):
         if device.type != "cuda":
@@ -181,6 +189,8 @@ def transformer_config_arguments(cfg: TrainingConfig, device: torch.device) -> d
         **{f"tp_comm_{name}": not getattr(cfg.parallel, f"no_tp_comm_{name}") for name in TP_COMM_SWITCHES},
         tp_comm_overlap_rs_dgrad=cfg.parallel.tp_comm_overlap_rs_dgrad,
         tp_comm_bootstrap_backend=cfg.parallel.tp_comm_bootstrap_backend,
+        defer_embedding_wgrad_compute=cfg.parallel.defer_embedding_wgrad_compute,
+        wgrad_deferral_limit=cfg.parallel.wgrad_deferral_limit,
         # Megatron-LM's defaults (its argument parser's), not TransformerConfig's own (True for the softmax).
         attention_softmax_in_fp32=m.attention_softmax_in_fp32,
         apply_query_key_layer_scaling=m.apply_query_key_layer_scaling,
