@@ -23,6 +23,7 @@ Validation (never used to fit anything):
   v25.04.02 and v25.05.05 (NeMo 24.12 to 25.04: ``DGXC_LATER_RELEASES``); MLPerf Training v3.1's GPT-3 175B,
   512 to 10,752 GPUs (``MLPERF_V31_GPT3``); MLPerf Training v5.0's Llama 3.1 405B, 512 to 8,192 GPUs
   (``MLPERF_V50_LLAMA_405B``).
+* H200: MLPerf Training v5.1's Llama 3.1 405B, Nebius's 512 and 1,024 GPUs (``MLPERF_V51_LLAMA_405B_H200``).
 
 Comparison (listed, neither fitted nor validated): the Megatron-LM README's H100 weak-scaling table
 (``MEGATRON_LM_H100``): Megatron-Core r0.8.0, and the micro-batch, virtual stages and recomputation of its runs
@@ -879,14 +880,24 @@ MLPERF_V41_GPT3 = [
 # time is the median of the train_step_time the logs record every step (the first left out), then over the
 # system's three runs; global batch from the logs.
 _M5 = "MLPerf Training v5.0 (0fdc28f0), Llama 3.1 405B, H100 FP8"
-MLPERF_V50_LLAMA_405B = [
-    _row(
-        table=_M5, name=name, gpu="h100-sxm", model=dataclasses.replace(llama(126, 16384, 53248, 128, 16),
-        vocab_size=32768), layers=126, hidden=16384, heads=128, seq_length=8192, vocab_size=32768, tp=8, pp=8, vp=8,
+def mlperf_llama_405b(
+    table: str, name: str, gpus: int, batch: int, step: float, *, gpu: str = "h100-sxm", tp: int = 8
+) -> PublishedRun:
+    """One run of NVIDIA's MLPerf Training Llama 3.1 405B recipe (NeMo 25.01, v5.0 and later): PP 8, VP 8, CP 2,
+    micro-batch 1, SP, --tp-comm-overlap, the distributed optimizer with bf16 gradients and overlapped reduction and
+    gather, E4M3 FP8 with the weights gathered in FP8, the embedding and the loss counted in the pipeline split, the
+    cross entropy fused, Mixtral 8x22B's 32,768-token vocabulary."""
+    return _row(
+        table=table, name=name, gpu=gpu, model=dataclasses.replace(llama(126, 16384, 53248, 128, 16),
+        vocab_size=32768), layers=126, hidden=16384, heads=128, seq_length=8192, vocab_size=32768, tp=tp, pp=8, vp=8,
         cp=2, gpus=gpus, global_batch=batch, micro_batch=1, sequence_parallel=True, distributed_optimizer=True,
         overlap=True, tp_comm_overlap=True, grad_reduce_in_bf16=True, fp8_format="e4m3", fp8_param_gather=True,
         attention="auto", ce_fusion=True, embedding_and_loss_in_split=True, step_s=step,
-    )
+    )  # fmt: skip
+
+
+MLPERF_V50_LLAMA_405B = [
+    mlperf_llama_405b(_M5, name, gpus, batch, step)
     for name, gpus, batch, step in [
         ("eos-dfw_n64 (512 GPUs)", 512, 1152, 55.1433),
         ("eos-dfw_n256 (2,048 GPUs)", 2048, 1152, 14.222),
@@ -895,6 +906,22 @@ MLPERF_V50_LLAMA_405B = [
         ("eos-dfw_n1024 (8,192 GPUs)", 8192, 1536, 5.1804),
     ]
 ]  # fmt: skip
+
+# MLPerf Training v5.1 (November 2025), Llama 3.1 405B, Nebius's H200 submissions (mlcommons/training_results_v5.1 at
+# 441d65f4, Nebius/benchmarks/llama31_405b/implementations/nebius_h200_n{64,128}; systems/nebius_h200_n*.json: H200 SXM
+# 141 GB at 700 W, NVLink 4, 8× NDR 400 Gb/s InfiniBand a node, NeMo 25.01): NVIDIA's v5.0 recipe (config_common.sh the
+# same but for NVLink SHARP left on) at TP 4 instead of 8 (config_DGXH200_<nodes>x8x<microbatches>xtp4pp8cp2.sh), on
+# 512 and 1,024 GPUs, global batch 1,152 and 144 or 72 microbatches a pipeline (the logs' global_batch_size and
+# gradient_accumulation_steps). Step time as v5.0's: the median of the logs' train_step_time (the first left out),
+# then over the three runs. No H200 run fits a constant: the profile is the H100's but for its memory and bandwidth.
+_M51 = "MLPerf Training v5.1 (441d65f4), Llama 3.1 405B, H200 FP8"
+MLPERF_V51_LLAMA_405B_H200 = [
+    mlperf_llama_405b(_M51, name, gpus, 1152, step, gpu="h200", tp=4)
+    for name, gpus, step in [
+        ("Nebius nebius_h200_n64 (512 GPUs)", 512, 50.0137),
+        ("Nebius nebius_h200_n128 (1,024 GPUs)", 1024, 25.3561),
+    ]
+]
 
 
 # MegaScale (Jiang et al., NSDI 2024, arXiv 2402.15627), Table 2: its baseline, Megatron-LM at commit 285068c8,
@@ -940,6 +967,7 @@ ALL = (
     + MLPERF_V40_GPT3
     + MLPERF_V41_GPT3
     + MLPERF_V50_LLAMA_405B
+    + MLPERF_V51_LLAMA_405B_H200
     + MEGASCALE_175B
 )
 CALIBRATION = [r for r in ALL if r.calibration]

@@ -40,6 +40,7 @@ from tests.estimate.published import (
     MLPERF_V40_GPT3,
     MLPERF_V41_GPT3,
     MLPERF_V50_LLAMA_405B,
+    MLPERF_V51_LLAMA_405B_H200,
     NARAYANAN_TABLE_1,
     NEMO_24_07_FP8,
     VALIDATION,
@@ -462,6 +463,26 @@ def test_mlperf_v5_llama_405b_validates_from_512_to_8192_gpus() -> None:
     residuals = {r.gpus: r.residual() for r in rows}
     assert all(0.01 < x < 0.035 for x in residuals.values()), residuals
     assert max(residuals, key=lambda g: residuals[g]) == 8192
+
+
+def test_mlperf_v5_1_llama_405b_validates_on_the_h200_that_nothing_was_fitted_on() -> None:
+    """MLPerf Training v5.1's Llama 3.1 405B on H200 (Nebius, NVIDIA's v5.0 recipe at TP 4 instead of 8, 512 and
+    1,024 GPUs): the H200 profile is the H100's constants with the H200's memory and bandwidth, fitted on no H200
+    run, and both runs validate, 3.9 % and 4.3 % faster than the estimate. On 512 GPUs the H200 at TP 4 ran 9.3 %
+    faster than v5.0's H100 at TP 8 (50.0 s a step against 55.1); the estimate has it 4.2 % faster."""
+    rows = MLPERF_V51_LLAMA_405B_H200
+    h100, h200 = get_profile("h100-sxm"), get_profile("h200")
+    assert (h200.compute_efficiency, h200.memory_efficiency, h200.fp8_compute_efficiency) == (
+        h100.compute_efficiency, h100.memory_efficiency, h100.fp8_compute_efficiency
+    )
+    assert rows and all(r in VALIDATION and r.estimate().fits for r in rows)
+    residuals = {r.gpus: r.residual() for r in rows}
+    assert residuals[512] == pytest.approx(-0.043, abs=0.001) and residuals[1024] == pytest.approx(-0.039, abs=0.001)
+    h100_run = next(r for r in MLPERF_V50_LLAMA_405B if r.gpus == 512)
+    h200_run = next(r for r in rows if r.gpus == 512)
+    assert h200_run.step_s / h100_run.step_s == pytest.approx(1 - 0.093, abs=0.001)  # type: ignore[operator]
+    estimated = h200_run.estimate().time.step_s / h100_run.estimate().time.step_s
+    assert estimated == pytest.approx(1 - 0.042, abs=0.001)
 
 
 @pytest.mark.parametrize(
