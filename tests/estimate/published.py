@@ -880,6 +880,8 @@ MLPERF_V41_GPT3 = [
 # time is the median of the train_step_time the logs record every step (the first left out), then over the
 # system's three runs; global batch from the logs.
 _M5 = "MLPerf Training v5.0 (0fdc28f0), Llama 3.1 405B, H100 FP8"
+
+
 def mlperf_llama_405b(
     table: str, name: str, gpus: int, batch: int, step: float, *, gpu: str = "h100-sxm", tp: int = 8
 ) -> PublishedRun:

@@ -473,7 +473,9 @@ def test_mlperf_v5_1_llama_405b_validates_on_the_h200_that_nothing_was_fitted_on
     rows = MLPERF_V51_LLAMA_405B_H200
     h100, h200 = get_profile("h100-sxm"), get_profile("h200")
     assert (h200.compute_efficiency, h200.memory_efficiency, h200.fp8_compute_efficiency) == (
-        h100.compute_efficiency, h100.memory_efficiency, h100.fp8_compute_efficiency
+        h100.compute_efficiency,
+        h100.memory_efficiency,
+        h100.fp8_compute_efficiency,
     )
     assert rows and all(r in VALIDATION and r.estimate().fits for r in rows)
     residuals = {r.gpus: r.residual() for r in rows}
