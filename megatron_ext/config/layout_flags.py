@@ -188,7 +188,7 @@ def wgrad_deferral_problems(model: ModelArgs, parallel: ParallelArgs, layout: Pa
     if model.no_gradient_accumulation_fusion:
         raise ConfigError(
             "--defer-embedding-wgrad-compute runs the deferred GEMMs fused with their accumulation, which "
-            "--no-gradient-accumulation-fusion turns off: drop one of the two (Megatron-Core refuses both)"
+            "--no-gradient-accumulation-fusion turns off: drop one of the two (Megatron-Core refuses the pair)"
         )
 
 
