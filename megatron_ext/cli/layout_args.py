@@ -301,7 +301,7 @@ def evaluate_layout_from_flags(
         zero_bubble_problems(
             parallel, layout, transformer_engine=without_transformer_engine(workload.model, "cuda") is None
         )
-        wgrad_deferral_problems(workload.model, parallel, layout)
+        wgrad_deferral_problems(parallel, layout)
     except ConfigError as exc:
         raise LayoutError([str(exc)]) from None
     return layout, notes

@@ -439,8 +439,8 @@ class ParallelArgs(_Options):
     defer_embedding_wgrad_compute: bool = opt(
         False,
         "The output layer's weight-gradient GEMMs wait until the last stage's final backward pass, and run while the "
-        "other stages drain the pipeline (Megatron-Core). Needs PP > 1, a GPU and apex's fused weight-gradient "
-        "kernel.",
+        "other stages drain the pipeline (Megatron-Core). Needs PP > 1, the fused weight-gradient GEMMs (no "
+        "--no-gradient-accumulation-fusion), a GPU and apex's fused weight-gradient kernel.",
     )
     wgrad_deferral_limit: int = opt(
         0, "With --defer-embedding-wgrad-compute: how many microbatches (the first ones) defer it; 0: all.", minimum=0

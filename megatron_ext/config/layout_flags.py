@@ -173,22 +173,15 @@ def pipeline_p2p_problems(parallel: ParallelArgs, layout: ParallelLayout) -> Non
         )
 
 
-def wgrad_deferral_problems(model: ModelArgs, parallel: ParallelArgs, layout: ParallelLayout) -> None:
-    """What ``--defer-embedding-wgrad-compute`` needs before anything is built, as Megatron-Core's
-    ``ModelParallelConfig`` checks it (ConfigError): a pipeline, whose drain the deferred GEMMs fill, and the
-    weight-gradient GEMMs fused with their accumulation, which the deferred ones run as."""
-    if not parallel.defer_embedding_wgrad_compute:
-        return
-    if layout.pp == 1:
+def wgrad_deferral_problems(parallel: ParallelArgs, layout: ParallelLayout) -> None:
+    """``--defer-embedding-wgrad-compute`` needs a pipeline, whose drain the deferred GEMMs fill: Megatron-Core's
+    ``ModelParallelConfig`` refuses it without one (ConfigError). What it needs beside the layout is checked with
+    the other groups (``training_config.cross_group_problems``)."""
+    if parallel.defer_embedding_wgrad_compute and layout.pp == 1:
         raise ConfigError(
             "--defer-embedding-wgrad-compute moves the output layer's weight-gradient GEMMs into the pipeline's "
             "drain, and there is no pipeline: give --pipeline-model-parallel-size 2 or more, or drop the flag "
             "(Megatron-Core refuses it too)"
-        )
-    if model.no_gradient_accumulation_fusion:
-        raise ConfigError(
-            "--defer-embedding-wgrad-compute runs the deferred GEMMs fused with their accumulation, which "
-            "--no-gradient-accumulation-fusion turns off: drop one of the two (Megatron-Core refuses the pair)"
         )
 
 

@@ -263,7 +263,7 @@ def make_config(
     batch = dataclasses.replace(batch, global_batch_size=layout.global_batch_size)
     pipeline_p2p_problems(parallel, layout)
     zero_bubble_problems(parallel, layout, transformer_engine=without_transformer_engine(model, run.device) is None)
-    wgrad_deferral_problems(model, parallel, layout)
+    wgrad_deferral_problems(parallel, layout)
     problems = iterations.ramp_problems(batch, layout)
     if problems:
         raise ConfigError("\n".join(problems))
@@ -311,6 +311,11 @@ def cross_group_problems(model: ModelArgs, parallel: ParallelArgs, optim: Optimi
         raise ConfigError(precision_aware_refusal("this run is on CPU (--device cpu)"))
     if device == "cpu" and (problem := gloo_problem(parallel)):
         raise ConfigError(problem)
+    if parallel.defer_embedding_wgrad_compute and model.no_gradient_accumulation_fusion:
+        raise ConfigError(
+            "--defer-embedding-wgrad-compute runs the deferred GEMMs fused with their accumulation, which "
+            "--no-gradient-accumulation-fusion turns off: drop one of the two (Megatron-Core refuses the pair)"
+        )
     if device == "cpu" and parallel.defer_embedding_wgrad_compute:
         raise ConfigError(wgrad_deferral_refusal("this run is on CPU (--device cpu)"))
     if optim.fp8_param_gather and not parallel.use_distributed_optimizer:
@@ -339,7 +344,7 @@ def wgrad_deferral_refusal(why: str) -> str:
     return (
         "--defer-embedding-wgrad-compute: Megatron-Core runs the deferred GEMMs with apex's fused weight-gradient "
         f"kernel (fused_weight_gradient_mlp_cuda), and {why}; run on GPUs with apex's CUDA extensions, or drop the "
-        "flag (it moves work within the step, the result is the same)"
+        "flag (it only moves work within the step)"
     )
 
 

@@ -75,7 +75,7 @@ APPROXIMATED: dict[str, str] = {
     "defer_embedding_wgrad_compute": "priced as without it: the last stage keeps each deferred microbatch's "
     "output-layer input and logits' gradient until the step's end (2·s·b·(h + V)/TP bytes in bf16 with SP), not "
     "counted, and runs their weight-gradient GEMMs in the pipeline's drain, not priced (docs/layout-model.md, "
-    "Deferred output-layer weight gradients)",
+    "Deferred output-layer weight gradients); printed for layouts with a pipeline only, as Megatron-Core requires",
     "wgrad_deferral_limit": "a detail of --defer-embedding-wgrad-compute (see there)",
     "overlap_p2p_communication_warmup_flush": "the warm-up and flush transfers are counted as exposed",
     "use_tp_pp_dp_mapping": "the groups are placed on nodes in Megatron-Core's default order (TP, CP, DP, PP)",

@@ -108,6 +108,9 @@ def test_the_calculator_takes_them_says_what_it_leaves_out_and_emits_them_where_
     assert json.loads(plain)["layouts"][0]["step_time_s"] == doc["layouts"][0]["step_time_s"]
     code, _, err = _calculator([*common, *deferral, "--tp", "8", "--pp", "1", "--global-batch-size", "128"])
     assert code != 0 and "there is no pipeline" in err
+    # What does not depend on the layout is refused in the search too, as pretrain_gpt.py would refuse every layout.
+    code, _, err = _calculator([*common, *deferral, "--no-gradient-accumulation-fusion", "--global-batch-size", "128"])
+    assert code != 0 and "Megatron-Core refuses the pair" in err
     # A search ranking layouts with and without a pipeline (GPT-3 1.3B on 8 GPUs) prints runs pretrain_gpt.py takes.
     code, out, _ = _calculator(["--gpus", "8", "--model", "gpt3-1.3b", "--bf16", *deferral, "--top", "5", "--json"])
     assert code == 0
