@@ -9,6 +9,7 @@ rank's W passes of its output chunk, moved to the end of its order for the defer
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,3 +103,23 @@ def test_its_buffers_would_put_nvidias_own_340b_recipe_over_its_card() -> None:
     assert (last + at_peak * kept) / 2**30 == pytest.approx(80.4, abs=0.05)
     over = (last + at_peak * kept - row.cluster().gpu.memory_bytes) / 2**30
     assert over == pytest.approx(0.7, abs=0.05)
+
+
+def test_the_docs_state_these_figures() -> None:
+    """docs/layout-model.md's paragraph on the deferral states the figures the tests above compute."""
+    llama = next(r for r in DGXC_H100_FP8_V25_04 if r.name == "Llama 3.1 70B on 64")
+    nemotron = next(r for r in DGXC_H100 if r.name == "Nemotron-4 340B on 2048")
+    figures = []
+    for row, deferred in ((llama, 22), (nemotron, 16)):
+        step, saved = row.estimate().time.step_s, simulated_saving(row, deferred)
+        figures.append((saved, saved / step, row.residual(), row.measured_step_s() / (step - saved) - 1))
+    (saved, share, before, after), (_, share_340b, before_340b, after_340b) = figures
+    stated = (
+        f"it takes {saved:.2f} s ({share:.1%}) off the Llama 3.1 70B",
+        f"and {share_340b:.1%} off the Nemotron-4 340B on 2,048 (16 of 16)",
+        f"(−{-before:.1%} → −{-after:.1%})",
+        f"(+{before_340b:.1%} → +{after_340b:.1%}, past the 5% bound)",
+    )
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "layout-model.md").read_text().split())
+    missing = [text for text in (t.replace("%", " %") for t in stated) if text not in doc]
+    assert not missing, missing
