@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import importlib.util
 import statistics
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,15 +30,12 @@ SHARES = (1.0, 0.9, 0.8, 0.7, 0.6)
 """Shares of the rule's hidden part tried (1: the estimate's rule)."""
 
 
-def _load(name: str) -> Any:
-    """A module of this repository's ``bench/`` or ``tests/estimate/`` by path (neither is an installed package)."""
-    root = Path(__file__).resolve().parent.parent
-    path = root / ("bench" if name == "calibrate_time_model" else "tests/estimate") / f"{name}.py"
-    module_name = name if name == "calibrate_time_model" else f"tests.estimate.{name}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
+def _calibrate_time_model() -> Any:
+    """bench/calibrate_time_model.py (a script, not a package): its fit and the published tables it loads."""
+    path = Path(__file__).resolve().parent / "calibrate_time_model.py"
+    spec = importlib.util.spec_from_file_location("calibrate_time_model", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -70,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shares", type=float, nargs="+", default=list(SHARES), help="Shares to try.")
     args = parser.parse_args(argv)
-    calibrate, published = _load("calibrate_time_model"), _load("published")
+    calibrate = _calibrate_time_model()
+    published = calibrate._tables
     h100 = get_profile("h100-sxm")
     rows = [r for r in published.CALIBRATION if r.gpu.startswith("h100")]
     h100_tp8 = next(r for r in published.MLPERF_V50_LLAMA_405B if r.gpus == 512)

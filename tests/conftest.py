@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 
 import pytest
@@ -113,6 +115,15 @@ def spawn_ranks(
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess([str(script), *args], code, out.read(), err.read())
+
+
+def script_module(relative: str, name: str) -> ModuleType:
+    """A script of this repository (``bench/``, ``scripts/``, ``tools/``: not packages) loaded as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, REPO / relative)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_forked(script: Path, args: list[str], *, timeout: float = RUN_S) -> subprocess.CompletedProcess[str]:

@@ -4,7 +4,6 @@ wheels the GPU machine lacks are this environment's, without torch's."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,17 +13,13 @@ from types import ModuleType
 import pytest
 
 from tests import waits
-from tests.conftest import REPO, _env, bench_env
+from tests.conftest import REPO, _env, bench_env, script_module
 from tests.waits import QUICK_S, RUN_S
 
 
 def _fetch_gpu_wheels() -> ModuleType:
     """scripts/fetch_gpu_wheels.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("fetch_gpu_wheels", REPO / "scripts" / "fetch_gpu_wheels.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("scripts/fetch_gpu_wheels.py", "fetch_gpu_wheels")
 
 
 STEPS = ["throughput", "calculator", "kernels", "correctness"]

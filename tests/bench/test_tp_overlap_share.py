@@ -5,14 +5,12 @@ many validation rows pass 10 %, and the 405B recipe's H200 TP 4 / H100 TP 8 pair
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-from types import ModuleType
 
 import pytest
 
 from megatron_ext.estimate.hardware import GpuProfile, get_profile
-from tests.conftest import REPO
+from tests.conftest import script_module
 from tests.estimate.published import (
     CALIBRATION,
     MLPERF_V50_LLAMA_405B,
@@ -22,14 +20,6 @@ from tests.estimate.published import (
 )
 
 pytestmark = pytest.mark.unit
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tp_overlap_share", REPO / "bench" / "tp_overlap_share.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(
@@ -46,7 +36,7 @@ def test_only_the_rules_whole_share_keeps_every_validation_row_within_ten_percen
             return with_constants(base, compute_efficiency=gemms, memory_efficiency=element_wise)
         return base
 
-    with _bench().hidden_share(share):
+    with script_module("bench/tp_overlap_share.py", "tp_overlap_share").hidden_share(share):
         calibration = [abs(r.residual(profile(r.gpu))) for r in CALIBRATION if r.gpu.startswith("h100")]
         sizes = [abs(r.residual(profile(r.gpu))) for r in VALIDATION]
         h100 = next(r for r in MLPERF_V50_LLAMA_405B if r.gpus == 512)

@@ -17,7 +17,7 @@ import pytest
 
 from megatron_ext.data.tokenizers import GPTSentencePieceTokenizer, NullTokenizer, SentencePieceTokenizer
 from tests import waits
-from tests.conftest import REPO, _env
+from tests.conftest import REPO, _env, script_module
 from tests.data.helpers import leftovers, preprocess, reference_dataset, same_files, shared_data, tool, write_as
 from tests.waits import READY_S, STOP_S
 
@@ -165,12 +165,7 @@ def test_input_glob_without_files_is_an_error(data: dict[str, Path], tmp_path: P
 )
 def test_unsupported_megatron_lm_flags_are_refused(tmp_path: Path, flag: list[str]) -> None:
     """The Megatron-LM flags listed in docs/data.md as not supported stop the tool (exit code 2)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("preprocess_data_tool", REPO / "tools" / "preprocess_data.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = script_module("tools/preprocess_data.py", "preprocess_data_tool")
     args = ["--input", "x.jsonl", "--output-prefix", str(tmp_path / "x"), "--tokenizer-type", "NullTokenizer"]
     try:
         code = module.main([*args, "--vocab-size", "10", *flag])
