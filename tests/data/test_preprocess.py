@@ -360,7 +360,8 @@ def _workers(parent: int) -> list[int]:
 @pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "parquet"])
 def test_worker_killed_by_the_system_is_a_prompt_error(data: dict[str, Path], tmp_path: Path, fmt: str) -> None:
     """A worker that dies on its own (the OOM killer's SIGKILL) stops the run at once with an error that
-    names it, its signal and the file; the other workers are stopped and nothing is written."""
+    names it, its signal and the file it was encoding (or that it was idle); the other workers are stopped and
+    nothing is written."""
     proc, out = _start_slow_run(data, tmp_path, fmt=fmt)
     workers = _workers(proc.pid)
     assert len(workers) == 2, workers
@@ -377,7 +378,10 @@ def test_worker_killed_by_the_system_is_a_prompt_error(data: dict[str, Path], tm
         pytest.fail(f"preprocess_data.py hung after one of its workers was killed (still running after {STOP_S} s)")
     assert proc.returncode == 1, err
     assert f"worker pid {victim} died with signal 9 (SIGKILL, likely out of memory" in err, err
-    assert f"while encoding {tmp_path / f'big.{fmt}'}" in err and "Nothing was written" in err
+    # The worker seen on a CPU may have handed its chunk back just before the kill (a busy machine is slow to give
+    # it the next): the error then rightly says "while idle", as with gzip above.
+    assert f"while encoding {tmp_path / f'big.{fmt}'}" in err or ") while idle." in err, err
+    assert "Nothing was written" in err
     assert list(out.iterdir()) == [], f"left behind: {leftovers(out)}"
     deadline = time.time() + STOP_S
     while time.time() < deadline and _session_alive(proc.pid):
