@@ -141,6 +141,12 @@ def _chunk_by_chunk(workload: Workload, even: LayoutEstimate, layout: ParallelLa
     ).makespan
 
 
+def _pipeline_time(workload: Workload, layout: ParallelLayout, cluster: Cluster) -> float:
+    """The estimate's compute, TP and CP communication and bubble: what the order's simulation places."""
+    t = evaluate(workload, layout, cluster).time
+    return t.compute_s + t.tp_comm_s + t.cp_comm_s + t.bubble_s
+
+
 @pytest.mark.parametrize(
     ("layers", "pp", "vp"), [(80, 8, 5), (80, 4, 5), (80, 8, 2), (32, 4, 2), (32, 8, 2), (64, 4, 8)]
 )
@@ -161,14 +167,12 @@ def test_the_searchs_uneven_splits_run_chunk_by_chunk_as_fast_as_estimated(layer
     assert splits
     for flags in splits:
         layout = ParallelLayout(**values, **flags)
-        t = evaluate(workload, layout, row.cluster()).time
-        estimated = t.compute_s + t.tp_comm_s + t.cp_comm_s + t.bubble_s
+        estimated = _pipeline_time(workload, layout, row.cluster())
         assert 0.95 * estimated < _chunk_by_chunk(workload, even, layout) <= estimated * (1 + 1e-9), flags
     if (layers, pp, vp) == (80, 8, 5):  # ten layers a rank: the last rank's one fewer taken from its first chunk
         light_first = "Et*2|(t*2|)*6,t|(t*2|)*27,t*3|(t*2|)*3,t*2L"
         layout = ParallelLayout(**values, pipeline_model_parallel_layout=light_first)
         assert all(ParallelLayout(**values, **flags).stages != layout.stages for flags in splits)
         assert [c.num_layers for c in layout.stages[7]] == [1, 2, 2, 2, 2] and layout.stages[7][4].loss
-        t = evaluate(workload, layout, row.cluster()).time
-        estimated = t.compute_s + t.tp_comm_s + t.cp_comm_s + t.bubble_s
+        estimated = _pipeline_time(workload, layout, row.cluster())
         assert _chunk_by_chunk(workload, even, layout) == pytest.approx(1.05 * estimated, abs=0.01 * estimated)

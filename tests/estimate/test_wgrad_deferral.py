@@ -8,6 +8,7 @@ rank's W passes of its output chunk, moved to the end of its order for the defer
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.unit
 B, W = KINDS.index("B"), KINDS.index("W")
 
 
+@functools.cache  # each row's simulation serves the figures' test and the docs' test
 def simulated_saving(row: PublishedRun, deferred: int) -> float:
     """Seconds the deferral of the first ``deferred`` microbatches' output-layer weight gradients takes off ``row``'s
     pipeline: every chunk's forward and backward as ``--compare-schedules`` places them, the logits GEMM's weight
